@@ -1,0 +1,35 @@
+# The README's two commands: `make demo` (the main job, no GPU) and `make test`.
+PY      := .venv/bin/python
+PIP     := $(PY) -m pip --disable-pip-version-check
+TORCH   := torch==2.13.0
+SGLANG  := sglang==0.5.23
+# torchvision's PyPI wheel only imports beside CPU torch once tests define its two op schemas (tests/conftest.py).
+TVISION := torchvision==0.28.0
+
+.PHONY: demo test lint bench clean
+
+.venv/core.stamp:
+	test -x $(PY) || python3 -m venv .venv
+	$(PIP) install -q -e .
+	touch $@
+
+# Tests need torch (pinned first so nothing pulls a CUDA build), triton, and SGLang's CPU set-up.
+.venv/test.stamp: .venv/core.stamp pyproject.toml requirements/sglang-cpu.txt
+	$(PIP) install -q $(TORCH)
+	$(PIP) install -q -e '.[engine,dev]'
+	$(PIP) install -q --no-deps $(SGLANG) $(TVISION)
+	$(PIP) install -q -r requirements/sglang-cpu.txt
+	touch $@
+
+demo: .venv/core.stamp
+	.venv/bin/capbench demo
+
+test: .venv/test.stamp
+	$(PY) -m ruff check .
+	$(PY) -m pytest
+
+bench: .venv/test.stamp
+	$(PY) -m bench.benchmarks.run_all
+
+clean:
+	rm -rf .venv .pytest_cache .ruff_cache

@@ -1,0 +1,3 @@
+"""capbench: capacity, throughput and cost planning for MoE models on SGLang."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,1 @@
+"""What a person sees: the Streamlit app over the store and the models."""
