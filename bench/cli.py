@@ -8,7 +8,57 @@ import typer
 
 from bench.errors import BadInput
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False, help="Capacity planning for MoE models on SGLang.")
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="Capacity planning for MoE models on SGLang.")
+
+
+@app.callback()
+def _root() -> None:
+    """capbench: how many GPUs a large MoE model needs on SGLang, and what FP8 KV and INT4 experts buy."""
+
+
+@app.command()
+def capacity(
+    model: str = typer.Option(..., help="Model id from data/models (e.g. kimi-k2-thinking, glm-4.6)."),
+    gpu: str = typer.Option(..., help="GPU id from data/gpus.yaml (e.g. h200)."),
+    tp: int = typer.Option(..., help="Tensor-parallel size = GPUs of one instance (a power of two)."),
+    dp: int = typer.Option(1, help="DP-attention size inside those GPUs (SGLang --dp with --enable-dp-attention)."),
+    kv_dtype: str = typer.Option("bf16", help="bf16 | fp8_e4m3 | fp8_e5m2"),
+    weights: str = typer.Option("native", help="native | bf16 | fp8 | int4-g32 | int4-g128 (routed experts)"),
+    context: int = typer.Option(None, help="Context length of each sequence (default: the model's maximum)."),
+    mem_fraction: float = typer.Option(None, help="Override SGLang's default mem_fraction_static."),
+    page_size: int = typer.Option(1, help="SGLang --page-size."),
+    mtp: bool = typer.Option(False, help="Count the MTP draft layer's KV (speculative decoding)."),
+    compare: bool = typer.Option(False, help="Four-way matrix: BF16 vs FP8 KV, native vs INT4 experts."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of a table."),
+) -> None:
+    """KV-cache tokens, sequences and contexts that fit, computed as SGLang 0.5.23 computes them."""
+    import json
+
+    from bench import capacity as cap
+    from bench import catalog
+    from bench.capacity_table import capacity_table, compare_table, print_tables
+
+    dep = cap.Deployment(catalog.model(model), catalog.gpu(gpu), tp, dp, kv_dtype, weights, context,
+                         mem_fraction, page_size, mtp)
+    if compare:
+        caps = cap.compare(dep)
+        if as_json:
+            print(json.dumps([c.to_dict() for c in caps], indent=2))
+        else:
+            print_tables(compare_table(caps))
+    else:
+        result = cap.capacity(dep)
+        if as_json:
+            print(json.dumps(result.to_dict(), indent=2))
+        else:
+            print_tables(capacity_table(result))
+        if not result.fits:
+            raise BadInput(f"{model} ({weights} weights, {result.weight_bytes_per_gpu / 1e9:.1f} GB per GPU) does "
+                           f"not fit {tp} x {gpu}: short by {result.short_by_bytes_per_gpu / 1e9:.1f} GB per GPU")
+    if dep.nodes > 1 and not as_json:
+        print(f"note: tp {tp} spans {dep.nodes} nodes of {dep.gpu.gpus_per_node} GPUs "
+              "(SGLang --nnodes/--dist-init-addr).")
 
 
 def main() -> None:
