@@ -61,6 +61,14 @@ def capacity(
               "(SGLang --nnodes/--dist-init-addr).")
 
 
+@app.command()
+def demo() -> None:
+    """The main job, no GPU needed: capacity, throughput and cost of FP8 KV and INT4 experts."""
+    from bench.demo import run_demo
+
+    run_demo()
+
+
 def main() -> None:
     try:
         app(standalone_mode=True)
