@@ -1,0 +1,362 @@
+"""The results store: one DuckDB file that holds every run, request, GPU sample, server sample and
+integrity event capbench records.
+
+Clock: every timestamp in every table (requests' scheduled_at/sent_at/first_token_at/finished_at,
+samples' t, runs' started_at/finished_at, integrity events' t) is wall-clock epoch seconds from
+`time.time()`, as a DOUBLE. The load generator, the twin and the samplers all read that one clock, so their
+rows line up on one time axis. Durations (ttft_s, e2e_s, ...) are seconds and may come from
+`time.perf_counter()` deltas. Latencies count from when a request was due (scheduled_at), so a client that falls
+behind shows up as latency, not as a lower rate (coordinated omission); dispatch_lag_s = sent_at - scheduled_at
+says by how much. A closed-loop user sets scheduled_at = sent_at.
+
+Concurrency: DuckDB lets one process write a file, and no other process open it while it does. So nobody
+holds the file open: the batched writer opens it read-write for one short transaction per flush (about once a
+second) and closes it; readers (the dashboard, `capbench runs`) open it read-only for one query or page and close
+it. Whoever finds it locked retries with a short back-off (`connect()`); a writer that cannot get in keeps its
+rows and tries again at the next flush. Within one process, open a single Store mode (DuckDB refuses read-only and
+read-write connections to one file side by side in one process).
+
+Percentiles: the writer also folds measured, successful requests into log-bucketed latency histograms
+(`latency_hist`, bucket ratio 1 %, so a percentile is within 0.5 % of the exact one). The summary reads those,
+which keeps it fast on tens of millions of requests with every inter-token gap stored.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import secrets
+import socket
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from pathlib import Path
+
+import duckdb
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+
+from bench import __version__
+from bench.errors import BadInput
+
+log = logging.getLogger(__name__)
+
+DEFAULT_DB = Path("data/capbench.duckdb")
+RUN_STATUSES = ("running", "completed", "aborted", "failed")
+
+# Each migration is frozen once released: change the schema by appending one, never by editing one.
+MIGRATIONS: list[tuple[int, str, list[str]]] = [
+    (1, "initial schema", [
+        """CREATE TABLE runs (
+            run_id VARCHAR PRIMARY KEY, label VARCHAR, target VARCHAR, profile VARCHAR, config JSON,
+            started_at DOUBLE NOT NULL, finished_at DOUBLE, status VARCHAR NOT NULL,
+            capbench_version VARCHAR, pid INTEGER, hostname VARCHAR)""",
+        """CREATE TABLE requests (
+            run_id VARCHAR NOT NULL, request_id VARCHAR, phase VARCHAR, kind VARCHAR,
+            scheduled_at DOUBLE, sent_at DOUBLE, first_token_at DOUBLE, finished_at DOUBLE,
+            dispatch_lag_s DOUBLE, ttft_s DOUBLE, e2e_s DOUBLE, tpot_s DOUBLE, itl_s DOUBLE[],
+            prompt_tokens INTEGER, completion_tokens INTEGER, cached_tokens INTEGER, reasoning_tokens INTEGER,
+            tokens_from VARCHAR, status VARCHAR, error_kind VARCHAR, error VARCHAR)""",
+        """CREATE TABLE gpu_samples (
+            run_id VARCHAR NOT NULL, t DOUBLE NOT NULL, gpu INTEGER, name VARCHAR,
+            mem_used_mib DOUBLE, mem_total_mib DOUBLE, gpu_util_pct DOUBLE, mem_util_pct DOUBLE,
+            power_w DOUBLE, sm_clock_mhz DOUBLE, mem_clock_mhz DOUBLE, temp_c DOUBLE)""",
+        """CREATE TABLE server_samples (
+            run_id VARCHAR NOT NULL, t DOUBLE NOT NULL, metric VARCHAR NOT NULL, labels VARCHAR, value DOUBLE)""",
+        """CREATE TABLE integrity_events (
+            run_id VARCHAR NOT NULL, t DOUBLE NOT NULL, kind VARCHAR, layer INTEGER, page BIGINT, detail VARCHAR)""",
+        """CREATE TABLE latency_hist (
+            run_id VARCHAR NOT NULL, metric VARCHAR NOT NULL, bucket INTEGER NOT NULL, n BIGINT NOT NULL)""",
+    ]),
+]
+SCHEMA_VERSION = MIGRATIONS[-1][0]
+RUN_TABLES = ("runs", "requests", "gpu_samples", "server_samples", "integrity_events")
+
+# Arrow schemas of what the writer appends; tests check they match the tables column for column.
+REQUESTS_SCHEMA = pa.schema([
+    ("run_id", pa.string()), ("request_id", pa.string()), ("phase", pa.string()), ("kind", pa.string()),
+    ("scheduled_at", pa.float64()), ("sent_at", pa.float64()), ("first_token_at", pa.float64()),
+    ("finished_at", pa.float64()), ("dispatch_lag_s", pa.float64()), ("ttft_s", pa.float64()),
+    ("e2e_s", pa.float64()), ("tpot_s", pa.float64()), ("itl_s", pa.list_(pa.float64())),
+    ("prompt_tokens", pa.int32()), ("completion_tokens", pa.int32()), ("cached_tokens", pa.int32()),
+    ("reasoning_tokens", pa.int32()), ("tokens_from", pa.string()), ("status", pa.string()),
+    ("error_kind", pa.string()), ("error", pa.string()),
+])
+GPU_SCHEMA = pa.schema([
+    ("run_id", pa.string()), ("t", pa.float64()), ("gpu", pa.int32()), ("name", pa.string()),
+    ("mem_used_mib", pa.float64()), ("mem_total_mib", pa.float64()), ("gpu_util_pct", pa.float64()),
+    ("mem_util_pct", pa.float64()), ("power_w", pa.float64()), ("sm_clock_mhz", pa.float64()),
+    ("mem_clock_mhz", pa.float64()), ("temp_c", pa.float64()),
+])
+SERVER_SCHEMA = pa.schema([
+    ("run_id", pa.string()), ("t", pa.float64()), ("metric", pa.string()), ("labels", pa.string()),
+    ("value", pa.float64()),
+])
+INTEGRITY_SCHEMA = pa.schema([
+    ("run_id", pa.string()), ("t", pa.float64()), ("kind", pa.string()), ("layer", pa.int32()),
+    ("page", pa.int64()), ("detail", pa.string()),
+])
+
+# Latency histograms: bucket b holds values in [GAMMA**b, GAMMA**(b+1)); values under FLOOR_S count as FLOOR_S.
+GAMMA = 1.01
+FLOOR_S = 1e-6
+HIST_METRICS = ("ttft", "tpot", "itl", "e2e", "dispatch_lag")
+_LOG_GAMMA = math.log(GAMMA)
+
+
+def to_buckets(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Histogram of latencies in seconds: (bucket ids, counts). NaNs are ignored."""
+    v = values[~np.isnan(values)]
+    if v.size == 0:
+        return np.empty(0, np.int64), np.empty(0, np.int64)
+    b = np.floor(np.log(np.maximum(v, FLOOR_S)) / _LOG_GAMMA).astype(np.int64)
+    lo = int(b.min())
+    counts = np.bincount(b - lo)
+    ids = np.nonzero(counts)[0]
+    return ids + lo, counts[ids]
+
+
+def bucket_value(bucket: np.ndarray | int) -> np.ndarray | float:
+    """The value a bucket stands for: its geometric middle, within 0.5 % of anything in it."""
+    return GAMMA ** (np.asarray(bucket, dtype=np.float64) + 0.5)
+
+
+_SECRET_KEYS = {"api_key", "apikey", "authorization", "password", "secret", "token", "hf_token",
+                "openai_api_key", "access_token"}
+
+
+def _redact(obj: object) -> object:
+    """API keys belong in env vars, never in the DB: blank any config value under a secret-looking key."""
+    if isinstance(obj, dict):
+        return {k: "***" if str(k).lower() in _SECRET_KEYS else _redact(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_redact(v) for v in obj]
+    return obj
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def new_run_id() -> str:
+    """Sortable by start time, unique by a random tail: 20261130-235501-3f9a1c."""
+    return datetime.now(UTC).strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(3)
+
+
+class StoreBusy(RuntimeError):
+    """The DB stayed locked by another process past the timeout."""
+
+
+class Store:
+    """A capbench DuckDB file. Opening it read-write creates it, migrates it to SCHEMA_VERSION, and marks runs
+    whose writer process on this host has died as aborted. Every method opens and closes its own connection."""
+
+    def __init__(self, path: str | Path = DEFAULT_DB, read_only: bool = False, lock_timeout_s: float = 10.0):
+        self.path = Path(path)
+        self.read_only = read_only
+        self.lock_timeout_s = lock_timeout_s
+        if read_only:
+            if not self.path.is_file():
+                raise BadInput(f"no results database at {self.path} (pass --db PATH)")
+            with self.connect() as con:
+                version = _schema_version(con)
+            if version < SCHEMA_VERSION:
+                raise BadInput(f"{self.path} has schema version {version}; open it read-write once to migrate it")
+            if version > SCHEMA_VERSION:
+                raise BadInput(f"{self.path} has schema version {version}, newer than this capbench "
+                               f"({SCHEMA_VERSION}); upgrade capbench")
+        else:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with self.connect() as con:
+                migrate(con, self.path)
+                self.aborted_on_open = _abort_dead_runs(con)
+
+    @contextmanager
+    def connect(self, timeout_s: float | None = None) -> Iterator[duckdb.DuckDBPyConnection]:
+        """A short-lived connection; waits (with back-off) while another process holds the file."""
+        deadline = time.monotonic() + (self.lock_timeout_s if timeout_s is None else timeout_s)
+        delay = 0.01
+        while True:
+            try:
+                con = duckdb.connect(str(self.path), read_only=self.read_only)
+                break
+            except duckdb.IOException as e:
+                if "lock" not in str(e).lower():
+                    raise BadInput(f"cannot open {self.path}: {str(e).splitlines()[0]}") from None
+                if time.monotonic() + delay > deadline:
+                    raise StoreBusy(f"{self.path} stayed locked by another process") from None
+                time.sleep(delay)
+                delay = min(delay * 2, 0.2)
+        try:
+            yield con
+        finally:
+            con.close()
+
+    # ---- run lifecycle -------------------------------------------------------------------------------------------
+    def start_run(self, label: str = "", target: str = "", profile: str = "", config: dict | None = None) -> str:
+        run_id = new_run_id()
+        with self.connect() as con:
+            con.execute(
+                "INSERT INTO runs VALUES (?, ?, ?, ?, ?, ?, NULL, 'running', ?, ?, ?)",
+                [run_id, label, target, profile, json.dumps(_redact(config or {}), sort_keys=True, default=str),
+                 time.time(), __version__, os.getpid(), socket.gethostname()],
+            )
+        return run_id
+
+    def finish_run(self, run_id: str, status: str = "completed") -> None:
+        if status not in RUN_STATUSES[1:]:
+            raise BadInput(f"run status must be one of {', '.join(RUN_STATUSES[1:])}, not {status!r}")
+        with self.connect() as con:
+            _require_run(con, run_id)
+            con.execute("BEGIN")
+            con.execute("UPDATE runs SET status = ?, finished_at = ? WHERE run_id = ?", [status, time.time(), run_id])
+            _compact_hist(con, run_id)
+            con.execute("COMMIT")
+
+    def writer(self, run_id: str, flush_interval_s: float = 1.0):
+        from bench.writer import BatchedWriter
+
+        return BatchedWriter(self, run_id, flush_interval_s=flush_interval_s)
+
+    def runs(self) -> pd.DataFrame:
+        """All runs, newest first, with their request counts."""
+        with self.connect() as con:
+            return con.execute("""
+                SELECT r.run_id, r.label, r.target, r.profile, r.status, r.started_at, r.finished_at,
+                       coalesce(q.n, 0) AS requests, coalesce(q.errors, 0) AS errors, r.capbench_version, r.config
+                FROM runs r LEFT JOIN (
+                    SELECT run_id, count(*) AS n, count(*) FILTER (WHERE status = 'error') AS errors
+                    FROM requests GROUP BY run_id) q USING (run_id)
+                ORDER BY r.started_at DESC""").df()
+
+    def run(self, run_id: str) -> dict:
+        with self.connect() as con:
+            return _require_run(con, run_id)
+
+    def import_integrity_log(self, run_id: str, jsonl_path: str | Path) -> int:
+        """Load the KV-checksum patch's JSON lines {t, kind, layer, page, detail}; returns rows imported.
+        Lines that are not such objects are skipped and counted in the log."""
+        path = Path(jsonl_path)
+        if not path.is_file():
+            raise BadInput(f"no integrity log at {path}")
+        rows, bad = [], 0
+        for line in path.read_text(errors="replace").splitlines():
+            if not line.strip():
+                continue
+            try:
+                e = json.loads(line)
+                detail = e.get("detail")
+                rows.append({"run_id": run_id, "t": float(e["t"]), "kind": str(e.get("kind", "")),
+                             "layer": None if e.get("layer") is None else int(e["layer"]),
+                             "page": None if e.get("page") is None else int(e["page"]),
+                             "detail": detail if isinstance(detail, str) or detail is None else json.dumps(detail)})
+            except (ValueError, KeyError, TypeError, AttributeError):
+                bad += 1
+        if bad:
+            log.warning("%s: skipped %d malformed integrity line(s)", path, bad)
+        table = pa.Table.from_pylist(rows, schema=INTEGRITY_SCHEMA)
+        with self.connect() as con:
+            _require_run(con, run_id)
+            con.register("capbench_batch", table)
+            con.execute("INSERT INTO integrity_events BY NAME SELECT * FROM capbench_batch")
+            con.unregister("capbench_batch")
+        return len(rows)
+
+
+def migrate(con: duckdb.DuckDBPyConnection, path: Path | str = "") -> int:
+    """Bring the schema up to SCHEMA_VERSION, one transaction per migration; returns the version."""
+    con.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL, applied_at DOUBLE NOT NULL, "
+                "note VARCHAR)")
+    version = _schema_version(con)
+    if version > SCHEMA_VERSION:
+        raise BadInput(f"{path} has schema version {version}, newer than this capbench ({SCHEMA_VERSION}); "
+                       "upgrade capbench")
+    for v, note, statements in MIGRATIONS:
+        if v <= version:
+            continue
+        con.execute("BEGIN")
+        for sql in statements:
+            con.execute(sql)
+        con.execute("INSERT INTO schema_version VALUES (?, ?, ?)", [v, time.time(), note])
+        con.execute("COMMIT")
+        version = v
+    return version
+
+
+def _schema_version(con: duckdb.DuckDBPyConnection) -> int:
+    exists = con.execute("SELECT count(*) FROM information_schema.tables WHERE table_name = 'schema_version'"
+                         ).fetchone()[0]
+    if not exists:
+        return 0
+    return con.execute("SELECT coalesce(max(version), 0) FROM schema_version").fetchone()[0]
+
+
+def _abort_dead_runs(con: duckdb.DuckDBPyConnection) -> list[str]:
+    """Runs left 'running' by a process on this host that no longer exists are marked aborted.
+    (Runs written from another host are left alone: their process cannot be checked from here.)"""
+    host = socket.gethostname()
+    rows = con.execute("SELECT run_id, pid FROM runs WHERE status = 'running' AND hostname = ?", [host]).fetchall()
+    dead = [run_id for run_id, pid in rows if pid is None or not _pid_alive(pid)]
+    for run_id in dead:
+        con.execute("UPDATE runs SET status = 'aborted', finished_at = coalesce("
+                    "(SELECT max(finished_at) FROM requests WHERE run_id = ?), started_at) WHERE run_id = ?",
+                    [run_id, run_id])
+        _compact_hist(con, run_id)
+        log.warning("run %s was left running by a process that died: marked aborted", run_id)
+    return dead
+
+
+def _compact_hist(con: duckdb.DuckDBPyConnection, run_id: str) -> None:
+    """The writer appends one histogram slice per flush; fold them into one row per bucket."""
+    con.execute("CREATE OR REPLACE TEMP TABLE hist_fold AS SELECT run_id, metric, bucket, sum(n)::BIGINT AS n "
+                "FROM latency_hist WHERE run_id = ? GROUP BY ALL", [run_id])
+    con.execute("DELETE FROM latency_hist WHERE run_id = ?", [run_id])
+    con.execute("INSERT INTO latency_hist SELECT * FROM hist_fold")
+    con.execute("DROP TABLE hist_fold")
+
+
+def _require_run(con: duckdb.DuckDBPyConnection, run_id: str) -> dict:
+    cur = con.execute("SELECT * FROM runs WHERE run_id = ?", [run_id])
+    row = cur.fetchone()
+    if row is None:
+        raise BadInput(f"unknown run id {run_id!r} (see `capbench runs`)")
+    return dict(zip([d[0] for d in cur.description], row, strict=True))
+
+
+def export_run(store: Store, run_id: str, fmt: str, out_dir: str | Path) -> list[Path]:
+    """Write every table's rows of one run to OUT_DIR/<table>.<fmt>; list columns become text in CSV."""
+    import pyarrow.csv as pacsv
+    import pyarrow.parquet as pq
+
+    if fmt not in ("parquet", "csv"):
+        raise BadInput(f"export format must be parquet or csv, not {fmt!r}")
+    out = Path(out_dir)
+    written = []
+    with store.connect() as con:
+        _require_run(con, run_id)
+        tables = {}
+        for name in RUN_TABLES:
+            select = "SELECT * REPLACE (CAST(itl_s AS VARCHAR) AS itl_s)" if (
+                name == "requests" and fmt == "csv") else "SELECT *"
+            tables[name] = con.execute(f"{select} FROM {name} WHERE run_id = ?", [run_id]).arrow()
+    out.mkdir(parents=True, exist_ok=True)
+    for name, table in tables.items():
+        if isinstance(table, pa.RecordBatchReader):
+            table = table.read_all()
+        path = out / f"{name}.{fmt}"
+        if fmt == "parquet":
+            pq.write_table(table, path)
+        else:
+            pacsv.write_csv(table, path)
+        written.append(path)
+    return written
