@@ -1,0 +1,121 @@
+"""Let GLM-4.x (MHA) and Kimi K2 / DeepSeek-V3 (MLA) load per-layer FP8 KV scales, and make FP8 MLA writes use them.
+
+SGLang 0.5.23 calls `model.load_kv_cache_scales(path)` after loading weights when `--kv-cache-dtype fp8_e4m3`
+and `--quantization-param-path` are given, and raises if the model lacks the method: glm4_moe.py and
+deepseek_v2.py lack it. We add it.
+
+- MHA (GLM): the scales go on each layer's RadixAttention (`k_scale`/`v_scale` tensors, `*_scale_float`), which
+  the MHA pool already divides by on write and the triton / fa3 backends already descale by on read.
+- MLA (Kimi): one scale per layer on `attn_mqa` (the absorbed decode attention; the triton backend divides K by
+  it before its MLA write and descales its reads; fa3 descales its MLA reads with it). The MLA pool's
+  `set_mla_kv_buffer` (used by fa3's MLA write and by the MHA-prefill path that writes the latent through
+  `attn_mha`) casts to FP8 with no scale: we make it divide by the layer's scale, and make `get_mla_kv_buffer`
+  (the MHA-prefill read of cached prefix chunks) multiply it back. flashinfer_mla upcasts the whole buffer with
+  no descale: do not combine MLA scales with `--attention-backend flashinfer`.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from engine_patches.fp8_scales.scales_file import read_kv_scales
+
+logger = logging.getLogger(__name__)
+
+# layer_id -> scale, for the MLA pool's write/read paths; filled by DeepseekV2's load_kv_cache_scales in this process
+MLA_SCALES: dict[int, float] = {}
+
+
+def set_attention_scales(attn, k_scale: float, v_scale: float, device: torch.device) -> None:
+    """Scales on a RadixAttention: tensors for the pool and fa3, floats for the triton kernels."""
+    for name, value in (("k_scale", k_scale), ("v_scale", v_scale)):
+        current = getattr(attn, name, None)
+        if isinstance(current, torch.Tensor):
+            current.data.fill_(value)
+        else:
+            current = torch.tensor(value, dtype=torch.float32, device=device)
+            setattr(attn, name, current)
+        setattr(attn, f"{name}_float", float(current))  # the fp32 value the pool divides by, so reads match writes
+
+
+def _tp_layout(model) -> tuple[int, int]:
+    from sglang.srt.layers.linear import resolve_linear_parallel_group
+
+    try:
+        return resolve_linear_parallel_group("tp")
+    except Exception:  # outside a running engine (tests): a single rank
+        return 0, 1
+
+
+def _device(model) -> torch.device:
+    p = next(model.parameters(), None)
+    return p.device if p is not None else torch.device("cpu")
+
+
+def _decoder_layers(model):
+    for layer in model.model.layers:
+        if hasattr(layer, "self_attn"):  # PPMissingLayer on other pipeline ranks has none
+            yield layer
+
+
+def glm4_moe_load_kv_cache_scales(self, quantization_param_path: str) -> None:
+    tp_rank, tp_size = _tp_layout(self)
+    scales = read_kv_scales(quantization_param_path, tp_rank, tp_size, self.config.num_hidden_layers, None)
+    device = _device(self)
+    for layer in _decoder_layers(self):
+        k, v = scales[layer.self_attn.attn.layer_id]
+        set_attention_scales(layer.self_attn.attn, k, v, device)
+    logger.info("capbench: loaded FP8 KV scales for %d MHA layers from %s", len(scales), quantization_param_path)
+
+
+def deepseek_v2_load_kv_cache_scales(self, quantization_param_path: str) -> None:
+    tp_rank, tp_size = _tp_layout(self)
+    scales = read_kv_scales(quantization_param_path, tp_rank, tp_size, self.config.num_hidden_layers, None)
+    device = _device(self)
+    for layer in _decoder_layers(self):
+        attn = layer.self_attn.attn_mqa
+        k, v = scales[attn.layer_id]
+        s = max(k, v)  # one cached row (latent | rope), one descale in the kernels
+        set_attention_scales(attn, s, s, device)
+        MLA_SCALES[attn.layer_id] = s
+    logger.info("capbench: loaded FP8 KV scales for %d MLA layers from %s", len(scales), quantization_param_path)
+
+
+def install_mla_pool_scaling() -> None:
+    """FP8 MLA pool: divide by the layer's scale in set_mla_kv_buffer, multiply back in get_mla_kv_buffer."""
+    from sglang.srt.mem_cache.memory_pool import MLATokenToKVPool
+
+    orig_set = MLATokenToKVPool.set_mla_kv_buffer
+    orig_get = MLATokenToKVPool.get_mla_kv_buffer
+
+    def set_mla_kv_buffer(self, layer, loc_info, cache_k_nope, cache_k_rope, layer_id_override=None):
+        lid = layer_id_override if layer_id_override is not None else layer.layer_id
+        s = MLA_SCALES.get(lid)
+        if s is not None and s != 1.0 and self.dtype != cache_k_nope.dtype and not self.use_dsa:
+            cache_k_nope = cache_k_nope / s
+            if cache_k_rope is not None and cache_k_rope.numel() > 0:
+                cache_k_rope = cache_k_rope / s
+        return orig_set(self, layer, loc_info, cache_k_nope, cache_k_rope, layer_id_override=layer_id_override)
+
+    def get_mla_kv_buffer(self, layer, loc, dst_dtype=None):
+        nope, rope = orig_get(self, layer, loc, dst_dtype)
+        s = MLA_SCALES.get(layer.layer_id)
+        if s is not None and s != 1.0 and self.dtype != (dst_dtype or self.dtype) and not self.use_dsa:
+            nope = nope * s
+            rope = rope * s if rope is not None else None
+        return nope, rope
+
+    MLATokenToKVPool.set_mla_kv_buffer = set_mla_kv_buffer
+    MLATokenToKVPool.get_mla_kv_buffer = get_mla_kv_buffer
+
+
+def install() -> None:
+    """Give the two model classes their loader and the MLA pool its scaled write/read (this process)."""
+    from sglang.srt.models.deepseek_v2 import DeepseekV2ForCausalLM
+    from sglang.srt.models.glm4_moe import Glm4MoeForCausalLM
+
+    Glm4MoeForCausalLM.load_kv_cache_scales = glm4_moe_load_kv_cache_scales
+    DeepseekV2ForCausalLM.load_kv_cache_scales = deepseek_v2_load_kv_cache_scales  # DeepseekV3 inherits it
+    install_mla_pool_scaling()
