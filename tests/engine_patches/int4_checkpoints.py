@@ -35,7 +35,8 @@ def make_checkpoint(root: Path, kind: str, seed: int = 0) -> dict[str, torch.Ten
     gen = torch.Generator().manual_seed(seed)
     root.mkdir(parents=True, exist_ok=True)
     weights: dict[str, torch.Tensor] = {"model.embed_tokens.weight": _w(gen, VOCAB, HIDDEN),
-                                        "model.norm.weight": torch.ones(HIDDEN), "lm_head.weight": _w(gen, VOCAB, HIDDEN)}
+                                        "model.norm.weight": torch.ones(HIDDEN),
+                                        "lm_head.weight": _w(gen, VOCAB, HIDDEN)}
     attn = (["q_proj", "k_proj", "v_proj", "o_proj"] if kind == "glm"
             else ["q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj"])
     for n in range(LAYERS):
@@ -61,7 +62,8 @@ def make_checkpoint(root: Path, kind: str, seed: int = 0) -> dict[str, torch.Ten
         if kind == "kimi-fp8" and w.ndim == 2 and "layers." in name and not name.endswith("mlp.gate.weight"):
             q, s = _fp8_block(w)
             stored[name], stored[name + "_scale_inv"] = q, s
-            weights[name] = q.float() * s.repeat_interleave(128, 0)[: w.shape[0]].repeat_interleave(128, 1)[:, : w.shape[1]]
+            full = s.repeat_interleave(128, 0)[: w.shape[0]].repeat_interleave(128, 1)[:, : w.shape[1]]
+            weights[name] = q.float() * full
         else:
             stored[name] = w.to(torch.bfloat16)
             weights[name] = stored[name].float()

@@ -7,10 +7,10 @@ import pytest
 import torch
 from compressed_tensors.compressors.pack_quantized.base import PackedQuantizationCompressor
 from compressed_tensors.quantization import QuantizationScheme
-from tests.engine_patches.int4_checkpoints import EXPERTS, HIDDEN, MOE_INTER, make_checkpoint
 from safetensors import safe_open
 
 from engine_patches.int4_moe.convert import EXPERT_WEIGHT, convert, quant_args
+from tests.engine_patches.int4_checkpoints import EXPERTS, make_checkpoint
 
 
 @pytest.fixture(scope="module")
@@ -64,8 +64,9 @@ def test_experts_round_trip_within_int4_error_rest_untouched(converted, kind):
         errors[name] = float((w_hat - w).norm() / w.norm())
     assert not any(k.endswith("weight_scale_inv") for k in tensors)
     rep = report.to_json()
-    print(f"\n{kind} g{group}: INT4 relative error per layer", {k: round(v["rel_err"], 4) for k, v in rep["layers"].items()},
-          "overall", round(rep["overall_rel_err"], 4), "worst tensor", round(max(errors.values()), 4))
+    per_layer = {k: round(v["rel_err"], 4) for k, v in rep["layers"].items()}
+    print(f"\n{kind} g{group}: INT4 relative error per layer", per_layer, "overall",
+          round(rep["overall_rel_err"], 4), "worst tensor", round(max(errors.values()), 4))
     assert rep["expert_tensors"] == len(errors) == 2 * EXPERTS * 3
     assert set(rep["layers"]) == {"1", "2"} and 0.02 < rep["overall_rel_err"] < 0.2
     assert max(errors.values()) == pytest.approx(max(v["worst_rel_err"] for v in rep["layers"].values()), rel=1e-3)
