@@ -1,0 +1,92 @@
+"""What a person watches during a run (a rich live panel) and reads after it (the summary table)."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+from rich.console import Console
+from rich.live import Live as RichLive
+from rich.table import Table
+
+WINDOW_S = 5.0  # the achieved rate is the rate of the last few seconds
+
+
+class Live:
+    """Elapsed, requests, achieved vs target rate, TTFT p50/p95, errors; refreshed by the run loop."""
+
+    def __init__(self, enabled: bool, profile, config: dict, collector, env):
+        self.enabled, self.profile, self.config, self.collector, self.env = enabled, profile, config, collector, env
+        self.errors = 0
+        self.ttft: list[float] = []
+        self.sent_times: list[float] = []
+        self._live = RichLive(console=Console(stderr=True), auto_refresh=False, transient=False) if enabled else None
+
+    def __enter__(self) -> Live:
+        if self._live:
+            self._live.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._live:
+            self.update()
+            self._live.__exit__(*exc)
+
+    def update(self) -> None:
+        recent, self.collector.recent = self.collector.recent, []
+        for r in recent:
+            self.sent_times.append(r["sent_at"])
+            if r["status"] != "ok":
+                self.errors += 1
+            elif r["phase"] == "measured" and r["ttft_s"] is not None:
+                self.ttft.append(r["ttft_s"])
+        self.ttft = self.ttft[-2000:]
+        now = time.time()
+        self.sent_times = [t for t in self.sent_times if t > now - WINDOW_S]
+        if self._live:
+            self._live.update(self.table(now), refresh=True)
+
+    def table(self, now: float) -> Table:
+        t0, warmup = self.config["t0"], self.config.get("warmup_s", 0.0)
+        elapsed = max(0.0, now - t0)
+        span = min(WINDOW_S, elapsed) or 1.0
+        if self.profile.open_loop and self.profile.type != "trace":
+            target = f"{float(self.profile.rate(np.array([max(0.0, elapsed - warmup)]))[0]):.1f} req/s"
+        else:
+            target = f"{self.env.runner.user_count} users" if not self.profile.open_loop else "trace"
+        p50, p95 = (np.percentile(self.ttft, [50, 95]) if self.ttft else (None, None))
+        t = Table(title=f"capbench run: {self.profile.name} ({'warm-up' if elapsed < warmup else 'measured'})",
+                  show_header=False)
+        t.add_row("elapsed", f"{elapsed:.0f} / {self.config.get('duration_s', 0):.0f} s")
+        t.add_row("requests", f"{self.collector.records}")
+        t.add_row("achieved vs target", f"{len(self.sent_times) / span:.1f} req/s vs {target}")
+        t.add_row("TTFT p50 / p95", "-" if p50 is None else f"{p50 * 1000:.1f} / {p95 * 1000:.1f} ms")
+        t.add_row("errors", f"{self.errors}")
+        return t
+
+
+def _ms(v: float | None) -> str:
+    return "-" if v is None else f"{v * 1000:.1f} ms"
+
+
+def summary_table(s: dict) -> Table:
+    t = Table(title=f"run {s['run_id']} ({s['status']})", show_header=False)
+    rate = s.get("achieved_rate_rps")
+    t.add_row("requests (measured / warm-up)", f"{s['measured']} / {s['warmup']}")
+    t.add_row("ok / errors", f"{s['ok']} / {s['errors']}"
+              + (f"  ({', '.join(f'{k}: {v}' for k, v in s['errors_by_kind'].items())})" if s["errors"] else ""))
+    t.add_row("achieved send rate", "-" if rate is None else f"{rate:.2f} req/s")
+    t.add_row("throughput", "-" if s.get("throughput_rps") is None else
+              f"{s['throughput_rps']:.2f} req/s, {s.get('output_tps') or 0:.0f} output tok/s")
+    for m in ("ttft", "tpot", "itl", "e2e", "dispatch_lag"):
+        t.add_row(f"{m} p50 / p95 / p99", " / ".join(_ms(s.get(f"{m}_p{q}")) for q in (50, 95, 99)))
+    slo = ", ".join(f"{k}<={_ms(s[f'slo_{k}_s'])}" for k in ("ttft", "tpot", "e2e") if s.get(f"slo_{k}_s"))
+    if slo:
+        att = s.get("slo_attainment")
+        t.add_row(f"goodput ({slo})", "-" if s.get("goodput_rps") is None else
+                  f"{s['goodput_rps']:.2f} req/s, {att:.1%} of requests meet the SLO")
+    return t
+
+
+def print_summary(s: dict, to_stderr: bool = False) -> None:
+    Console(stderr=to_stderr).print(summary_table(s))

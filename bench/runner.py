@@ -1,0 +1,423 @@
+"""A load-test run: Locust as a library (headless), loadgen's users and profiles, every request into the store.
+
+One process (LocalRunner) or Locust's master with N local worker processes (`workers=N`), plus any number of
+`capbench worker --master HOST` processes from other machines. Workers send their result records to the master
+as Locust custom messages; only the master writes the DuckDB file. DuckDB writes run on a native thread of
+gevent's pool, so a flush never stalls the event loop that times the requests.
+
+Ctrl-C or SIGTERM: no new request is sent, requests in flight get an `aborted` record, the run is marked
+aborted, everything measured is kept.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import gevent
+from locust.env import Environment
+
+from bench import queries
+from bench.errors import BadInput
+from bench.live import Live, print_summary
+from bench.store import Store
+from loadgen import profiles, workloads
+from loadgen.users import CONFIG_OPTION, ClosedLoopUser, OpenLoopUser
+
+log = logging.getLogger(__name__)
+RECORDS_MSG = "capbench_records"
+USER_CLASSES = [ClosedLoopUser, OpenLoopUser]
+
+
+@dataclass
+class RunOptions:
+    target: str  # base URL of an OpenAI-compatible server (twin: targets are resolved before)
+    profile: str = "poisson"
+    overrides: dict = field(default_factory=dict)  # rate, users, duration, ... from the command line
+    workload: str = "chat"
+    db: Path = Path("data/capbench.duckdb")
+    label: str = ""
+    model: str | None = None
+    api_key_env: str | None = None
+    slo: queries.SLO = field(default_factory=queries.SLO)
+    warmup_s: float = 0.0
+    workers: int = 0  # local worker processes (0: everything in this process)
+    expect_workers: int = 0  # more workers joining from other machines
+    master_bind: str = "127.0.0.1"
+    master_port: int = 0
+    seed: int = 0
+    stream: bool = True
+    api: str | None = None  # chat | completions (default: the workload's)
+    timeout_s: float = 600.0
+    read_timeout_s: float = 120.0
+    drain_s: float = 60.0
+    max_inflight: int | None = None
+    live: bool = True
+    run_config: dict = field(default_factory=dict)  # extra facts to keep with the run (e.g. the twin spec)
+
+
+@dataclass
+class RunResult:
+    run_id: str
+    status: str
+    summary: dict
+    locust_requests: int  # what Locust's own statistics counted
+    locust_failures: int
+    records: int  # what reached the store's writer
+
+
+class Collector:
+    """Result records from this process's users or from workers' messages, to the store's writer."""
+
+    def __init__(self, writer):
+        self.writer = writer
+        self.pending: list[dict] = []
+        self.records = 0
+        self.sent_by_worker: dict[str, int] = {}
+        self.recent: list[dict] = []  # for the live display
+
+    def on_request(self, context=None, **_kw) -> None:
+        rec = (context or {}).get("capbench")
+        if rec is not None:
+            self.add([rec])
+
+    def on_message(self, environment, msg, **_kw) -> None:
+        self.sent_by_worker[msg.node_id] = msg.data["sent"]
+        self.add(msg.data["records"])
+
+    def add(self, recs: list[dict]) -> None:
+        self.pending.extend(recs)
+        self.recent.extend(recs)
+        self.records += len(recs)
+
+    def flush(self, final: bool = False) -> None:
+        """Hand pending rows to the writer and write them, on a native thread."""
+        rows, self.pending = self.pending, []
+        for r in rows:
+            self.writer.add_request(r)
+        if final:
+            self.writer.close()
+        else:
+            gevent.get_hub().threadpool.apply(self.writer.flush)
+
+
+def _forward_records(environment) -> None:
+    """On a worker: batch this process's records to the master every 0.2 s and when the users stop."""
+    batch: list[dict] = []
+
+    def on_request(context=None, **_kw):
+        rec = (context or {}).get("capbench")
+        if rec is not None:
+            batch.append(rec)
+
+    def send(**_kw):
+        if batch or _kw.get("final"):
+            sent = getattr(getattr(environment, "capbench_plan", None), "sent", 0)
+            out, batch[:] = list(batch), []
+            environment.runner.send_message(RECORDS_MSG, {"records": out, "sent": sent})
+
+    def loop():
+        while True:
+            gevent.sleep(0.2)
+            send()
+
+    environment.events.request.add_listener(on_request)
+    environment.events.test_stop.add_listener(lambda **kw: send(final=True))
+    gevent.spawn(loop)
+
+
+def run_worker(master_host: str, master_port: int = 5557) -> None:
+    """`capbench worker`: join a master's runs until it quits."""
+    env = Environment(user_classes=USER_CLASSES, parsed_options=_options({}))
+    env.create_worker_runner(master_host, master_port)
+    _forward_records(env)
+    env.runner.greenlet.join()
+
+
+def _options(config: dict) -> argparse.Namespace:
+    """Locust copies custom parsed options to its workers with every spawn message: the config rides along."""
+    from locust import argument_parser
+
+    parser = argument_parser.get_empty_argument_parser()
+    argument_parser.setup_parser_arguments(parser)
+    ns = parser.parse(args=[])
+    ns.headless = False  # the shape's end calls stop(), not quit(): workers report their last records first
+    setattr(ns, CONFIG_OPTION, json.dumps(config))
+    return ns
+
+
+def discover_model(target: str, api_key_env: str | None) -> str:
+    import httpx
+
+    headers = {}
+    if api_key_env:
+        import os
+
+        headers["Authorization"] = f"Bearer {os.environ.get(api_key_env, '')}"
+    url = target.rstrip("/").removesuffix("/v1") + "/v1/models"
+    try:
+        r = httpx.get(url, headers=headers, timeout=10)
+        r.raise_for_status()
+        return r.json()["data"][0]["id"]
+    except (httpx.HTTPError, KeyError, IndexError, ValueError) as e:
+        raise BadInput(f"cannot read the model name from {url} ({type(e).__name__}: {e}); pass --model") from None
+
+
+def prepare(opts: RunOptions) -> tuple[profiles.Profile, workloads.Workload, str]:
+    try:
+        prof = profiles.load(opts.profile, opts.overrides)
+        wl_name = "trace" if prof.type == "trace" and opts.workload == "chat" else opts.workload
+        wl = (workloads.from_dict({"name": "trace", "type": "trace"}, opts.seed, opts.api) if wl_name == "trace"
+              else workloads.load(wl_name, opts.seed, opts.api))
+    except (profiles.ProfileError, workloads.WorkloadError) as e:
+        raise BadInput(str(e)) from None
+    if opts.api_key_env:
+        import os
+
+        if not os.environ.get(opts.api_key_env):
+            raise BadInput(f"environment variable {opts.api_key_env} (--api-key-env) is not set")
+    model = opts.model or discover_model(opts.target, opts.api_key_env)
+    return prof, wl, model
+
+
+def run(opts: RunOptions) -> list[RunResult]:
+    """A run (or, for the sweep profile, one run per stage). Results in the order they ran."""
+    prof, wl, model = prepare(opts)
+    store = Store(opts.db)
+    if prof.type != "sweep":
+        return [_run_one(store, opts, prof, wl, model)]
+    return _sweep(store, opts, prof, wl, model)
+
+
+def _sweep(store: Store, opts: RunOptions, prof: profiles.Profile, wl, model: str) -> list[RunResult]:
+    stage_s = float(prof.params.get("stage_duration", 30))
+    sweep_id = f"sweep-{int(time.time())}"
+    base = profiles.Profile("sweep-1user", "users", {"users": 1, "duration": stage_s})
+    results = [_run_one(store, opts, base, wl, model, {"sweep_id": sweep_id, "stage": 0, "offered_rps": None})]
+    s0 = results[0].summary
+    if results[0].status != "completed" or not s0.get("throughput_rps"):
+        return results
+    base_lat = s0.get("e2e_p50")
+    for k, rate in enumerate(prof.sweep_rates(s0["throughput_rps"]), 1):
+        stage = profiles.Profile(f"sweep-{rate:g}rps", prof.params.get("arrival", "poisson"),
+                                 {"rate": rate, "duration": stage_s})
+        res = _run_one(store, opts, stage, wl, model, {"sweep_id": sweep_id, "stage": k, "offered_rps": rate},
+                       warmup_s=0.0)
+        results.append(res)
+        s = res.summary
+        why = profiles.saturated(rate, s.get("throughput_rps") or 0.0, s.get("e2e_p50"), base_lat,
+                                 1 - (s.get("success_rate") or 0.0), prof.params)
+        if res.status != "completed" or why:
+            print(f"sweep stops at {rate:g} req/s: {why or res.status}")
+            break
+    return results
+
+
+def _run_one(store: Store, opts: RunOptions, prof: profiles.Profile, wl: workloads.Workload, model: str,
+             extra: dict | None = None, warmup_s: float | None = None) -> RunResult:
+    warmup = opts.warmup_s if warmup_s is None else warmup_s
+    distributed = opts.workers + opts.expect_workers > 0
+    n_workers = max(1, opts.workers + opts.expect_workers)
+    params = {k: v for k, v in prof.params.items() if not k.startswith("_")}
+    config = {"target": opts.target, "model": model, "api_key_env": opts.api_key_env, "stream": opts.stream,
+              "profile": {"name": prof.name, "type": prof.type, "params": params}, "workload": wl.to_dict(),
+              "seed": opts.seed, "warmup_s": warmup, "workers": n_workers, "timeout_s": opts.timeout_s,
+              "read_timeout_s": opts.read_timeout_s, "think_s": float(params.get("think_s", 0.0)),
+              "slo": {k: v for k, v in vars(opts.slo).items() if v is not None}, **opts.run_config, **(extra or {})}
+    if prof.open_loop:
+        total = len(prof.arrivals(opts.seed, warmup))
+        last_offset = float(prof.arrivals(opts.seed, warmup)[-1]) if total else 0.0
+        pool = opts.max_inflight or int(min(4096, max(32, prof.peak_rate() * 20)))
+        config.update(duration_s=last_offset, connections=pool // n_workers + 1)
+    else:
+        stages = [(int(s["users"]), float(s["duration"])) for s in params.get("stages") or []] or \
+            [(int(prof.p("users")), float(prof.p("duration")))]
+        if warmup > 0:
+            stages.insert(0, (stages[0][0], warmup))
+        total, pool = None, max(u for u, _ in stages)
+        config.update(duration_s=sum(d for _, d in stages), connections=pool // n_workers + 1)
+    run_id = store.start_run(label=opts.label, target=opts.target, profile=prof.name,
+                             config={**config, "locust_workers": opts.workers, "expected_workers": n_workers})
+    writer = store.writer(run_id, flush_interval_s=3600.0)  # flushed by us, off the event loop
+    collector = Collector(writer)
+    samplers = [Samplers(writer, opts.target)]
+    state = {"aborted": False, "t0": None}
+
+    env = Environment(user_classes=[OpenLoopUser if prof.open_loop else ClosedLoopUser], stop_timeout=0.0)
+    if distributed:
+        env.create_master_runner(opts.master_bind, opts.master_port or _free_port())
+        env.runner.register_message(RECORDS_MSG, collector.on_message)
+    else:
+        env.create_local_runner()
+    env.events.request.add_listener(collector.on_request)
+
+    def sent_total() -> int:
+        if distributed:
+            return sum(collector.sent_by_worker.values())
+        plan = getattr(env, "capbench_plan", None)
+        return plan.sent if plan else 0
+
+    def done(_run_time: float) -> bool:
+        now = time.time()
+        if state["aborted"]:
+            return True
+        if now < state["t0"] + config["duration_s"]:
+            return False
+        settled = collector.records >= total if total is not None else collector.records >= sent_total()
+        return settled or now > state["t0"] + config["duration_s"] + opts.drain_s
+
+    if prof.open_loop:
+        env.shape_class = profiles.PoolShape(pool, done)
+    else:
+        env.shape_class = profiles.StagesShape(stages, float(params.get("spawn_rate", max(pool, 1))))
+        env.shape_class.extra_done = lambda after: done(0.0)
+    env.shape_class.runner = env.runner
+
+    procs = _spawn_local_workers(opts.workers, env.runner.master_bind_port if distributed else 0)
+    try:
+        if distributed:
+            _wait_for_workers(env, n_workers, procs)
+        lead = (2.0 if distributed else 1.0) if prof.open_loop else 0.0
+        state["t0"] = config["t0"] = time.time() + lead
+        env.parsed_options = _options(config)
+        _install_signals(env, state)
+        env.runner.start_shape()
+        live = Live(opts.live, prof, config, collector, env)
+        with live:
+            while True:
+                gevent.sleep(0.5)
+                collector.flush()
+                live.update()
+                if env.runner.state == "stopped" and env.runner.shape_greenlet is None:
+                    break
+        env.runner.quit()
+    finally:
+        _reap(procs)
+        for s in samplers:
+            s.stop()
+        collector.flush(final=True)
+    status = "aborted" if state["aborted"] else "completed"
+    store.finish_run(run_id, status)
+    with store.connect() as con:
+        summary = queries.summary(con, run_id, opts.slo)
+    stats = env.runner.stats.total
+    print_summary(summary)
+    return RunResult(run_id, status, summary, stats.num_requests, stats.num_failures, collector.records)
+
+
+def _install_signals(env: Environment, state: dict) -> None:
+    def abort(*_):
+        if not state["aborted"]:
+            state["aborted"] = True
+            plan = getattr(env, "capbench_plan", None)
+            if plan is not None:
+                plan.stopping = True
+            print("\nstopping: the run will be marked aborted (everything measured so far is kept)",
+                  file=sys.stderr)
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        gevent.signal_handler(sig, abort)
+
+
+class Samplers:
+    """bench/telemetry.py's NVML and server samplers, run in their own process (bench/sampler_proc.py) for the
+    run's length; their rows come back over a pipe and go to the writer."""
+
+    def __init__(self, writer, target: str):
+        from gevent import subprocess as gsub
+
+        self.writer = writer
+        self.proc = gsub.Popen([sys.executable, "-m", "bench.sampler_proc", target], stdin=gsub.PIPE,
+                               stdout=gsub.PIPE, cwd=Path(__file__).resolve().parent.parent)
+        self.reader = gevent.spawn(self._read)
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            try:
+                msg = json.loads(line)
+                add = self.writer.add_gpu_sample if msg["table"] == "gpu" else self.writer.add_server_sample
+                add(msg["row"])
+            except (ValueError, KeyError, RuntimeError):
+                continue
+
+    def stop(self) -> None:
+        self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=10)
+        except Exception:
+            self.proc.kill()
+        self.reader.join(timeout=5)
+
+
+def _spawn_local_workers(n: int, port: int) -> list[subprocess.Popen]:
+    cmd = [sys.executable, "-m", "bench.runner", "--master-host", "127.0.0.1", "--master-port", str(port)]
+    return [subprocess.Popen(cmd, cwd=Path(__file__).resolve().parent.parent) for _ in range(n)]
+
+
+def _reap(procs: list[subprocess.Popen]) -> None:
+    """Workers leave on the master's quit message; whoever has not after 10 s is terminated."""
+    deadline = time.time() + 10
+    for p in procs:
+        while p.poll() is None and time.time() < deadline:
+            gevent.sleep(0.1)
+        if p.poll() is None:
+            p.terminate()
+            p.wait(timeout=10)
+
+
+def _wait_for_workers(env: Environment, n: int, procs: list, timeout_s: float = 60.0) -> None:
+    deadline = time.time() + timeout_s
+    while len(env.runner.clients.ready) < n:
+        if any(p.poll() is not None for p in procs):
+            raise BadInput("a local Locust worker process exited before the run started")
+        if time.time() > deadline:
+            raise BadInput(f"only {len(env.runner.clients.ready)} of {n} workers joined within {timeout_s:.0f}s")
+        gevent.sleep(0.1)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def parse_slo(text: str | None) -> queries.SLO:
+    """'ttft=2s,tpot=50ms,e2e=30s' -> SLO."""
+    if not text:
+        return queries.SLO()
+    out = {}
+    for part in text.split(","):
+        key, _, value = part.strip().partition("=")
+        if key not in ("ttft", "tpot", "e2e") or not value:
+            raise BadInput(f"--slo takes ttft=..,tpot=..,e2e=.. (e.g. ttft=2s,tpot=50ms), not {part!r}")
+        out[f"{key}_s"] = parse_seconds(value)
+    return queries.SLO(**out)
+
+
+def parse_seconds(value: str) -> float:
+    v = value.strip().lower()
+    try:
+        if v.endswith("ms"):
+            return float(v[:-2]) / 1000
+        if v.endswith("s"):
+            return float(v[:-1])
+        return float(v)
+    except ValueError:
+        raise BadInput(f"not a duration: {value!r} (say 2s or 50ms)") from None
+
+
+if __name__ == "__main__":  # a local worker process started by _spawn_local_workers
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--master-host", required=True)
+    ap.add_argument("--master-port", type=int, default=5557)
+    a = ap.parse_args()
+    run_worker(a.master_host, a.master_port)

@@ -1,0 +1,255 @@
+"""Load profiles: when requests are sent.
+
+Closed loop (`users`): N users, each sends its next request when the previous one ends (Locust's own model;
+`stages` change N over time through a LoadTestShape).
+
+Open loop (everything else): the arrival times are computed up front from a rate function r(t) and an arrival
+process, seeded; each request is sent at its time whatever the earlier ones are doing, so a slow server shows up
+as latency, not as a lower rate (no coordinated omission). Arrival times come from time rescaling: draw unit
+gaps from the process (1 for constant, Exp(1) for Poisson, Gamma(k, 1/k) for gamma), and map their running sum
+through the inverse of R(t) = integral of r. The count is fixed to round(R(T)) and the gaps are scaled to fill
+[0, T] exactly, so a Poisson profile at 50 req/s for 60 s sends 3000 requests (uniform order statistics: still a
+Poisson process, conditioned on its count) and achieved-vs-target compares the client, not the dice.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import yaml
+from locust import LoadTestShape
+
+DATA = Path(__file__).resolve().parent.parent / "data" / "profiles"
+OPEN_TYPES = ("constant", "poisson", "gamma", "ramp", "steps", "spike", "diurnal", "trace")
+TYPES = ("users", *OPEN_TYPES, "sweep")
+
+
+class ProfileError(ValueError):
+    """A profile file or parameter that cannot be used."""
+
+
+@dataclass
+class Profile:
+    name: str
+    type: str
+    params: dict = field(default_factory=dict)
+
+    @property
+    def open_loop(self) -> bool:
+        return self.type in OPEN_TYPES
+
+    def p(self, key: str, default: object = None) -> object:
+        v = self.params.get(key, default)
+        if v is None:
+            raise ProfileError(f"profile {self.name} ({self.type}) needs `{key}`")
+        return v
+
+    @property
+    def duration(self) -> float:
+        if self.type == "trace":
+            return float(self.trace_offsets()[-1]) if len(self.trace_rows()) else 0.0
+        if self.type == "steps":
+            return float(self.p("step_duration")) * len(self.p("rates"))
+        if self.type == "users" and self.params.get("stages"):
+            return float(sum(s["duration"] for s in self.params["stages"]))
+        return float(self.p("duration"))
+
+    # ---- open loop ---------------------------------------------------------------------------------------------
+    def rate(self, t: np.ndarray) -> np.ndarray:
+        """Target requests/s at profile time t (seconds since the measured phase began)."""
+        t = np.asarray(t, dtype=np.float64)
+        kind = self.type
+        if kind in ("constant", "poisson", "gamma"):
+            return np.full_like(t, float(self.p("rate")))
+        if kind == "ramp":
+            a, b, d = float(self.p("start_rate")), float(self.p("end_rate")), self.duration
+            return a + (b - a) * np.clip(t / d, 0, 1)
+        if kind == "steps":
+            rates, step = np.asarray(self.p("rates"), dtype=np.float64), float(self.p("step_duration"))
+            return rates[np.clip((t // step).astype(int), 0, len(rates) - 1)]
+        if kind == "spike":
+            base, peak = float(self.p("rate")), float(self.p("spike_rate"))
+            at, length = float(self.p("spike_at", self.duration / 2)), float(self.p("spike_duration", 10))
+            return np.where((t >= at) & (t < at + length), peak, base)
+        if kind == "diurnal":
+            lo, hi, period = float(self.p("min_rate")), float(self.p("max_rate")), float(self.p("period", 3600))
+            return lo + (hi - lo) * 0.5 * (1 - np.cos(2 * np.pi * t / period))
+        raise ProfileError(f"profile type {kind} has no rate function")
+
+    def peak_rate(self) -> float:
+        if self.type == "trace":
+            off = self.trace_offsets()
+            return max(1.0, len(off) / max(off[-1], 1e-9)) * 4 if len(off) else 1.0
+        grid = np.linspace(0, self.duration, 2001)
+        return float(self.rate(grid).max())
+
+    def arrivals(self, seed: int = 0, warmup_s: float = 0.0) -> np.ndarray:
+        """Offsets (seconds from the schedule's start) of every request, warm-up first. The warm-up runs at the
+        profile's initial rate; the measured phase follows it."""
+        if self.type == "trace":
+            return warmup_s + self.trace_offsets()
+        rng = np.random.default_rng(seed)
+        parts = []
+        if warmup_s > 0:
+            w = Profile(self.name, "constant" if self.type == "constant" else "poisson",
+                        {"rate": float(self.rate(np.zeros(1))[0]), "duration": warmup_s})
+            parts.append(w._times(rng, "constant" if self.type == "constant" else "poisson"))
+        process = {"constant": "constant", "gamma": "gamma"}.get(self.type, self.params.get("arrival", "poisson"))
+        parts.append(warmup_s + self._times(rng, process))
+        return np.concatenate(parts)
+
+    def _times(self, rng: np.random.Generator, process: str) -> np.ndarray:
+        T = self.duration
+        grid = np.linspace(0.0, T, max(2, int(T * 100) + 1))  # 10 ms steps for R(t)
+        r = np.maximum(self.rate(grid), 0.0)
+        cum = np.concatenate([[0.0], np.cumsum((r[1:] + r[:-1]) / 2 * np.diff(grid))])
+        n = int(round(cum[-1]))
+        if n == 0:
+            return np.empty(0)
+        if process == "constant":
+            gaps = np.ones(n + 1)
+            gaps[0] = gaps[-1] = 0.5  # evenly spaced, half a gap at each end
+        elif process == "poisson":
+            gaps = rng.exponential(1.0, n + 1)
+        elif process == "gamma":
+            k = float(self.p("burstiness", 1.0))
+            if k <= 0:
+                raise ProfileError("burstiness must be > 0 (1 = Poisson, < 1 burstier, > 1 more regular)")
+            gaps = rng.gamma(k, 1.0 / k, n + 1)
+        else:
+            raise ProfileError(f"unknown arrival process {process!r} (constant, poisson, gamma)")
+        units = np.cumsum(gaps)[:-1] / gaps.sum() * cum[-1]
+        return np.interp(units, cum, grid)
+
+    # ---- trace -------------------------------------------------------------------------------------------------
+    def trace_rows(self) -> list[dict]:
+        """Mooncake-style JSONL: {timestamp (ms), input_length, output_length, hash_ids}; sorted by time."""
+        if "_rows" not in self.params:
+            path = Path(str(self.p("path")))
+            if not path.is_file() and not path.is_absolute():
+                path = DATA.parent.parent / path  # built-in profiles name repo files
+            if not path.is_file():
+                raise ProfileError(f"trace profile: no file at {path}")
+            rows = []
+            for n, line in enumerate(path.read_text().splitlines(), 1):
+                if not line.strip():
+                    continue
+                try:
+                    row = json.loads(line)
+                    row["timestamp"] = float(row["timestamp"])
+                except (ValueError, KeyError, TypeError):
+                    raise ProfileError(f"trace {path}:{n}: not a JSON object with a timestamp") from None
+                rows.append(row)
+            rows.sort(key=lambda r: r["timestamp"])
+            limit = self.params.get("max_requests")
+            self.params["_rows"] = rows[: int(limit)] if limit else rows
+        return self.params["_rows"]
+
+    def trace_offsets(self) -> np.ndarray:
+        rows = self.trace_rows()
+        if not rows:
+            return np.empty(0)
+        ts = np.array([r["timestamp"] for r in rows]) / 1000.0  # Mooncake timestamps are milliseconds
+        return (ts - ts[0]) / float(self.params.get("speedup", 1.0))
+
+    # ---- sweep ---------------------------------------------------------------------------------------------------
+    def sweep_rates(self, baseline_rps: float) -> list[float]:
+        """The rates to try after the one-at-a-time stage: the profile's own list, or multiples of the rate one
+        user achieved (so the sweep starts where the server is idle and climbs geometrically)."""
+        if self.params.get("rates"):
+            return [float(r) for r in self.params["rates"]]
+        factors = self.params.get("factors", [1.5, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64])
+        cap = float(self.params.get("max_rate", 1e9))
+        return [round(baseline_rps * f, 3) for f in factors if baseline_rps * f <= cap]
+
+
+def saturated(offered: float, achieved: float, latency: float | None, base_latency: float | None,
+              error_rate: float, params: dict) -> str | None:
+    """Why a sweep stage counts as saturated, or None: the server did not keep up with the offered rate, the
+    median latency blew up against the one-at-a-time stage, or too many requests failed."""
+    if achieved < offered * float(params.get("min_achieved_ratio", 0.9)):
+        return f"achieved {achieved:.2f} req/s < {params.get('min_achieved_ratio', 0.9)} x offered {offered:.2f}"
+    blowup = float(params.get("max_latency_ratio", 5.0))
+    if latency is not None and base_latency and latency > blowup * base_latency:
+        return f"median e2e {latency:.3f}s > {blowup} x one-at-a-time {base_latency:.3f}s"
+    if error_rate > float(params.get("max_error_rate", 0.05)):
+        return f"error rate {error_rate:.1%}"
+    return None
+
+
+class StagesShape(LoadTestShape):
+    """Locust's own shape for the closed loop: (users, duration) stages, then stop."""
+
+    def __init__(self, stages: list[tuple[int, float]], spawn_rate: float):
+        super().__init__()
+        self.ends = list(np.cumsum([d for _, d in stages]))
+        self.users = [u for u, _ in stages]
+        self.spawn_rate = spawn_rate
+        self.extra_done = None  # set by whoever runs it: a callable that says the drain is over
+
+    def tick(self) -> tuple[int, float] | None:
+        t = self.get_run_time()
+        for end, users in zip(self.ends, self.users, strict=True):
+            if t < end:
+                return users, self.spawn_rate
+        if self.extra_done is not None and not self.extra_done(t - self.ends[-1]):
+            return self.users[-1], self.spawn_rate
+        return None
+
+
+class PoolShape(LoadTestShape):
+    """The open loop's shape: a fixed pool of users that take arrival slots from the shared schedule; it stops
+    when `done(run_time)` says every request is accounted for (or the drain time is over)."""
+
+    def __init__(self, pool: int, done):
+        super().__init__()
+        self.pool, self.done = pool, done
+
+    def tick(self) -> tuple[int, float] | None:
+        return None if self.done(self.get_run_time()) else (self.pool, float(self.pool))
+
+
+# ---- loading ---------------------------------------------------------------------------------------------------
+def names() -> list[str]:
+    return sorted(p.stem for p in DATA.glob("*.yaml"))
+
+
+def load(name_or_path: str, overrides: dict | None = None) -> Profile:
+    """A built-in name (data/profiles/NAME.yaml) or a YAML file path; `overrides` (from the command line) win."""
+    path = Path(name_or_path)
+    if not path.is_file():
+        path = DATA / f"{name_or_path}.yaml"
+        if not path.is_file():
+            raise ProfileError(f"unknown profile {name_or_path!r}: not a file, and not one of {', '.join(names())}")
+    try:
+        spec = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ProfileError(f"profile {path}: not valid YAML ({str(e).splitlines()[0]})") from None
+    if not isinstance(spec, dict):
+        raise ProfileError(f"profile {path}: expected a mapping")
+    kind = spec.pop("type", path.stem)
+    if kind not in TYPES:
+        raise ProfileError(f"profile {path}: unknown type {kind!r} (one of {', '.join(TYPES)})")
+    name = str(spec.pop("name", path.stem))
+    spec.pop("description", None)
+    params = {**spec, **{k: v for k, v in (overrides or {}).items() if v is not None}}
+    prof = Profile(name, kind, params)
+    _check(prof)
+    return prof
+
+
+def _check(prof: Profile) -> None:
+    for key in ("rate", "start_rate", "end_rate", "spike_rate", "min_rate", "max_rate", "duration", "users"):
+        v = prof.params.get(key)
+        if v is not None and (not isinstance(v, int | float) or v < 0 or not math.isfinite(v)):
+            raise ProfileError(f"profile {prof.name}: {key} must be a non-negative number, not {v!r}")
+    if prof.type in OPEN_TYPES and prof.type != "trace":
+        prof.peak_rate()  # raises on a missing parameter
+    if prof.type == "trace":
+        prof.trace_rows()
+    if prof.type == "users" and not prof.params.get("stages"):
+        prof.p("users"), prof.p("duration")

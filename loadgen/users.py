@@ -1,0 +1,337 @@
+"""Locust users for OpenAI-compatible servers (chat and completions, streaming or not).
+
+Every request ends in exactly one result record, fired through Locust's own `events.request` with the record in
+`context["capbench"]` (whoever runs Locust decides where records go; this package knows nothing of the store).
+
+Timing, one clock: timestamps are `time.time()` (epoch seconds, the clock the store and the twin use); durations
+are `perf_counter()` deltas added to the send timestamp. Latencies (ttft_s, e2e_s) count from `scheduled_at`,
+the time the request was due, so a client that falls behind shows up as latency; `dispatch_lag_s = sent_at -
+scheduled_at` says by how much. The first token is the first chunk that carries content, reasoning or a tool call.
+
+Requests go straight to geventhttpclient's HTTPClient of the user's pool, not through FastHttpSession: it would
+retry, fire its own event when the headers arrive, and hide the stream.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from urllib.parse import urlparse
+
+import gevent
+from gevent import GreenletExit
+from geventhttpclient._parser import HTTPParseError
+from geventhttpclient.client import HTTPClientPool
+from geventhttpclient.response import HTTPConnectionClosed
+from geventhttpclient.url import URL
+from locust import task
+from locust.contrib.fasthttp import FastHttpUser
+
+from loadgen import profiles, workloads
+
+CONFIG_OPTION = "capbench"  # environment.parsed_options.capbench: the run's config as JSON (reaches workers too)
+ERROR_TEXT_MAX = 300
+
+
+class RequestFailed(Exception):
+    """What Locust's statistics see for a failed request; `kind` is the record's error_kind."""
+
+    def __init__(self, kind: str, message: str):
+        super().__init__(f"{kind}: {message}")
+        self.kind = kind
+
+
+class _Deadline(Exception):
+    pass
+
+
+@dataclass
+class Plan:
+    """One process's share of a run, built from the run's config: the schedule, the workload, the target."""
+
+    config: dict
+    worker_index: int = 0
+    workload: workloads.Workload = field(init=False)
+    offsets: list[float] = field(init=False, default_factory=list)
+    trace_rows: list[dict] | None = field(init=False, default=None)
+    cursor: int = field(init=False, default=0)
+    sent: int = field(init=False, default=0)
+    recorded: int = field(init=False, default=0)
+    stopping: bool = field(init=False, default=False)
+
+    def __post_init__(self) -> None:
+        c = self.config
+        self.workers = int(c.get("workers", 1))
+        self.t0 = float(c["t0"])
+        self.warmup_s = float(c.get("warmup_s", 0.0))
+        self.end_at = self.t0 + float(c.get("duration_s", 0.0))  # closed loop: no new request after this
+        self.workload = workloads.from_dict(c["workload"])
+        prof = profiles.Profile(c["profile"]["name"], c["profile"]["type"], dict(c["profile"]["params"]))
+        self.open_loop = prof.open_loop
+        if self.open_loop:
+            offsets = prof.arrivals(int(c.get("seed", 0)), self.warmup_s)
+            self.total = len(offsets)
+            self.offsets = offsets[self.worker_index :: self.workers].tolist()
+            if prof.type == "trace":
+                self.trace_rows = prof.trace_rows()
+        self.cursor = 0
+        target = urlparse(c["target"])
+        self.prefix = target.path.rstrip("/").removesuffix("/v1")
+        self.host = f"{target.scheme}://{target.netloc}"
+        self.headers = {"Content-Type": "application/json", "Accept": "text/event-stream, application/json"}
+        key_env = c.get("api_key_env")
+        if key_env and os.environ.get(key_env):
+            self.headers["Authorization"] = f"Bearer {os.environ[key_env]}"
+        self.model = c["model"]
+        self.stream = bool(c.get("stream", True))
+        self.timeout_s = float(c.get("timeout_s", 600.0))
+        self.pool = HTTPClientPool(concurrency=int(c.get("connections", 1024)), insecure=bool(c.get("insecure")),
+                                   connection_timeout=float(c.get("connect_timeout_s", 10.0)),
+                                   network_timeout=float(c.get("read_timeout_s", 120.0)))
+        self.http = self.pool.get_client(URL(self.host + "/"))
+
+    def claim(self) -> tuple[int, float] | None:
+        """The next arrival slot of this process: (request index, due time), or None when the schedule is done."""
+        if self.stopping or self.cursor >= len(self.offsets):
+            return None
+        k = self.cursor
+        self.cursor += 1
+        return k * self.workers + self.worker_index, self.t0 + self.offsets[k]
+
+    def next_index(self) -> int:
+        k = self.cursor
+        self.cursor += 1
+        return k * self.workers + self.worker_index
+
+    def request(self, i: int) -> workloads.RequestSpec:
+        row = self.trace_rows[i] if self.trace_rows is not None else None
+        return self.workload.request(i, row)
+
+
+def plan_of(environment) -> Plan:
+    """The process's plan for the current run (rebuilt when the run's config changes)."""
+    raw = getattr(environment.parsed_options, CONFIG_OPTION, None)
+    if raw is None:
+        raise RuntimeError("no capbench config: set environment.parsed_options.capbench (bench.runner does)")
+    plan = getattr(environment, "capbench_plan", None)
+    if plan is None or plan.raw != raw:
+        runner = environment.runner
+        index = max(0, getattr(runner, "worker_index", 0) or 0)
+        plan = Plan(json.loads(raw), worker_index=index)
+        plan.raw = raw
+        environment.capbench_plan = plan
+    return plan
+
+
+class OpenAIUser(FastHttpUser):
+    """Sends the plan's requests. Subclasses decide when (closed or open loop)."""
+
+    abstract = True
+    host = "http://127.0.0.1"  # the plan's target is what counts
+
+    def on_start(self) -> None:
+        self.plan = plan_of(self.environment)
+
+    def send(self, spec: workloads.RequestSpec, index: int, scheduled_at: float | None) -> dict:
+        """Send one request and fire its record; returns the record."""
+        plan = self.plan
+        body = {"model": plan.model, **spec.body}
+        if plan.stream:
+            body["stream"] = True
+            body["stream_options"] = {"include_usage": True}
+        path = plan.prefix + ("/v1/chat/completions" if spec.api == "chat" else "/v1/completions")
+        payload = json.dumps(body).encode()
+        sent_at = time.time()
+        start = time.perf_counter()
+        due = sent_at if scheduled_at is None else scheduled_at
+        rec = {"request_id": str(index), "kind": spec.kind, "scheduled_at": due, "sent_at": sent_at,
+               "dispatch_lag_s": sent_at - due,
+               "phase": "warmup" if due < plan.t0 + plan.warmup_s else "measured",
+               "first_token_at": None, "ttft_s": None, "itl_s": [], "status": "ok", "error_kind": None,
+               "error": None, "prompt_tokens": None, "completion_tokens": None, "cached_tokens": None,
+               "reasoning_tokens": None, "tokens_from": None}
+        stream = _Stream(start)
+        exc: RequestFailed | None = None
+        got_headers = False
+        plan.sent += 1
+        resp = None
+        try:
+            with gevent.Timeout(plan.timeout_s, _Deadline):
+                resp = plan.http.request("POST", path, body=payload, headers=plan.headers)
+                got_headers = True
+                status = resp.status_code
+                if status != 200:
+                    text = resp.read()[:ERROR_TEXT_MAX].decode("utf-8", "replace")
+                    raise RequestFailed(f"http_{status}", text or resp.status_message or "")
+                if plan.stream:
+                    stream.read_sse(resp)
+                else:
+                    stream.read_json(resp.read())
+        except RequestFailed as e:
+            exc = e
+        except _Deadline:
+            exc = RequestFailed("timeout", f"no complete response within {plan.timeout_s:g}s")
+        except GreenletExit:  # the run was stopped with this request in flight: it still gets its record
+            exc = RequestFailed("aborted", "run stopped before the response ended")
+            self._finish(rec, stream, exc, spec)
+            raise
+        except TimeoutError as e:
+            exc = RequestFailed("timeout", f"read/connect timed out: {e}")
+        except (HTTPConnectionClosed, ConnectionResetError, BrokenPipeError) as e:
+            exc = RequestFailed("early_close", str(e) or type(e).__name__)
+        except HTTPParseError as e:
+            exc = RequestFailed("malformed_stream", f"HTTP parse error: {e}")
+        except OSError as e:
+            exc = RequestFailed("connect" if not got_headers else "early_close", str(e) or type(e).__name__)
+        finally:
+            if resp is not None:
+                resp.release()
+        return self._finish(rec, stream, exc, spec)
+
+    def _finish(self, rec: dict, stream: _Stream, exc: RequestFailed | None, spec: workloads.RequestSpec) -> dict:
+        if exc is None and stream.error is not None:
+            exc = stream.error
+        sent_at, due = rec["sent_at"], rec["scheduled_at"]
+        finished_at = sent_at + (time.perf_counter() - stream.start)
+        rec["finished_at"] = finished_at
+        rec["e2e_s"] = finished_at - due
+        if stream.first is not None:
+            rec["first_token_at"] = sent_at + (stream.first - stream.start)
+            rec["ttft_s"] = rec["first_token_at"] - due
+        rec["itl_s"] = stream.gaps
+        if stream.usage:
+            u = stream.usage
+            rec["tokens_from"] = "usage"
+            rec["prompt_tokens"] = u.get("prompt_tokens")
+            rec["completion_tokens"] = u.get("completion_tokens")
+            rec["cached_tokens"] = (u.get("prompt_tokens_details") or {}).get("cached_tokens")
+            rec["reasoning_tokens"] = u.get("reasoning_tokens",
+                                            (u.get("completion_tokens_details") or {}).get("reasoning_tokens"))
+        elif stream.chunks:
+            rec["tokens_from"] = "chunks"
+            rec["completion_tokens"] = stream.chunks
+        n = rec["completion_tokens"]
+        if stream.first is not None and n and n > 1 and stream.last is not None:
+            rec["tpot_s"] = (stream.last - stream.first) / (n - 1)
+        else:
+            rec["tpot_s"] = None
+        if exc is not None:
+            rec["status"], rec["error_kind"], rec["error"] = "error", exc.kind, str(exc)[:ERROR_TEXT_MAX]
+        self.plan.recorded += 1
+        self.environment.events.request.fire(
+            request_type="POST", name=f"{spec.kind}:{spec.api}", response_time=rec["e2e_s"] * 1000.0,
+            response_length=stream.nbytes, exception=exc, context={"capbench": rec})
+        return rec
+
+
+class ClosedLoopUser(OpenAIUser):
+    """`users` profile: one request after another, with the profile's think time between them."""
+
+    def wait_time(self) -> float:
+        return float(self.plan.config.get("think_s", 0.0))
+
+    @task
+    def ask(self) -> None:
+        plan = self.plan
+        if time.time() >= plan.end_at or plan.stopping:
+            gevent.sleep(0.2)  # the run's time is up: send nothing new, let the runner stop us
+            return
+        i = plan.next_index()
+        self.send(plan.request(i), i, None)
+
+
+class OpenLoopUser(OpenAIUser):
+    """Open loop: take the next arrival slot of the shared schedule, wait for its time, send."""
+
+    @task
+    def ask(self) -> None:
+        plan = self.plan
+        slot = plan.claim()
+        if slot is None:
+            gevent.sleep(0.2)
+            return
+        i, due = slot
+        spec = plan.request(i)  # built before the wait, so the send is on time
+        while (delay := due - time.time()) > 0:
+            gevent.sleep(delay)
+        if plan.stopping:
+            return
+        self.send(spec, i, due)
+
+
+class _Stream:
+    """What the response said: first/last token times (perf_counter), gaps, chunk count, usage, stream errors."""
+
+    __slots__ = ("start", "first", "last", "gaps", "chunks", "usage", "nbytes", "error")
+
+    def __init__(self, start: float):
+        self.start = start
+        self.first: float | None = None
+        self.last: float | None = None
+        self.gaps: list[float] = []
+        self.chunks = 0
+        self.usage: dict | None = None
+        self.nbytes = 0
+        self.error: RequestFailed | None = None
+
+    def _token(self) -> None:
+        now = time.perf_counter()
+        if self.first is None:
+            self.first = now
+        else:
+            self.gaps.append(now - self.last)
+        self.last = now
+        self.chunks += 1
+
+    def read_sse(self, resp) -> None:
+        done = False
+        readline = resp.readline
+        for line in iter(lambda: readline(b"\n"), b""):  # readline() alone waits for \r\n: SSE uses \n
+            self.nbytes += len(line)
+            if not line.startswith(b"data:"):
+                continue  # blank separators, comments, event: lines
+            data = line[5:].strip()
+            if data == b"[DONE]":
+                done = True
+                break
+            try:
+                obj = json.loads(data)
+            except ValueError:
+                raise RequestFailed("malformed_stream", f"not JSON: {data[:80]!r}") from None
+            if not isinstance(obj, dict):
+                raise RequestFailed("malformed_stream", f"not a JSON object: {data[:80]!r}")
+            if obj.get("error"):
+                err = obj["error"]
+                msg = err.get("message", err) if isinstance(err, dict) else err
+                raise RequestFailed("stream_error", str(msg))
+            self._chunk(obj)
+        if not done:
+            raise RequestFailed("early_close", "stream ended before [DONE]")
+
+    def _chunk(self, obj: dict) -> None:
+        choices = obj.get("choices")
+        if choices:
+            c = choices[0]
+            delta = c.get("delta")
+            if delta is not None:
+                if delta.get("content") or delta.get("reasoning_content") or delta.get("reasoning") or \
+                        delta.get("tool_calls"):
+                    self._token()
+            elif c.get("text"):
+                self._token()
+        if obj.get("usage"):
+            self.usage = obj["usage"]
+
+    def read_json(self, raw: bytes) -> None:
+        self.nbytes = len(raw)
+        try:
+            obj = json.loads(raw)
+            choice = obj["choices"][0]
+        except (ValueError, KeyError, IndexError, TypeError):
+            raise RequestFailed("malformed_stream", f"not a completion: {raw[:80]!r}") from None
+        msg = choice.get("message") or {}
+        if msg.get("content") or msg.get("reasoning_content") or choice.get("text") or msg.get("tool_calls"):
+            self.chunks = 1
+        self.usage = obj.get("usage")

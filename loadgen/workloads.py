@@ -1,0 +1,361 @@
+"""Seeded request mixes: what each request asks. Request i is a pure function of (workload, seed, i), so a run
+is reproducible and distributed workers build exactly their share of it without talking to each other.
+
+Prompt text is made of common English words, about one token each in the usual BPE vocabularies; lengths are
+asked for in tokens and the server's `usage` says what they really were.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+DATA = Path(__file__).resolve().parent.parent / "data" / "workloads"
+KINDS = ("synthetic", "shared_prefix", "long_context", "multi_turn", "agentic_coding", "sharegpt", "trace")
+
+_WORDS = (
+    "the of and to in is you that it he was for on are as with his they at be this have from or one had by word "
+    "but not what all were we when your can said there use an each which she do how their if will up other about "
+    "out many then them these so some her would make like him into time has look two more write go see number no "
+    "way could people my than first water been call who oil its now find long down day did get come made may part "
+    "over new sound take only little work know place year live me back give most very after thing our just name "
+    "good sentence man think say great where help through much before line right too mean old any same tell boy "
+    "follow came want show also around form three small set put end does another well large must big even such "
+    "because turn here why ask went men read need land different home us move try kind hand picture again change "
+    "off play spell air away animal house point page letter mother answer found study still learn should world"
+).split()
+
+
+class WorkloadError(ValueError):
+    """A workload file or option that cannot be used."""
+
+
+@dataclass(frozen=True)
+class RequestSpec:
+    """One request to send: `api` is 'chat' or 'completions'; `body` is the JSON body less model/stream."""
+
+    api: str
+    body: dict
+    kind: str
+    input_tokens: int  # asked for; the server's usage says what it was
+
+
+# ---- lengths -------------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Lengths:
+    """A token-length distribution: fixed, uniform, normal, lognormal or histogram, clipped to [min, max]."""
+
+    dist: str = "fixed"
+    params: dict = field(default_factory=dict)
+
+    @classmethod
+    def parse(cls, spec: int | dict) -> Lengths:
+        if isinstance(spec, int | float):
+            return cls("fixed", {"value": int(spec)})
+        if not isinstance(spec, dict) or "dist" not in spec:
+            raise WorkloadError(f"a length is a number or {{dist: ..., ...}}, not {spec!r}")
+        dist = spec["dist"]
+        need = {"fixed": ("value",), "uniform": ("min", "max"), "normal": ("mean", "std"),
+                "lognormal": ("median", "sigma"), "histogram": ("bins",)}
+        if dist not in need:
+            raise WorkloadError(f"unknown length dist {dist!r} (one of {', '.join(need)})")
+        missing = [k for k in need[dist] if k not in spec]
+        if missing:
+            raise WorkloadError(f"length dist {dist} needs {', '.join(missing)}")
+        if dist == "histogram":
+            bins = spec["bins"]  # [[lo, hi, weight], ...]
+            if not bins or any(len(b) != 3 or b[0] > b[1] or b[2] < 0 for b in bins):
+                raise WorkloadError("histogram bins are [[lo, hi, weight], ...] with lo <= hi, weight >= 0")
+        return cls(dist, {k: v for k, v in spec.items() if k != "dist"})
+
+    def sample(self, rng: random.Random) -> int:
+        p = self.params
+        if self.dist == "fixed":
+            v = p["value"]
+        elif self.dist == "uniform":
+            v = rng.randint(int(p["min"]), int(p["max"]))
+        elif self.dist == "normal":
+            v = rng.gauss(p["mean"], p["std"])
+        elif self.dist == "lognormal":
+            v = math.exp(rng.gauss(math.log(p["median"]), p["sigma"]))
+        else:
+            lo, hi, _ = rng.choices(p["bins"], weights=[b[2] for b in p["bins"]])[0]
+            v = rng.uniform(lo, hi)
+        v = max(int(p.get("min", 1)), min(int(round(v)), int(p.get("max", 1 << 20))))
+        return max(1, v)
+
+    def mean(self) -> float:
+        rng = random.Random(0)
+        return sum(self.sample(rng) for _ in range(400)) / 400
+
+
+_CORPUS_WORDS = 1 << 18
+_corpus: tuple[str, list[int]] | None = None
+
+
+def _words() -> tuple[str, list[int]]:
+    """A fixed seeded stream of words and each word's start offset; prompts are slices of it."""
+    global _corpus
+    if _corpus is None:
+        words = random.Random(12345).choices(_WORDS, k=_CORPUS_WORDS)
+        starts, pos = [], 0
+        for w in words:
+            starts.append(pos)
+            pos += len(w) + 1
+        starts.append(pos)
+        _corpus = (" ".join(words) + " ", starts)
+    return _corpus
+
+
+def text(rng: random.Random, tokens: int) -> str:
+    """`tokens` words from a seeded offset of the corpus (a slice: cheap even for 256k-token prompts)."""
+    corpus, starts = _words()
+    parts, left = [], max(1, tokens)
+    while left > 0:
+        n = min(left, _CORPUS_WORDS // 2)
+        o = rng.randrange(_CORPUS_WORDS - n)
+        parts.append(corpus[starts[o] : starts[o + n] - 1])
+        left -= n
+    return " ".join(parts)
+
+
+def seeded(*parts: object) -> random.Random:
+    """An independent generator for one (seed, purpose, index) tuple."""
+    key = hashlib.blake2b(repr(parts).encode(), digest_size=8).digest()
+    return random.Random(int.from_bytes(key, "little"))
+
+
+# ---- the workload ----------------------------------------------------------------------------------------------------
+@dataclass
+class Workload:
+    """A named request mix. `request(i)` builds request i; nothing is drawn from a shared generator."""
+
+    name: str
+    type: str = "synthetic"
+    api: str = "chat"
+    seed: int = 0
+    input: Lengths = field(default_factory=lambda: Lengths("fixed", {"value": 256}))
+    output: Lengths = field(default_factory=lambda: Lengths("fixed", {"value": 128}))
+    options: dict = field(default_factory=dict)
+    ignore_eos: bool = True  # SGLang/vLLM extension: generate exactly max_tokens (off for hosted APIs)
+    _sharegpt: list | None = None
+
+    def to_dict(self) -> dict:
+        """What from_dict reads back: the form a run's config stores and sends to workers."""
+        return {"name": self.name, "type": self.type, "api": self.api, "seed": self.seed,
+                "input": {"dist": self.input.dist, **self.input.params},
+                "output": {"dist": self.output.dist, **self.output.params}, "ignore_eos": self.ignore_eos,
+                **self.options}
+
+    def request(self, i: int, trace_row: dict | None = None) -> RequestSpec:
+        rng = seeded(self.seed, self.name, i)
+        if trace_row is not None or self.type == "trace":
+            return self._trace(rng, trace_row or {})
+        build = {"synthetic": self._synthetic, "long_context": self._synthetic, "shared_prefix": self._shared_prefix,
+                 "multi_turn": self._multi_turn, "agentic_coding": self._agentic, "sharegpt": self._sharegpt_req}
+        return build[self.type](rng, i)
+
+    def _spec(self, messages: list[dict], max_tokens: int, input_tokens: int, extra: dict | None = None
+              ) -> RequestSpec:
+        body: dict = {"max_tokens": max_tokens}
+        if self.ignore_eos:
+            body["ignore_eos"] = True
+        if self.api == "chat":
+            body["messages"] = messages
+        else:
+            body["prompt"] = "\n\n".join(str(m.get("content") or "") for m in messages)
+        body.update(extra or {})
+        return RequestSpec(self.api, body, self.name, input_tokens)
+
+    def _synthetic(self, rng: random.Random, i: int) -> RequestSpec:
+        n = self.input.sample(rng)
+        return self._spec([{"role": "user", "content": text(rng, n)}], self.output.sample(rng), n)
+
+    def _shared_prefix(self, rng: random.Random, i: int) -> RequestSpec:
+        groups, sys_len = int(self.options.get("groups", 8)), int(self.options.get("system_tokens", 2048))
+        g = i % groups
+        system = text(seeded(self.seed, self.name, "system", g), sys_len)
+        n = self.input.sample(rng)
+        messages = [{"role": "system", "content": system}, {"role": "user", "content": text(rng, n)}]
+        return self._spec(messages, self.output.sample(rng), sys_len + n)
+
+    def _session(self, i: int) -> tuple[int, int]:
+        """Request i -> (session, turn). `concurrent_sessions` sessions are interleaved, each sent turn by turn."""
+        c, turns = int(self.options.get("concurrent_sessions", 8)), int(self.options.get("turns", 4))
+        block, r = divmod(i, c * turns)
+        return block * c + r % c, r // c
+
+    def _multi_turn(self, rng: random.Random, i: int) -> RequestSpec:
+        session, turn = self._session(i)
+        srng = seeded(self.seed, self.name, "session", session)
+        messages, total = [], 0
+        for k in range(turn + 1):
+            n = self.input.sample(srng)
+            messages.append({"role": "user", "content": text(srng, n)})
+            total += n
+            answer = self.output.sample(srng)
+            if k < turn:  # earlier answers are seeded text of the drawn length, not what the server said
+                messages.append({"role": "assistant", "content": text(srng, answer)})
+                total += answer
+        return self._spec(messages, answer, total)
+
+    def _agentic(self, rng: random.Random, i: int) -> RequestSpec:
+        """A coding agent: a long shared system prompt with tool definitions, then per turn an assistant tool call
+        and a tool result (file contents, command output); each turn resends everything so far."""
+        session, turn = self._session(i)
+        srng = seeded(self.seed, self.name, "session", session)
+        sys_len = int(self.options.get("system_tokens", 4096))
+        tool_out = Lengths.parse(self.options.get("tool_output", {"dist": "lognormal", "median": 1200, "sigma": 0.7,
+                                                                   "min": 50, "max": 16000}))
+        system = text(seeded(self.seed, self.name, "system"), sys_len)
+        task = self.input.sample(srng)
+        messages = [{"role": "system", "content": system}, {"role": "user", "content": text(srng, task)}]
+        total = sys_len + task
+        for k in range(turn):
+            call_id = f"call_{session}_{k}"
+            tool = srng.choice(_TOOLS)["function"]["name"]
+            args = json.dumps({"path": f"src/{srng.choice(_WORDS)}_{k}.py"} if tool != "run" else
+                              {"command": f"pytest -q tests/test_{srng.choice(_WORDS)}.py"})
+            messages.append({"role": "assistant", "content": text(srng, self.output.sample(srng) // 4),
+                             "tool_calls": [{"id": call_id, "type": "function",
+                                             "function": {"name": tool, "arguments": args}}]})
+            out = tool_out.sample(srng)
+            messages.append({"role": "tool", "tool_call_id": call_id, "content": text(srng, out)})
+            total += out + 40
+        return self._spec(messages, self.output.sample(srng), total, {"tools": _TOOLS})
+
+    def _sharegpt_req(self, rng: random.Random, i: int) -> RequestSpec:
+        convs = self._load_sharegpt()
+        conv = convs[seeded(self.seed, self.name, "order", i // len(convs)).randrange(len(convs))
+                     if self.options.get("shuffle", True) else i % len(convs)]
+        prompt, answer = conv
+        max_out = int(self.options.get("max_output_tokens", 2048))
+        return self._spec([{"role": "user", "content": prompt}], max(1, min(max_out, len(answer) // 4)),
+                          max(1, len(prompt) // 4))
+
+    def _load_sharegpt(self) -> list[tuple[str, str]]:
+        if self._sharegpt is None:
+            path = Path(self.options.get("path", ""))
+            if not path.is_file():
+                raise WorkloadError(f"sharegpt workload: no file at {path!s}")
+            try:
+                raw = json.loads(path.read_text())
+            except (json.JSONDecodeError, UnicodeDecodeError) as e:
+                raise WorkloadError(f"sharegpt workload: {path} is not JSON ({e})") from None
+            pairs = []
+            for item in raw if isinstance(raw, list) else []:
+                turns = item.get("conversations") or [] if isinstance(item, dict) else []
+                if len(turns) >= 2 and turns[0].get("from") == "human" and turns[1].get("from") == "gpt":
+                    pairs.append((str(turns[0].get("value", "")), str(turns[1].get("value", ""))))
+            if not pairs:
+                raise WorkloadError(f"sharegpt workload: {path} has no human/gpt conversation pairs")
+            self._sharegpt = pairs
+        return self._sharegpt
+
+    def _trace(self, rng: random.Random, row: dict) -> RequestSpec:
+        """Mooncake-style: hash_ids name blocks of `block_tokens` tokens; equal ids give equal text, so requests
+        that share leading ids share a prefix the server can cache."""
+        block = int(self.options.get("block_tokens", 512))
+        n_in = int(row.get("input_length") or self.input.sample(rng))
+        parts, have = [], 0
+        for h in row.get("hash_ids") or []:
+            if have >= n_in:
+                break
+            take = min(block, n_in - have)
+            parts.append(text(seeded(self.seed, "block", h), take))
+            have += take
+        if have < n_in:
+            parts.append(text(rng, n_in - have))
+        n_out = int(row.get("output_length") or self.output.sample(rng))
+        return self._spec([{"role": "user", "content": " ".join(parts)}], max(1, n_out), n_in)
+
+
+_TOOLS = [
+    {"type": "function", "function": {"name": name, "description": desc, "parameters": {
+        "type": "object", "properties": {arg: {"type": "string"}}, "required": [arg]}}}
+    for name, desc, arg in (("read_file", "Read a file of the repository.", "path"),
+                            ("edit_file", "Replace a file's contents.", "path"),
+                            ("run", "Run a shell command in the repository.", "command"))
+]
+
+
+# ---- loading -------------------------------------------------------------------------------------------------------
+def names() -> list[str]:
+    return sorted(p.stem for p in DATA.glob("*.yaml"))
+
+
+def load(name_or_path: str, seed: int | None = None, api: str | None = None) -> Workload:
+    """A built-in name from data/workloads/, a YAML file path, or a ShareGPT JSON file path."""
+    path = Path(name_or_path)
+    if path.suffix == ".json" and path.is_file():
+        return from_dict({"name": path.stem, "type": "sharegpt", "path": str(path)}, seed, api)
+    if not path.is_file():
+        path = DATA / f"{name_or_path}.yaml"
+        if not path.is_file():
+            raise WorkloadError(f"unknown workload {name_or_path!r}: not a file, and not one of "
+                                f"{', '.join(names()) or '(none)'}")
+    try:
+        spec = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise WorkloadError(f"workload {path}: not valid YAML ({str(e).splitlines()[0]})") from None
+    if not isinstance(spec, dict):
+        raise WorkloadError(f"workload {path}: expected a mapping")
+    spec.setdefault("name", path.stem)
+    return from_dict(spec, seed, api)
+
+
+def _from_simulate(spec: dict) -> dict:
+    """The simulate schema (bench/workload.py: input_len, output_len, system_prompt, sessions) in our terms."""
+    out = dict(spec)
+
+    def lengths(v: dict) -> dict | int:
+        if not isinstance(v, dict):
+            return v
+        clip = {k: v[k] for k in ("min", "max") if k in v}
+        if "fixed" in v:
+            return {"dist": "fixed", "value": v["fixed"]}
+        if "uniform" in v:
+            return {"dist": "uniform", "min": v["uniform"][0], "max": v["uniform"][1]}
+        if "lognormal" in v:
+            return {"dist": "lognormal", **v["lognormal"], **clip}
+        return v
+
+    if "input_len" in spec:
+        out.setdefault("input", lengths(spec["input_len"]))
+    if "output_len" in spec:
+        out.setdefault("output", lengths(spec["output_len"]))
+    if spec.get("system_prompt"):
+        out.setdefault("type", "shared_prefix")
+        out.setdefault("groups", spec["system_prompt"].get("groups", 1))
+        out.setdefault("system_tokens", spec["system_prompt"].get("tokens", 1024))
+    if spec.get("sessions"):
+        out["type"] = out.get("type") if out.get("type") not in (None, "shared_prefix") else "multi_turn"
+        out.setdefault("concurrent_sessions", spec["sessions"].get("count", 8))
+    return out
+
+
+def from_dict(spec: dict, seed: int | None = None, api: str | None = None) -> Workload:
+    """Our schema: {name, type, api, input, output, ...type options}. The simulate schema (input_len, output_len,
+    system_prompt, sessions) is read too, and a `loadgen:` block, if present, holds what only load tests need."""
+    spec = _from_simulate({**spec, **(spec.get("loadgen") or {})})
+    kind = spec.get("type", "synthetic")
+    if kind not in KINDS:
+        raise WorkloadError(f"unknown workload type {kind!r} (one of {', '.join(KINDS)})")
+    api = api or spec.get("api", "chat")
+    if api not in ("chat", "completions"):
+        raise WorkloadError(f"api must be chat or completions, not {api!r}")
+    if kind == "agentic_coding" and api != "chat":
+        raise WorkloadError("agentic_coding needs the chat API (tool calls)")
+    known = {"name", "type", "api", "input", "output", "seed", "ignore_eos", "loadgen", "description",
+             "input_len", "output_len", "system_prompt", "sessions"}
+    seed = int(spec.get("seed", 0)) if seed is None else seed
+    return Workload(name=str(spec.get("name", kind)), type=kind, api=api, seed=seed,
+                    input=Lengths.parse(spec.get("input", 256)), output=Lengths.parse(spec.get("output", 128)),
+                    options={k: v for k, v in spec.items() if k not in known},
+                    ignore_eos=bool(spec.get("ignore_eos", True)))
