@@ -1,0 +1,117 @@
+"""Altair charts shared by the dashboard and the report: each function takes a DataFrame and returns a chart.
+
+The report renders them to inline SVG (`to_svg`, vl-convert: no network, no scripts); the dashboard hands them to
+st.altair_chart. Time-series charts take an x domain so several of them share one time axis.
+"""
+
+from __future__ import annotations
+
+import altair as alt
+import pandas as pd
+
+WIDTH = 560
+CONFIG_COLORS = alt.Scale(scheme="tableau10")
+
+
+def _base(df: pd.DataFrame) -> alt.Chart:
+    return alt.Chart(df)
+
+
+def option_bars(df: pd.DataFrame, field: str, title: str, fmt: str = ",.0f", gain_field: str | None = None,
+                highlight: str = "chosen") -> alt.Chart:
+    """One bar per configuration (row `config`), labelled with its value and, if given, its gain."""
+    df = df.copy()
+    df["label"] = df[field].map(lambda v: "n/a" if pd.isna(v) else format(v, fmt))
+    if gain_field and gain_field in df:
+        df["label"] = df["label"] + df[gain_field].map(lambda g: "" if pd.isna(g) else f"  ({g:.2f}x)")
+    df[field] = df[field].fillna(0)
+    top = float(df[field].max()) or 1.0
+    bars = _base(df).mark_bar().encode(
+        y=alt.Y("config:N", title=None, sort=None, axis=alt.Axis(labelLimit=260)),
+        x=alt.X(f"{field}:Q", title=title, scale=alt.Scale(domain=[0, top * 1.35], nice=False)),
+        color=alt.condition(f"datum.{highlight}", alt.value("#e45756"), alt.value("#4c78a8"))
+        if highlight in df else alt.value("#4c78a8"),
+        tooltip=["config", alt.Tooltip(f"{field}:Q", format=fmt)],
+    )
+    text = bars.mark_text(align="left", dx=4, color="black").encode(text="label:N", color=alt.value("black"))
+    return (bars + text).properties(title=title, width=WIDTH - 200, height=30 * len(df) + 10)
+
+
+def latency_percentiles(df: pd.DataFrame, title: str = "Latency percentiles (ms)") -> alt.Chart:
+    """df: metric, percentile, ms (and run, for several runs)."""
+    color = "run:N" if "run" in df else "percentile:N"
+    return _base(df).mark_bar().encode(
+        x=alt.X("percentile:N", title=None, sort=["p50", "p90", "p95", "p99"]),
+        xOffset="run:N" if "run" in df else alt.value(0),
+        y=alt.Y("ms:Q", title="ms"),
+        color=alt.Color(color, scale=CONFIG_COLORS),
+        column=alt.Column("metric:N", title=None, sort=["TTFT", "TPOT", "ITL", "E2E"]),
+        tooltip=[*(["run"] if "run" in df else []), "metric", "percentile", alt.Tooltip("ms:Q", format=",.1f")],
+    ).resolve_scale(y="independent").properties(title=title, width=110, height=180)
+
+
+def distribution(df: pd.DataFrame, title: str) -> alt.Chart:
+    """A latency histogram from the store's log buckets: df value_ms, n (and run). Log x axis."""
+    color = alt.Color("run:N", scale=CONFIG_COLORS) if "run" in df else alt.value("#4c78a8")
+    return _base(df).mark_bar(opacity=0.7).encode(
+        x=alt.X("value_ms:Q", title="ms", scale=alt.Scale(type="log"), bin=alt.Bin(maxbins=60)),
+        y=alt.Y("sum(n):Q", title="requests" if "TTFT" in title else "count", stack=None),
+        color=color,
+    ).properties(title=title, width=WIDTH / 2 - 30, height=180)
+
+
+def timeseries(df: pd.DataFrame, y: str, title: str, domain: tuple[float, float] | None = None,
+               color: str | None = None, y_title: str | None = None) -> alt.Chart:
+    """A line over elapsed_s; `domain` fixes the x axis so stacked charts share one time axis."""
+    x = alt.X("elapsed_s:Q", title="seconds since the run started",
+              scale=alt.Scale(domain=list(domain)) if domain else alt.Undefined)
+    enc = {"x": x, "y": alt.Y(f"{y}:Q", title=y_title or y), "tooltip": ["elapsed_s", alt.Tooltip(f"{y}:Q",
+                                                                                                    format=",.2f")]}
+    if color:
+        enc["color"] = alt.Color(f"{color}:N", scale=CONFIG_COLORS)
+    return _base(df).mark_line(point=len(df) < 40).encode(**enc).properties(title=title, width=WIDTH, height=140)
+
+
+def compare_bars(df: pd.DataFrame, title: str) -> alt.Chart:
+    """Runs side by side: df figure, run, value (one panel per figure, own scales)."""
+    return _base(df).mark_bar().encode(
+        x=alt.X("run:N", title=None, axis=alt.Axis(labelAngle=-30, labelLimit=140)),
+        y=alt.Y("value:Q", title=None),
+        color=alt.Color("run:N", scale=CONFIG_COLORS, legend=None),
+        column=alt.Column("figure:N", title=None),
+        tooltip=["run", "figure", alt.Tooltip("value:Q", format=",.2f")],
+    ).resolve_scale(y="independent").properties(title=title, width=130, height=180)
+
+
+def measured_vs_predicted(df: pd.DataFrame, title: str = "Measured vs predicted") -> alt.Chart:
+    """df: run, figure, measured, predicted, error -> paired bars per run, one panel per figure."""
+    long = df.melt(id_vars=["run", "figure", "error"], value_vars=["measured", "predicted"], var_name="source",
+                   value_name="value")
+    return _base(long).mark_bar().encode(
+        x=alt.X("run:N", title=None, axis=alt.Axis(labelAngle=-30, labelLimit=140)),
+        xOffset="source:N",
+        y=alt.Y("value:Q", title=None),
+        color=alt.Color("source:N", scale=alt.Scale(domain=["measured", "predicted"], range=["#4c78a8", "#f58518"])),
+        column=alt.Column("figure:N", title=None),
+        tooltip=["run", "figure", "source", alt.Tooltip("value:Q", format=",.1f"),
+                 alt.Tooltip("error:Q", format="+.1%", title="prediction error")],
+    ).resolve_scale(y="independent").properties(title=title, width=150, height=180)
+
+
+def integrity_bars(df: pd.DataFrame, title: str = "KV pages checksummed, verified and mismatched") -> alt.Chart:
+    """df: run, counter, value."""
+    return _base(df).mark_bar().encode(
+        x=alt.X("value:Q", title="pages", scale=alt.Scale(type="symlog")),
+        y=alt.Y("run:N", title=None),
+        yOffset="counter:N",
+        color=alt.Color("counter:N", scale=alt.Scale(domain=["pages_checksummed", "pages_verified", "mismatches"],
+                                                     range=["#4c78a8", "#54a24b", "#e45756"])),
+        tooltip=["run", "counter", alt.Tooltip("value:Q", format=",.0f")],
+    ).properties(title=title, width=WIDTH - 160, height=alt.Step(14))
+
+
+def to_svg(chart: alt.TopLevelMixin) -> str:
+    """Static SVG of a chart, made offline by vl-convert (no scripts, no CDN)."""
+    import vl_convert as vlc
+
+    return vlc.vegalite_to_svg(chart.to_dict())

@@ -1,0 +1,169 @@
+"""What the dashboard and the report read about runs beyond bench/queries.py: each run's configuration (from its
+config JSON), latency distributions, KV-integrity totals, quality-drift results, and the performance model's
+prediction for the run set beside what was measured.
+
+Every function that reads takes an open connection (`with store.connect() as con:`) and binds parameters.
+"""
+
+from __future__ import annotations
+
+import json
+
+import duckdb
+import pandas as pd
+
+from bench import queries
+from bench.errors import BadInput
+from bench.store import bucket_value
+
+# capbench_kv_* counters as prometheus_client exposes them (counters get _total).
+KV_COUNTERS = {
+    "pages_checksummed": "capbench_kv_pages_checksummed_total",
+    "pages_verified": "capbench_kv_pages_verified_total",
+    "mismatches": "capbench_kv_checksum_mismatch_total",
+    "checksum_seconds": "capbench_kv_checksum_seconds_total",
+}
+SERVER_METRICS = ("sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:token_usage", "sglang:gen_throughput",
+                  "sglang:cache_hit_rate")
+
+
+def run_config(config: str | dict | None) -> dict:
+    """The deployment a run measured: model, gpu, tp, kv_dtype, weights, rate, kv_checksum (None when unknown)."""
+    if isinstance(config, str):
+        try:
+            config = json.loads(config) if config else {}
+        except json.JSONDecodeError:
+            config = {}
+    c = config if isinstance(config, dict) else {}
+    profile = c.get("profile") if isinstance(c.get("profile"), dict) else {}
+    tp = c.get("tp")
+    rate = c.get("rate", profile.get("rate"))
+    return {
+        "model": c.get("model"), "gpu": c.get("gpu"), "tp": int(tp) if tp is not None else None,
+        "kv_dtype": c.get("kv_dtype"), "weights": c.get("weights") or ("native" if c.get("model") else None),
+        "rate": float(rate) if rate is not None else None, "kv_checksum": c.get("kv_checksum") or "off",
+        "workload": c.get("workload"),
+    }
+
+
+def runs_table(runs: pd.DataFrame) -> pd.DataFrame:
+    """store.runs() with the configuration spread into columns."""
+    configs = pd.DataFrame([run_config(c) for c in runs["config"]], index=runs.index)
+    out = pd.concat([runs.drop(columns=["config"]), configs], axis=1)
+    out["started"] = pd.to_datetime(out["started_at"], unit="s", utc=True).dt.strftime("%Y-%m-%d %H:%M:%S")
+    return out
+
+
+def distribution(con: duckdb.DuckDBPyConnection, run_id: str, metric: str) -> pd.DataFrame:
+    """A latency metric's histogram (the store's 1 % log buckets): value_ms, n; empty when none."""
+    df = con.execute("SELECT bucket, sum(n) AS n FROM latency_hist WHERE run_id = ? AND metric = ? "
+                     "GROUP BY bucket ORDER BY bucket", [run_id, metric]).df()
+    df["value_ms"] = bucket_value(df["bucket"].to_numpy()) * 1e3
+    return df[["value_ms", "n"]]
+
+
+def percentile_rows(summary: dict) -> pd.DataFrame:
+    """Long table of a summary's latency percentiles: metric, percentile, ms."""
+    rows = [{"metric": m.upper(), "percentile": f"p{q}", "ms": summary[f"{m}_p{q}"] * 1e3}
+            for m in ("ttft", "tpot", "itl", "e2e") for q in queries.QUANTILES
+            if summary.get(f"{m}_p{q}") is not None]
+    return pd.DataFrame(rows, columns=["metric", "percentile", "ms"])
+
+
+def server_metric_names(con: duckdb.DuckDBPyConnection, run_id: str) -> list[str]:
+    return [r[0] for r in con.execute("SELECT DISTINCT metric FROM server_samples WHERE run_id = ? ORDER BY 1",
+                                      [run_id]).fetchall()]
+
+
+def integrity(con: duckdb.DuckDBPyConnection, run_id: str) -> dict:
+    """KV checksum totals of a run: counter increases over the run (summed over label sets), integrity events by
+    kind, and checksum_share = checksum host seconds per second of the run."""
+    out: dict = {}
+    for key, metric in KV_COUNTERS.items():
+        row = con.execute("""
+            SELECT sum(hi - lo), count(*) FROM (
+                SELECT labels, max(value) AS hi, arg_min(value, t) AS lo FROM server_samples
+                WHERE run_id = ? AND metric = ? GROUP BY labels)""", [run_id, metric]).fetchone()
+        out[key] = float(row[0]) if row[1] else None
+    span = con.execute("SELECT max(t) - min(t) FROM server_samples WHERE run_id = ? AND metric LIKE 'capbench_kv%'",
+                       [run_id]).fetchone()[0]
+    out["span_s"] = span
+    secs = out["checksum_seconds"]
+    out["checksum_share"] = secs / span if secs is not None and span else None
+    out["events"] = dict(con.execute("SELECT kind, count(*) FROM integrity_events WHERE run_id = ? GROUP BY kind "
+                                     "ORDER BY kind", [run_id]).fetchall())
+    out["has_data"] = any(out[k] is not None for k in KV_COUNTERS) or bool(out["events"])
+    return out
+
+
+def integrity_events(con: duckdb.DuckDBPyConnection, run_id: str, limit: int = 200) -> pd.DataFrame:
+    return con.execute("SELECT t, kind, layer, page, detail FROM integrity_events WHERE run_id = ? ORDER BY t "
+                       "LIMIT ?", [run_id, limit]).df()
+
+
+def kv_counter_series(con: duckdb.DuckDBPyConnection, run_id: str) -> pd.DataFrame:
+    """capbench_kv_* counters over the run: elapsed_s, counter, value (summed over label sets)."""
+    t0 = con.execute("SELECT started_at FROM runs WHERE run_id = ?", [run_id]).fetchone()
+    if t0 is None:
+        raise BadInput(f"unknown run id {run_id!r}")
+    return con.execute("""
+        SELECT t - ? AS elapsed_s, replace(replace(metric, 'capbench_kv_', ''), '_total', '') AS counter,
+               sum(value) AS value
+        FROM server_samples WHERE run_id = ? AND metric LIKE 'capbench_kv%'
+        GROUP BY t, metric ORDER BY t""", [t0[0], run_id]).df()
+
+
+def has_table(con: duckdb.DuckDBPyConnection, name: str) -> bool:
+    return con.execute("SELECT count(*) FROM information_schema.tables WHERE table_name = ?", [name]).fetchone()[0] > 0
+
+
+def drift(con: duckdb.DuckDBPyConnection, run_ids: list[str] | None = None) -> pd.DataFrame | None:
+    """Quality-drift results, when a `drift` table exists (another part of capbench adds it); None otherwise."""
+    if not has_table(con, "drift"):
+        return None
+    df = con.execute("SELECT * FROM drift").df()
+    if run_ids and "run_id" in df.columns:
+        df = df[df["run_id"].isin(run_ids)]
+    return df
+
+
+def measured_vs_predicted(con: duckdb.DuckDBPyConnection, run_id: str, slo: queries.SLO | None = None) -> dict:
+    """The run's measured throughput and latencies beside the performance model's prediction for the same
+    deployment, request mix (mean tokens measured) and achieved rate; error = predicted / measured - 1."""
+    from bench import capacity as cap
+    from bench import catalog
+    from bench.plan import SteadyState
+
+    s = queries.summary(con, run_id, slo)
+    cfg = run_config(con.execute("SELECT config FROM runs WHERE run_id = ?", [run_id]).fetchone()[0])
+    out = {"run_id": run_id, "summary": s, "config": cfg, "predicted": None, "rows": []}
+    if not (cfg["model"] and cfg["gpu"] and cfg["tp"] and s["ok"]):
+        out["why_not"] = "the run's config lacks model, gpu or tp, or it has no successful requests"
+        return out
+    try:
+        dep = cap.Deployment(catalog.model(cfg["model"]), catalog.gpu(cfg["gpu"]), cfg["tp"],
+                             kv_dtype=cfg["kv_dtype"] or "bf16", weights=cfg["weights"] or "native")
+    except BadInput as e:
+        out["why_not"] = str(e)
+        return out
+    i_tok = max(1, round((s["input_tokens"] or 0) / s["ok"]))
+    o_tok = max(1, round((s["output_tokens"] or 0) / s["ok"]))
+    rate = s["achieved_rate_rps"] or cfg["rate"] or s["throughput_rps"]
+    pred = SteadyState(dep, i_tok, o_tok).at_rate(rate) if rate else None
+    out["predicted"] = pred
+    if pred is None:
+        out["why_not"] = "the deployment does not fit, or no rate was measured"
+        return out
+    for name, measured, predicted in (
+        ("output tokens/s", s["output_tps"], pred["output_tps"]),
+        ("TPOT p50 (ms)", _ms(s["tpot_p50"]), pred["tpot_s"] * 1e3),
+        ("TTFT p50 (ms)", _ms(s["ttft_p50"]), pred["ttft_s"] * 1e3),
+    ):
+        err = predicted / measured - 1 if measured else None
+        out["rows"].append({"run_id": run_id, "figure": name, "measured": measured, "predicted": predicted,
+                            "error": err})
+    return out
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else seconds * 1e3

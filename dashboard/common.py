@@ -1,0 +1,84 @@
+"""What every page shares: where the DB is, opening it read-only, the empty state, cached reads.
+
+The DB path comes from $CAPBENCH_DB (set by `capbench dashboard --db PATH`), else data/capbench.duckdb. Every read
+opens a short read-only connection (bench.store.Store.connect retries while a run's writer holds the file), and
+results are cached for a few seconds so a page that reruns on every widget change does not hammer the file.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pandas as pd
+import streamlit as st
+
+from bench import queries, runinfo
+from bench.errors import BadInput
+from bench.store import DEFAULT_DB, Store, StoreBusy
+
+TTL_S = 3
+
+
+def db_path() -> Path:
+    return Path(os.environ.get("CAPBENCH_DB") or DEFAULT_DB)
+
+
+def store() -> Store | None:
+    """The store, read-only; None (with a message on the page) when it is missing, empty or busy."""
+    path = db_path()
+    try:
+        s = Store(path, read_only=True)
+        if runs().empty:
+            raise BadInput(f"no runs yet in {path}")
+        return s
+    except (BadInput, StoreBusy) as e:
+        st.info(f"No measured runs to show: {e}.\n\n"
+                "Make some with `make demo` (a load test against the twin, no GPU needed) or "
+                "`capbench run --target URL --profile poisson --rate 4 --duration 60`, then reload this page. "
+                "The Planner page works without any runs.")
+        return None
+
+
+@st.cache_data(ttl=TTL_S, show_spinner=False)
+def _runs(path: str) -> pd.DataFrame:
+    return runinfo.runs_table(Store(path, read_only=True).runs())
+
+
+def runs() -> pd.DataFrame:
+    return _runs(str(db_path()))
+
+
+def read(fn, *args):
+    """fn(con, *args) on a short read-only connection, cached for TTL_S seconds."""
+    return _read(str(db_path()), fn.__module__, fn.__name__, args)
+
+
+@st.cache_data(ttl=TTL_S, show_spinner=False)
+def _read(path: str, module: str, name: str, args: tuple):
+    import importlib
+
+    fn = getattr(importlib.import_module(module), name)
+    with Store(path, read_only=True).connect() as con:
+        return fn(con, *args)
+
+
+def slo_inputs(key: str) -> queries.SLO:
+    c1, c2 = st.columns(2)
+    ttft = c1.number_input("SLO: TTFT (s)", min_value=0.01, value=2.0, step=0.1, key=f"{key}_slo_ttft")
+    tpot = c2.number_input("SLO: TPOT (ms)", min_value=1.0, value=50.0, step=5.0, key=f"{key}_slo_tpot")
+    return queries.SLO(ttft_s=ttft, tpot_s=tpot / 1e3)
+
+
+def run_label(runs_df: pd.DataFrame, run_id: str) -> str:
+    row = runs_df[runs_df.run_id == run_id]
+    if row.empty:
+        return run_id
+    label = row.iloc[0]["label"]
+    return f"{label} ({run_id[-6:]})" if label else run_id
+
+
+def fmt(value, spec: str = ",.1f", unit: str = "") -> str:
+    if value is None or (isinstance(value, float) and pd.isna(value)):
+        return "n/a"
+    return f"{format(value, spec)}{unit}"

@@ -1,0 +1,108 @@
+"""Planner: a deployment and a workload in, capacity, predicted throughput at the SLO, cost, GPUs needed for a
+target rate, and the four-way comparison (BF16 vs FP8 KV, native vs INT4 experts) out. Needs no DB."""
+
+from __future__ import annotations
+
+import pandas as pd
+import streamlit as st
+
+from bench import capacity, catalog, charts, sglang_cmd
+from bench.errors import BadInput
+from bench.plan import WORKLOADS, Question, make_plan
+from dashboard.common import fmt
+
+st.title("Planner")
+st.caption("SGLang 0.5.23's memory arithmetic and capbench's roofline performance model: no GPU, no runs needed.")
+
+models, gpus = catalog.models(), catalog.gpus()
+c1, c2, c3, c4 = st.columns(4)
+model_id = c1.selectbox("Model", sorted(models), index=sorted(models).index("kimi-k2-thinking"), key="model")
+gpu_id = c2.selectbox("GPU", sorted(gpus), index=sorted(gpus).index("h200"), key="gpu")
+tp = c3.selectbox("TP (GPUs per instance)", [1, 2, 4, 8, 16, 32], index=3, key="tp")
+gpu_count = c4.number_input("GPUs on hand", min_value=tp, value=max(tp, 8), step=tp, key=f"gpus_{tp}")
+
+c1, c2, c3, c4 = st.columns(4)
+kv_dtype = c1.selectbox("KV cache dtype", list(capacity.KV_DTYPES), index=1, key="kv_dtype")
+weights = c2.selectbox("Expert weights", list(capacity.WEIGHTS), key="weights",
+                       help="native: as the checkpoint ships (Kimi K2 Thinking: INT4 g32; GLM-4.x: BF16)")
+model = models[model_id]
+context = c3.number_input("Context length", min_value=1024, max_value=model.max_context, value=model.max_context,
+                          step=1024, key=f"context_{model_id}")
+price = c4.number_input("$ per GPU-hour", min_value=0.0, value=float(gpus[gpu_id].price_per_gpu_hour), step=0.1,
+                        key=f"price_{gpu_id}", help="Indicative on-demand price from data/gpus.yaml: use your quote.")
+
+c1, c2, c3, c4, c5 = st.columns(5)
+workload = c1.selectbox("Workload", [*WORKLOADS, "custom"], key="workload")
+i_default, o_default = WORKLOADS.get(workload, (2000, 500))
+input_tokens = c2.number_input("Input tokens", min_value=1, value=i_default, step=100, key=f"in_{workload}")
+output_tokens = c3.number_input("Output tokens", min_value=1, value=o_default, step=50, key=f"out_{workload}")
+slo_ttft = c4.number_input("SLO: TTFT (s)", min_value=0.01, value=2.0, step=0.1, key="slo_ttft")
+slo_tpot = c5.number_input("SLO: TPOT (ms)", min_value=1.0, value=50.0, step=5.0, key="slo_tpot")
+target = st.number_input("Target load (requests/s)", min_value=0.01, value=10.0, step=1.0, key="target_rate")
+
+q = Question(model=model_id, gpu=gpu_id, tp=int(tp), gpus=int(gpu_count), kv_dtype=kv_dtype, weights=weights,
+             context=int(context), input_tokens=int(input_tokens), output_tokens=int(output_tokens),
+             slo_ttft_s=slo_ttft, slo_tpot_s=slo_tpot / 1e3, price_per_gpu_hour=price, target_rate_rps=target)
+try:
+    plan = make_plan(q)
+except BadInput as e:
+    st.error(str(e))
+    st.stop()
+
+chosen, cap = plan.chosen, plan.chosen.capacity
+pred = chosen.prediction
+st.subheader(f"{model.name} on {tp} x {gpus[gpu_id].name}: {chosen.label}")
+if not cap.fits:
+    st.error(f"Does not fit: short by {cap.short_by_bytes_per_gpu / 1e9:.1f} GB per GPU. Raise tp or use INT4 "
+             "experts / FP8 KV.")
+m = st.columns(4)
+m[0].metric("KV pool tokens", fmt(cap.kv_pool_tokens, ",d"), help="SGLang's max_total_num_tokens")
+m[1].metric(f"Sequences at {int(context):,} tokens", fmt(cap.max_concurrent_sequences_at_context, ",d"))
+m[2].metric("Weights per GPU", fmt(cap.weight_bytes_per_gpu / 1e9, ",.1f", " GB"))
+m[3].metric("Max running requests", fmt(cap.max_running_requests, ",d"))
+m = st.columns(4)
+m[0].metric("Predicted rate at SLO (req/s per instance)", fmt(pred.rate_rps if pred else None, ",.2f"))
+m[1].metric("Predicted output tokens/s (goodput)", fmt(pred.output_tps if pred else None, ",.0f"))
+m[2].metric("$ per 1M output tokens", fmt(chosen.usd_per_m_output, ",.3f"))
+m[3].metric(f"GPUs needed for {target:g} req/s", fmt(chosen.gpus_needed, ",d"))
+m = st.columns(4)
+m[0].metric(f"Rate on {int(gpu_count)} GPUs (req/s)", fmt(chosen.rate_on_hand_rps, ",.2f"))
+m[1].metric("Monthly cost for the target", fmt(chosen.monthly_cost, ",.0f", " $"))
+m[2].metric("TPOT at that rate (ms)", fmt(pred.tpot_s * 1e3 if pred else None, ",.1f"))
+m[3].metric("Limited by", pred.limited_by if pred else "does not fit")
+
+st.subheader("Four-way comparison")
+st.caption(f"Gains against {plan.baseline.label}. Red: your choice.")
+df = pd.DataFrame(plan.rows())
+left, right = st.columns(2)
+left.altair_chart(charts.option_bars(df, "kv_pool_tokens", "KV pool tokens", gain_field="kv_pool_tokens_gain"))
+right.altair_chart(charts.option_bars(df, "concurrent_seqs_at_context", f"Sequences at {int(context):,} tokens",
+                                      gain_field="concurrent_seqs_at_context_gain"))
+left.altair_chart(charts.option_bars(df, "output_tps", "Predicted output tokens/s at the SLO",
+                                     gain_field="output_tps_gain"))
+right.altair_chart(charts.option_bars(df, "usd_per_m_output", "$ per 1M output tokens", fmt=",.3f"))
+left.altair_chart(charts.option_bars(df, "gpus_needed", f"GPUs for {target:g} req/s", fmt=",.0f"))
+right.altair_chart(charts.option_bars(df, "monthly_cost", "Monthly cost ($)", fmt=",.0f"))
+table = df[["config", "fits", "weights_gb_per_gpu", "kv_pool_tokens", "kv_pool_tokens_gain",
+            "concurrent_seqs_at_context", "batch", "rate_rps", "output_tps", "tpot_s", "ttft_s", "limited_by",
+            "usd_per_m_output", "gpus_needed", "monthly_cost"]]
+st.dataframe(table, hide_index=True, key="options_table")
+for note in plan.notes:
+    st.warning(note)
+
+rec = plan.recommended
+st.subheader("Recommendation")
+if rec is None:
+    st.error("No configuration in the comparison meets the SLO on this GPU and tp: try a larger tp or a looser SLO.")
+else:
+    base = plan.baseline
+    saving = (base.monthly_cost - rec.monthly_cost) if base.monthly_cost and rec.monthly_cost else None
+    st.success(f"{rec.gpus_needed} x {gpu_id} ({rec.instances_needed} instance(s) of tp {tp}) with {rec.label}: "
+               f"{fmt(rec.monthly_cost, ',.0f')} $ a month for {target:g} req/s"
+               + (f", {fmt(saving, ',.0f')} $ a month less than {base.label}." if saving else "."))
+    st.code(sglang_cmd.single_node(model_id, int(tp), rec.kv_dtype, rec.weights, int(context)), language="bash")
+    with st.expander("Multi-node (one instance over several nodes)"):
+        st.code("\n".join(sglang_cmd.multi_node(model_id, gpu_id, int(tp), rec.kv_dtype, rec.weights,
+                                                int(context))), language="bash")
+st.caption("Predictions are steady-state estimates from the roofline model (bench/plan.py); calibrate against "
+           "measured runs (Compare page) before buying hardware.")

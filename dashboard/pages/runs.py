@@ -1,0 +1,110 @@
+"""Runs: a filterable list; for one run its latency percentiles, TTFT and ITL distributions, throughput and
+concurrency over time, GPU telemetry and server metrics on the same time axis."""
+
+from __future__ import annotations
+
+import pandas as pd
+import streamlit as st
+
+from bench import charts, queries, runinfo
+from dashboard import common
+from dashboard.common import fmt
+
+st.title("Runs")
+if common.store() is None:
+    st.stop()
+runs = common.runs()
+
+with st.expander("Filter", expanded=True):
+    c1, c2, c3, c4 = st.columns(4)
+    status = c1.multiselect("Status", sorted(runs.status.dropna().unique()), key="f_status")
+    model = c2.multiselect("Model", sorted(runs.model.dropna().unique()), key="f_model")
+    kv = c3.multiselect("KV dtype", sorted(runs.kv_dtype.dropna().unique()), key="f_kv")
+    text = c4.text_input("Label contains", key="f_label")
+shown = runs
+if status:
+    shown = shown[shown.status.isin(status)]
+if model:
+    shown = shown[shown.model.isin(model)]
+if kv:
+    shown = shown[shown.kv_dtype.isin(kv)]
+if text:
+    shown = shown[shown.label.fillna("").str.contains(text, case=False, regex=False)]
+st.caption(f"{len(shown)} of {len(runs)} runs")
+st.dataframe(shown[["run_id", "label", "started", "status", "model", "gpu", "tp", "kv_dtype", "weights",
+                    "kv_checksum", "requests", "errors"]], hide_index=True, key="runs_table")
+if shown.empty:
+    st.stop()
+if st.button("Refresh", help="Re-read the DB (a running run keeps writing)"):
+    st.cache_data.clear()
+
+labels = {r: common.run_label(runs, r) for r in shown.run_id}
+run_id = st.selectbox("Run", list(labels), format_func=labels.get, key="run")
+slo = common.slo_inputs("runs")
+res = st.select_slider("Time resolution (s)", [0.5, 1.0, 2.0, 5.0, 10.0], value=1.0, key="resolution")
+
+s = common.read(queries.summary, run_id, slo)
+st.subheader(f"{labels[run_id]}: {s['status']}")
+m = st.columns(5)
+m[0].metric("Measured requests", fmt(s["measured"], ",d"))
+m[1].metric("Success rate", fmt(s["success_rate"] * 100 if s["success_rate"] is not None else None, ".1f", " %"))
+m[2].metric("Achieved rate (req/s)", fmt(s["achieved_rate_rps"], ",.2f"))
+m[3].metric("Output tokens/s", fmt(s["output_tps"], ",.0f"))
+m[4].metric("Goodput (req/s in SLO)", fmt(s["goodput_rps"], ",.2f"))
+m = st.columns(5)
+m[0].metric("SLO attainment", fmt(s["slo_attainment"] * 100 if s["slo_attainment"] is not None else None,
+                                  ".1f", " %"))
+m[1].metric("TTFT p50 (ms)", fmt(s["ttft_p50"] * 1e3 if s["ttft_p50"] is not None else None))
+m[2].metric("TTFT p99 (ms)", fmt(s["ttft_p99"] * 1e3 if s["ttft_p99"] is not None else None))
+m[3].metric("TPOT p50 (ms)", fmt(s["tpot_p50"] * 1e3 if s["tpot_p50"] is not None else None))
+m[4].metric("Dispatch lag max (ms)", fmt(s["dispatch_lag_max"] * 1e3 if s["dispatch_lag_max"] is not None else None))
+if s["errors_by_kind"]:
+    st.caption("Errors: " + ", ".join(f"{k} {v}" for k, v in s["errors_by_kind"].items()))
+
+pct = runinfo.percentile_rows(s)
+if not pct.empty:
+    st.altair_chart(charts.latency_percentiles(pct))
+c1, c2 = st.columns(2)
+for col, metric, title in ((c1, "ttft", "TTFT distribution"), (c2, "itl", "Inter-token latency distribution")):
+    d = common.read(runinfo.distribution, run_id, metric)
+    if d.empty:
+        col.caption(f"No {metric.upper()} values yet.")
+    else:
+        col.altair_chart(charts.distribution(d, title))
+
+series = common.read(queries.series, run_id, res)
+gpu = common.read(queries.gpu_series, run_id, res)
+names = common.read(runinfo.server_metric_names, run_id)
+server = {n: common.read(queries.server_series, run_id, n, res) for n in names if not n.startswith("capbench_kv")}
+spans = [df.elapsed_s for df in (series, gpu, *server.values()) if not df.empty]
+if not spans:
+    st.info("No time series yet: the run has written no finished requests or samples.")
+    st.stop()
+domain = (0.0, float(max(x.max() for x in spans)) + res)
+
+st.subheader("Over time (one time axis)")
+if not series.empty:
+    tput = series.melt(id_vars=["elapsed_s"], value_vars=["rps", "output_tps"], var_name="figure")
+    st.altair_chart(charts.timeseries(tput[tput.figure == "output_tps"], "value", "Output tokens/s", domain,
+                                      y_title="tokens/s"))
+    st.altair_chart(charts.timeseries(tput[tput.figure == "rps"], "value", "Completed requests/s", domain,
+                                      y_title="req/s"))
+    lat = series.melt(id_vars=["elapsed_s"], value_vars=["ttft_p50", "ttft_p99", "tpot_p50"], var_name="latency")
+    lat["ms"] = lat["value"] * 1e3
+    st.altair_chart(charts.timeseries(lat, "ms", "Latency per slot (ms)", domain, color="latency"))
+if "sglang:num_running_reqs" in server:
+    conc = pd.concat([server[n].assign(metric=n.removeprefix("sglang:")) for n in
+                      ("sglang:num_running_reqs", "sglang:num_queue_reqs") if n in server])
+    st.altair_chart(charts.timeseries(conc, "value", "Concurrency: running and queued requests", domain,
+                                      color="metric", y_title="requests"))
+if not gpu.empty:
+    gpu["gpu"] = "GPU " + gpu["gpu"].astype(str)
+    for y, title in (("gpu_util_pct", "GPU utilisation (%)"), ("power_w", "GPU power (W)"),
+                     ("mem_used_mib", "GPU memory used (MiB)")):
+        st.altair_chart(charts.timeseries(gpu, y, title, domain, color="gpu", y_title=title))
+else:
+    st.caption("No GPU samples in this run (no NVML on the machine that ran it).")
+for name, df in server.items():
+    if name in ("sglang:num_running_reqs", "sglang:num_queue_reqs"):
+        continue
+    st.altair_chart(charts.timeseries(df, "value", name, domain, y_title=name.removeprefix("sglang:")))
