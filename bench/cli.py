@@ -69,6 +69,26 @@ def demo() -> None:
     run_demo()
 
 
+@app.command()
+def dashboard(
+    db: str = typer.Option("data/capbench.duckdb", help="Results DB to show (opened read-only)."),
+    port: int = typer.Option(8501, help="Port on 127.0.0.1."),
+    host: str = typer.Option("127.0.0.1", help="Address to bind (default: this machine only)."),
+) -> None:
+    """Start the Streamlit dashboard: Planner, Runs, Compare, Integrity."""
+    import os
+    from pathlib import Path
+
+    if not 1 <= port <= 65535:
+        raise BadInput(f"--port must be between 1 and 65535, got {port}")
+    app_py = Path(__file__).resolve().parent.parent / "dashboard" / "app.py"
+    env = {**os.environ, "CAPBENCH_DB": str(Path(db).expanduser().resolve())}
+    argv = [sys.executable, "-m", "streamlit", "run", str(app_py), "--server.address", host, "--server.port",
+            str(port), "--server.headless", "true", "--browser.gatherUsageStats", "false"]
+    print(f"capbench dashboard on http://{host}:{port} (DB {env['CAPBENCH_DB']})", flush=True)
+    os.execvpe(argv[0], argv, env)
+
+
 def main() -> None:
     try:
         app(standalone_mode=True)
