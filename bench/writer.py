@@ -37,7 +37,7 @@ class BatchedWriter:
         self.flushes = 0
         self.busy_flushes = 0  # flushes put off because another process held the file
         self._rows: dict[str, list[dict]] = {name: [] for name in _TABLES}
-        self._batches: list[pa.Table] = []  # whole request batches from add_requests
+        self._batches: list[tuple[pa.Table, pa.Table]] = []  # (requests, histogram) from add_requests
         self._lock = threading.Lock()  # guards the buffers
         self._flush_lock = threading.Lock()  # one flush at a time
         self._stop = threading.Event()
@@ -67,10 +67,13 @@ class BatchedWriter:
         unknown = set(batch.column_names) - set(REQUESTS_SCHEMA.names)
         if unknown:
             raise ValueError(f"unknown request column(s): {', '.join(sorted(unknown))}")
-        batch = _conform(batch, REQUESTS_SCHEMA, self.run_id)  # a column of the wrong type fails here, not later
+        # Converted and binned here, in the caller's thread: a column of the wrong type fails here, not later,
+        # and the writer thread's insert of the previous batch runs meanwhile.
+        batch = _derive(_conform(batch, REQUESTS_SCHEMA, self.run_id))
+        hist = _histograms(self.run_id, batch)
         with self._lock:
             self._check_open()
-            self._batches.append(batch)
+            self._batches.append((batch, hist))
 
     def _add(self, table: str, row: dict) -> None:
         unknown = row.keys() - _TABLES[table].names
@@ -109,10 +112,9 @@ class BatchedWriter:
                 tables = self._to_arrow(rows, batches)
                 if not tables:
                     return 0
-                hist = _histograms(self.run_id, tables.get("requests"))
                 with self.store.connect(timeout_s=lock_timeout_s) as con:
                     con.execute("BEGIN")
-                    for name, table in [*tables.items(), ("latency_hist", hist)]:
+                    for name, table in tables.items():
                         if table is None or table.num_rows == 0:
                             continue
                         con.register("capbench_batch", table)
@@ -126,19 +128,25 @@ class BatchedWriter:
                     self._batches[:0] = batches
                 raise
             self.flushes += 1
+            tables.pop("latency_hist", None)
             for name, table in tables.items():
                 self.rows_written[name] += table.num_rows
             return sum(t.num_rows for t in tables.values())
 
-    def _to_arrow(self, rows: dict[str, list[dict]], batches: list[pa.Table]) -> dict[str, pa.Table]:
+    def _to_arrow(self, rows: dict[str, list[dict]], batches: list[tuple[pa.Table, pa.Table]]) -> dict[str, pa.Table]:
+        """Everything to insert, by table; latency_hist last."""
         tables = {}
         for name, schema in _TABLES.items():
-            parts = [_rows_to_table(name, rows[name], schema, self.run_id)] if rows[name] else []
-            if name == "requests":
-                parts += batches
-            if parts:
-                table = pa.concat_tables(parts)
-                tables[name] = _derive(table) if name == "requests" else table
+            if rows[name]:
+                tables[name] = _rows_to_table(name, rows[name], schema, self.run_id)
+        requests, hists = [b for b, _ in batches], [h for _, h in batches]
+        if "requests" in tables:
+            tables["requests"] = _derive(tables["requests"])
+            hists.append(_histograms(self.run_id, tables["requests"]))
+        requests = ([tables["requests"]] if "requests" in tables else []) + requests
+        if requests:
+            tables["requests"] = pa.concat_tables(requests)
+            tables["latency_hist"] = pa.concat_tables(hists)
         return tables
 
     def close(self) -> None:
@@ -215,28 +223,28 @@ def _derive(t: pa.Table) -> pa.Table:
     return t
 
 
-def _histograms(run_id: str, requests: pa.Table | None) -> pa.Table | None:
+def _histograms(run_id: str, requests: pa.Table) -> pa.Table:
     """Bucket counts of the batch's measured, successful requests (dispatch lag: all measured ones)."""
-    if requests is None or requests.num_rows == 0:
-        return None
-    measured = requests.filter(pc.equal(requests["phase"], "measured"))
-    ok = measured.filter(pc.equal(measured["status"], "ok"))
-    values = {
-        "ttft": ok["ttft_s"], "tpot": ok["tpot_s"], "e2e": ok["e2e_s"],
-        "itl": pc.list_flatten(ok["itl_s"]), "dispatch_lag": measured["dispatch_lag_s"],
-    }
-    cols: dict[str, list] = {"metric": [], "bucket": [], "n": []}
-    for metric, col in values.items():
-        arr = col.to_numpy(zero_copy_only=False) if col.null_count == 0 else pc.fill_null(col, np.nan).to_numpy(
-            zero_copy_only=False)
-        buckets, counts = to_buckets(np.asarray(arr, dtype=np.float64))
-        cols["metric"] += [metric] * len(buckets)
-        cols["bucket"].append(buckets)
-        cols["n"].append(counts)
-    n = len(cols["metric"])
+    measured = pc.equal(requests["phase"], "measured").to_numpy(zero_copy_only=False)
+    ok = measured & pc.equal(requests["status"], "ok").to_numpy(zero_copy_only=False)
+    itl = requests["itl_s"].combine_chunks() if requests.num_rows else pa.array([], REQUESTS_SCHEMA.field("itl_s").type)
+    gaps = pc.list_flatten(itl).to_numpy(zero_copy_only=False)
+    gap_ok = ok[pc.list_parent_indices(itl).to_numpy(zero_copy_only=False)] if gaps.size else ok[:0]
+
+    def col(name: str) -> np.ndarray:
+        return requests[name].to_numpy(zero_copy_only=False).astype(np.float64, copy=False)
+
+    values = {"ttft": col("ttft_s")[ok], "tpot": col("tpot_s")[ok], "e2e": col("e2e_s")[ok],
+              "itl": gaps[gap_ok], "dispatch_lag": col("dispatch_lag_s")[measured]}
+    metrics, buckets, counts = [], [], []
+    for metric, v in values.items():
+        b, n = to_buckets(v)
+        metrics += [metric] * len(b)
+        buckets.append(b)
+        counts.append(n)
     return pa.table({
-        "run_id": pa.array([run_id] * n, pa.string()),
-        "metric": pa.array(cols["metric"], pa.string()),
-        "bucket": pa.array(np.concatenate(cols["bucket"]).astype(np.int32)),
-        "n": pa.array(np.concatenate(cols["n"]).astype(np.int64)),
+        "run_id": pa.array([run_id] * len(metrics), pa.string()),
+        "metric": pa.array(metrics, pa.string()),
+        "bucket": pa.array(np.concatenate(buckets).astype(np.int32)),
+        "n": pa.array(np.concatenate(counts).astype(np.int64)),
     }, schema=_HIST_SCHEMA)
