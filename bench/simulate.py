@@ -1,0 +1,299 @@
+"""`capbench simulate`: the twin's scheduler and performance model in virtual time, no HTTP.
+
+A run offers n requests of a workload as a Poisson process and reports latency percentiles (TTFT from arrival
+to the first token, TPOT = (finish - first token) / (output tokens - 1), end-to-end), throughput and cost.
+A sweep first measures the saturation throughput (all requests at once), then runs a grid of rates up to
+1.2x of it, then bisects for the highest rate whose TTFT and TPOT percentiles meet the SLO.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, replace
+
+from bench.capacity import Deployment, capacity, memory_tier
+from bench.errors import BadInput
+from bench.perfmodel import Efficiency, PerfModel, cost_per_million_tokens
+from bench.scheduler import Scheduler
+from bench.workload import Workload, make_requests
+
+BLOCK = 32  # prefix-cache block: hits are rounded down to whole blocks (SGLang's radix: to tokens)
+GRID = (0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.2, 1.5)
+WARMUP = 0.2  # the first 20 % of the arrival window is not measured
+MIN_SECONDS = 300  # a rate point offers at least 5 minutes of arrivals, so queues have time to build
+
+
+def percentile(values: list[float], p: float) -> float:
+    """Linear interpolation between closest ranks (numpy's default)."""
+    if not values:
+        return math.nan
+    s = sorted(values)
+    k = (len(s) - 1) * p / 100
+    lo = math.floor(k)
+    hi = min(lo + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (k - lo)
+
+
+@dataclass
+class Point:
+    rate: float
+    achieved_rps: float
+    output_tok_s: float
+    ttft_p50: float
+    ttft_p90: float
+    ttft_p99: float
+    tpot_p50: float
+    tpot_p90: float
+    tpot_p99: float
+    e2e_p50: float
+    cache_hit_rate: float
+    mean_running: float
+    retractions: int
+    rejected: int
+    usd_per_million: float
+    meets_slo: bool | None = None
+
+
+@dataclass(frozen=True)
+class Slo:
+    ttft_s: float = 2.0
+    tpot_s: float = 0.05
+    percentile: int = 90
+
+    def met(self, p: Point) -> bool:
+        key = f"p{self.percentile}"
+        return getattr(p, f"ttft_{key}") <= self.ttft_s and getattr(p, f"tpot_{key}") <= self.tpot_s
+
+
+def parse_slo(text: str) -> Slo:
+    """'ttft=2s,tpot=50ms[,p=99]' -> Slo."""
+    values = {}
+    for part in filter(None, text.split(",")):
+        key, _, val = part.partition("=")
+        key, val = key.strip().lower(), val.strip().lower()
+        try:
+            if key == "p":
+                values["percentile"] = int(val.removeprefix("p"))
+            elif key in ("ttft", "tpot"):
+                num = float(val.removesuffix("ms").removesuffix("s"))
+                values[f"{key}_s"] = num / 1000 if val.endswith("ms") else num
+            else:
+                raise ValueError
+        except ValueError as e:
+            raise BadInput(f"bad --slo part '{part}'; expected ttft=2s,tpot=50ms[,p=90|99]") from e
+    slo = Slo(**values)
+    if slo.percentile not in (50, 90, 99):
+        raise BadInput(f"--slo percentile must be 50, 90 or 99, got {slo.percentile}")
+    return slo
+
+
+def make_scheduler(dep: Deployment, eff: Efficiency | None = None) -> Scheduler:
+    cap = capacity(dep, with_ratios=False)
+    if not cap.fits:
+        raise BadInput(f"{dep.model.id} does not fit {dep.tp} x {dep.gpu.id} with {dep.weights} weights")
+    return Scheduler(PerfModel(dep, eff), cap.kv_pool_tokens_total, cap.max_running_requests,
+                     memory_tier(dep.gpu, dep.tp)[0], BLOCK)
+
+
+def _overlap(a: float, b: float, lo: float, hi: float) -> float:
+    """Fraction of [a, b] inside [lo, hi] (a request's output tokens, spread evenly over its decode)."""
+    if b <= a:
+        return 1.0 if lo <= b <= hi else 0.0
+    return max(0.0, min(b, hi) - max(a, lo)) / (b - a)
+
+
+def run(dep: Deployment, wl: Workload, rate: float, n: int = 1000, seed: int = 0,
+        eff: Efficiency | None = None) -> Point:
+    """Offer max(n, rate * MIN_SECONDS) requests at `rate` per second (math.inf: n, all at once). Latencies are
+    of the requests that arrive after the warm-up; throughput is what the server delivered between the end of
+    the warm-up and the last arrival (so an overloaded server shows its capacity, not the offered rate)."""
+    sched = make_scheduler(dep, eff)
+    if 0 < rate < math.inf:
+        n = max(n, math.ceil(rate * MIN_SECONDS))
+    reqs = make_requests(wl, rate, n, seed, BLOCK, dep.context_len)
+    t, i, running_time, busy = 0.0, 0, 0.0, 0.0
+    while True:
+        while i < n and reqs[i].arrival <= t:
+            sched.submit(reqs[i])
+            i += 1
+        step = sched.plan()
+        if step is None:
+            if i < n:
+                t = reqs[i].arrival
+                continue
+            break
+        running_time += sched.num_running * step.duration
+        busy += step.duration
+        t += step.duration
+        sched.commit(step, t)
+    done = [r for r in reqs if r.state == "done"]
+    last = max((r.arrival for r in reqs), default=0.0)
+    if last > 0:  # steady state: the first WARMUP of the arrival window warms up, tails drain outside it
+        lo, hi = last * WARMUP, last
+        measured = [r for r in done if r.arrival >= lo]
+        tokens = sum(r.max_new * _overlap(r.first_token, r.finish, lo, hi) for r in done)
+        finished = sum(1 for r in done if lo <= r.finish <= hi)
+    else:  # all at once: the whole run
+        lo, hi = 0.0, max((r.finish for r in done), default=0.0)
+        measured, tokens, finished = done, sum(r.max_new for r in done), len(done)
+    window = hi - lo
+    ttft = [r.first_token - r.arrival for r in measured]
+    tpot = [(r.finish - r.first_token) / (r.max_new - 1) for r in measured if r.max_new > 1]
+    e2e = [r.finish - r.arrival for r in measured]
+    out_tok_s = tokens / window if window > 0 else 0.0
+    st = sched.stats
+    return Point(
+        rate=rate, achieved_rps=finished / window if window > 0 else 0.0, output_tok_s=out_tok_s,
+        ttft_p50=percentile(ttft, 50), ttft_p90=percentile(ttft, 90), ttft_p99=percentile(ttft, 99),
+        tpot_p50=percentile(tpot, 50), tpot_p90=percentile(tpot, 90), tpot_p99=percentile(tpot, 99),
+        e2e_p50=percentile(e2e, 50),
+        cache_hit_rate=st["cached_tokens"] / st["prompt_tokens"] if st["prompt_tokens"] else 0.0,
+        mean_running=running_time / busy if busy else 0.0, retractions=st["retractions"],
+        rejected=n - len(done), usd_per_million=cost_per_million_tokens(dep, out_tok_s),
+    )
+
+
+@dataclass
+class Sweep:
+    kv_dtype: str
+    saturation: Point
+    points: list[Point]
+    best_rate: float | None  # highest rate meeting the SLO, None if even the lowest misses
+    best: Point | None
+    slo: Slo
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def sweep(dep: Deployment, wl: Workload, slo: Slo, n: int = 1000, seed: int = 0, eff: Efficiency | None = None,
+          progress=None, bisect_steps: int = 5) -> Sweep:
+    """Saturation run, then GRID x saturation rate, then bisection between the last pass and the first miss."""
+    sat = run(dep, wl, math.inf, n, seed, eff)
+    sat.meets_slo = slo.met(sat)
+    points = []
+    for frac in GRID:
+        p = run(dep, wl, sat.achieved_rps * frac, n, seed, eff)
+        p.meets_slo = slo.met(p)
+        points.append(p)
+        if progress:
+            progress()
+    passing = [p for p in points if p.meets_slo]
+    if not passing:
+        return Sweep(dep.kv_dtype, sat, points, None, None, slo)
+    best = max(passing, key=lambda p: p.rate)
+    above = [p for p in points if p.rate > best.rate and not p.meets_slo]
+    if above:
+        lo, hi = best.rate, min(p.rate for p in above)
+        for _ in range(bisect_steps):
+            mid = (lo + hi) / 2
+            p = run(dep, wl, mid, n, seed, eff)
+            p.meets_slo = slo.met(p)
+            if p.meets_slo:
+                lo, best = mid, p
+            else:
+                hi = mid
+            if progress:
+                progress()
+    return Sweep(dep.kv_dtype, sat, points, best.rate, best, slo)
+
+
+def compare_kv(dep: Deployment, wl: Workload, slo: Slo, n: int = 1000, seed: int = 0,
+               eff: Efficiency | None = None, progress=None) -> list[Sweep]:
+    return [sweep(replace(dep, kv_dtype=kv), wl, slo, n, seed, eff, progress) for kv in ("bf16", "fp8_e4m3")]
+
+
+def _ms(x: float) -> str:
+    return "-" if math.isnan(x) else f"{x * 1e3:,.0f}"
+
+
+def _s(x: float) -> str:
+    return "-" if math.isnan(x) else f"{x:,.2f}"
+
+
+def points_table(rows: list[tuple[str, Point]], slo: Slo, title: str):
+    from rich.table import Table
+
+    q = slo.percentile
+    table = Table(title=title)
+    for col in ("rate req/s", "achieved req/s", "output tok/s", "TTFT p50 s", f"TTFT p{q} s", "TPOT p50 ms",
+                f"TPOT p{q} ms", "running", "cache hit", "retracted", "$/1M out", "meets SLO"):
+        table.add_column(col, justify="right")
+    for label, p in rows:
+        table.add_row(label, f"{p.achieved_rps:.2f}", f"{p.output_tok_s:,.0f}", _s(p.ttft_p50),
+                      _s(getattr(p, f"ttft_p{q}")), _ms(p.tpot_p50), _ms(getattr(p, f"tpot_p{q}")),
+                      f"{p.mean_running:.0f}", f"{p.cache_hit_rate:.0%}", str(p.retractions),
+                      f"{p.usd_per_million:.2f}", "yes" if slo.met(p) else "no")
+    return table
+
+
+def _title(dep: Deployment, kv_dtype: str, wl: Workload, what: str) -> str:
+    cap = capacity(replace(dep, kv_dtype=kv_dtype), with_ratios=False)
+    return (f"{dep.model.id} on {dep.tp} x {dep.gpu.id}, {kv_dtype} KV ({cap.kv_pool_tokens_total:,} tokens), "
+            f"{dep.weights} weights, workload {wl.name}, {what}")
+
+
+def verdict(sw: Sweep) -> str:
+    slo, q = sw.slo, sw.slo.percentile
+    head = (f"{sw.kv_dtype} KV: highest rate meeting TTFT p{q} <= {slo.ttft_s:g} s and "
+            f"TPOT p{q} <= {slo.tpot_s * 1e3:g} ms")
+    if sw.best is None:
+        return f"{head}: none (the lowest rate tried, {sw.points[0].rate:.3f} req/s, misses it)"
+    b = sw.best
+    return (f"{head}: {sw.best_rate:.2f} req/s ({b.output_tok_s:,.0f} output tok/s, TTFT p{q} "
+            f"{getattr(b, f'ttft_p{q}'):.2f} s, TPOT p{q} {getattr(b, f'tpot_p{q}') * 1e3:.0f} ms, "
+            f"${b.usd_per_million:.2f} per 1M output tokens)")
+
+
+def print_sweeps(sweeps: list[Sweep], dep: Deployment, wl: Workload, n: int) -> None:
+    from rich.console import Console
+
+    console = Console(width=max(Console().width, 150))
+    for sw in sweeps:
+        rows = [("burst", sw.saturation)] + [(f"{p.rate:.2f}", p) for p in sw.points]
+        what = f"per rate {n}+ requests, {MIN_SECONDS}+ s of arrivals"
+        console.print(points_table(rows, sw.slo, _title(dep, sw.kv_dtype, wl, what)))
+    for sw in sweeps:
+        console.print(verdict(sw))
+    if len(sweeps) == 2 and all(s.best_rate for s in sweeps):
+        bf16, fp8 = sweeps
+        console.print(f"FP8 KV vs BF16 KV: {fp8.best_rate / bf16.best_rate:.2f}x the request rate at the SLO, "
+                      f"{fp8.saturation.output_tok_s / bf16.saturation.output_tok_s:.2f}x the saturation throughput")
+
+
+def print_point(p: Point, slo: Slo, dep: Deployment, wl: Workload, n: int) -> None:
+    from rich.console import Console
+
+    console = Console(width=max(Console().width, 150))
+    console.print(points_table([(f"{p.rate:g}", p)], slo, _title(dep, dep.kv_dtype, wl, f"{n}+ requests")))
+
+
+def simulate_command(dep: Deployment, wl: Workload, rate: float | None, do_sweep: bool, compare: bool, slo: Slo,
+                     n: int, seed: int, eff: Efficiency, as_json: bool) -> None:
+    """What `capbench simulate` does: one rate, or a sweep (of both KV dtypes with compare)."""
+    import json
+
+    from rich.progress import Progress
+
+    if n < 10:
+        raise BadInput(f"--num-requests must be at least 10, got {n}")
+    if not do_sweep:
+        if rate is None or rate <= 0:
+            raise BadInput("give --rate R (requests per second, > 0; 'inf' for all at once) or --sweep")
+        kvs = ("bf16", "fp8_e4m3") if compare else (dep.kv_dtype,)
+        points = [run(replace(dep, kv_dtype=kv), wl, rate, n, seed, eff) for kv in kvs]
+        if as_json:
+            print(json.dumps([{"kv_dtype": kv, **asdict(p)} for kv, p in zip(kvs, points, strict=True)], indent=2))
+        else:
+            for kv, p in zip(kvs, points, strict=True):
+                print_point(p, slo, replace(dep, kv_dtype=kv), wl, n)
+        return
+    runs = (len(GRID) + 5) * (2 if compare else 1)
+    with Progress(transient=True, disable=as_json) as bar:
+        task = bar.add_task("simulating", total=runs)
+        tick = lambda: bar.advance(task)  # noqa: E731
+        sweeps = compare_kv(dep, wl, slo, n, seed, eff, tick) if compare else [sweep(dep, wl, slo, n, seed, eff, tick)]
+    if as_json:
+        print(json.dumps([s.to_dict() for s in sweeps], indent=2))
+    else:
+        print_sweeps(sweeps, dep, wl, n)
