@@ -31,6 +31,15 @@ from locust.contrib.fasthttp import FastHttpUser
 
 from loadgen import profiles, workloads
 
+try:  # optional: 3-5x faster than json on the per-chunk path; same results
+    from orjson import dumps as _dumps
+    from orjson import loads as _loads
+except ImportError:
+    def _dumps(obj) -> bytes:
+        return json.dumps(obj).encode()
+
+    _loads = json.loads
+
 CONFIG_OPTION = "capbench"  # environment.parsed_options.capbench: the run's config as JSON (reaches workers too)
 ERROR_TEXT_MAX = 300
 
@@ -142,7 +151,7 @@ class OpenAIUser(FastHttpUser):
             body["stream"] = True
             body["stream_options"] = {"include_usage": True}
         path = plan.prefix + ("/v1/chat/completions" if spec.api == "chat" else "/v1/completions")
-        payload = json.dumps(body).encode()
+        payload = _dumps(body)
         sent_at = time.time()
         start = time.perf_counter()
         due = sent_at if scheduled_at is None else scheduled_at
@@ -297,7 +306,7 @@ class _Stream:
                 done = True
                 break
             try:
-                obj = json.loads(data)
+                obj = _loads(data)
             except ValueError:
                 raise RequestFailed("malformed_stream", f"not JSON: {data[:80]!r}") from None
             if not isinstance(obj, dict):
@@ -327,7 +336,7 @@ class _Stream:
     def read_json(self, raw: bytes) -> None:
         self.nbytes = len(raw)
         try:
-            obj = json.loads(raw)
+            obj = _loads(raw)
             choice = obj["choices"][0]
         except (ValueError, KeyError, IndexError, TypeError):
             raise RequestFailed("malformed_stream", f"not a completion: {raw[:80]!r}") from None

@@ -17,6 +17,7 @@ from pathlib import Path
 import yaml
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "workloads"
+OVERLAYS = DATA / "loadgen"  # load-test-only workloads, and load-test keys laid over a simulate workload of that name
 KINDS = ("synthetic", "shared_prefix", "long_context", "multi_turn", "agentic_coding", "sharegpt", "trace")
 
 _WORDS = (
@@ -181,6 +182,8 @@ class Workload:
         groups, sys_len = int(self.options.get("groups", 8)), int(self.options.get("system_tokens", 2048))
         g = i % groups
         system = text(seeded(self.seed, self.name, "system", g), sys_len)
+        if self.options.get("questions"):  # N system prompts x M questions, then the same N x M again
+            rng = seeded(self.seed, self.name, "question", g, (i // groups) % int(self.options["questions"]))
         n = self.input.sample(rng)
         messages = [{"role": "system", "content": system}, {"role": "user", "content": text(rng, n)}]
         return self._spec(messages, self.output.sample(rng), sys_len + n)
@@ -195,6 +198,11 @@ class Workload:
         session, turn = self._session(i)
         srng = seeded(self.seed, self.name, "session", session)
         messages, total = [], 0
+        if self.options.get("system_tokens"):  # a shared system prompt per group of sessions
+            sys_len = int(self.options["system_tokens"])
+            g = session % int(self.options.get("groups", 1))
+            messages.append({"role": "system", "content": text(seeded(self.seed, self.name, "system", g), sys_len)})
+            total += sys_len
         for k in range(turn + 1):
             n = self.input.sample(srng)
             messages.append({"role": "user", "content": text(srng, n)})
@@ -242,6 +250,8 @@ class Workload:
     def _load_sharegpt(self) -> list[tuple[str, str]]:
         if self._sharegpt is None:
             path = Path(self.options.get("path", ""))
+            if not path.is_file() and not path.is_absolute():
+                path = DATA.parent.parent / path  # built-in workloads name repo files
             if not path.is_file():
                 raise WorkloadError(f"sharegpt workload: no file at {path!s}")
             try:
@@ -287,26 +297,35 @@ _TOOLS = [
 
 # ---- loading -------------------------------------------------------------------------------------------------------
 def names() -> list[str]:
-    return sorted(p.stem for p in DATA.glob("*.yaml"))
+    return sorted({p.stem for p in DATA.glob("*.yaml")} | {p.stem for p in OVERLAYS.glob("*.yaml")})
 
 
-def load(name_or_path: str, seed: int | None = None, api: str | None = None) -> Workload:
-    """A built-in name from data/workloads/, a YAML file path, or a ShareGPT JSON file path."""
-    path = Path(name_or_path)
-    if path.suffix == ".json" and path.is_file():
-        return from_dict({"name": path.stem, "type": "sharegpt", "path": str(path)}, seed, api)
-    if not path.is_file():
-        path = DATA / f"{name_or_path}.yaml"
-        if not path.is_file():
-            raise WorkloadError(f"unknown workload {name_or_path!r}: not a file, and not one of "
-                                f"{', '.join(names()) or '(none)'}")
+def _read(path: Path) -> dict:
     try:
         spec = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as e:
         raise WorkloadError(f"workload {path}: not valid YAML ({str(e).splitlines()[0]})") from None
     if not isinstance(spec, dict):
         raise WorkloadError(f"workload {path}: expected a mapping")
-    spec.setdefault("name", path.stem)
+    return spec
+
+
+def load(name_or_path: str, seed: int | None = None, api: str | None = None) -> Workload:
+    """A built-in name (data/workloads/NAME.yaml, the simulate workloads, with data/workloads/loadgen/NAME.yaml
+    laid over it; or the overlay alone), a YAML file path, or a ShareGPT JSON file path."""
+    path = Path(name_or_path)
+    if path.suffix == ".json" and path.is_file():
+        return from_dict({"name": path.stem, "type": "sharegpt", "path": str(path)}, seed, api)
+    if path.is_file():
+        spec = _read(path)
+        spec.setdefault("name", path.stem)
+        return from_dict(spec, seed, api)
+    parts = [p for p in (DATA / f"{name_or_path}.yaml", OVERLAYS / f"{name_or_path}.yaml") if p.is_file()]
+    if not parts:
+        raise WorkloadError(f"unknown workload {name_or_path!r}: not a file, and not one of {', '.join(names())}")
+    spec = {"name": name_or_path}
+    for p in parts:
+        spec.update(_read(p))
     return from_dict(spec, seed, api)
 
 

@@ -61,6 +61,7 @@ class Server(asyncio.Protocol):
             if len(self.buf) < end + 4 + length:
                 return
             body, self.buf = self.buf[end + 4 : end + 4 + length], self.buf[end + 4 + length :]
+            self.head = head
             self.handle(head.split(" ", 2)[1], body)
 
     def handle(self, path: str, body: bytes) -> None:
@@ -72,6 +73,9 @@ class Server(asyncio.Protocol):
             return
         if not path.endswith("completions"):
             t.write(b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n")
+            return
+        if self.opts.require_key and f"authorization: bearer {self.opts.require_key}" not in self.head.lower():
+            t.write(b"HTTP/1.1 401 Unauthorized\r\nContent-Length: 0\r\n\r\n")
             return
         req = json.loads(body or b"{}")
         self.counter[0] += 1
@@ -94,16 +98,22 @@ class Server(asyncio.Protocol):
         tok = ({"choices": [{"index": 0, "delta": {"content": "tok "}}]} if chat
                else {"choices": [{"index": 0, "text": "tok "}]})
         token = _event(tok)
-        usage = _event({"choices": [], "usage": {"prompt_tokens": 8, "completion_tokens": n, "total_tokens": 8 + n}})
-        if fault is None and self.opts.token_delay <= 0:
+        usage = b"" if self.opts.no_usage else _event(
+            {"choices": [], "usage": {"prompt_tokens": 8, "completion_tokens": n, "total_tokens": 8 + n}})
+        if fault is None and self.opts.token_delay <= 0 and not self.opts.reasoning:
             t.write(_HEAD + token * n + usage + _DONE)
             return
         asyncio.get_running_loop().create_task(self.slow(fault, token, usage, n))
 
     async def slow(self, fault: str | None, token: bytes, usage: bytes, n: int) -> None:
         t = self.transport
-        t.write(_HEAD)
+        t.write(_HEAD + _event({"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]}))
+        thinking = _event({"choices": [{"index": 0, "delta": {"reasoning_content": "hmm "}}]})
         for k in range(n):
+            if k < self.opts.reasoning:
+                t.write(thinking)
+                await asyncio.sleep(self.opts.token_delay)
+                continue
             if fault == "stall" and k == 1:
                 await asyncio.sleep(3600)
             if fault in ("reset", "close", "malformed") and k == 2:
@@ -150,6 +160,9 @@ def main() -> None:
     ap.add_argument("--token-delay", type=float, default=0.0)
     ap.add_argument("--faults", default="")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--no-usage", action="store_true", help="send no usage chunk (clients must count chunks)")
+    ap.add_argument("--reasoning", type=int, default=0, help="the first N tokens are reasoning_content deltas")
+    ap.add_argument("--require-key", default="", help="answer 401 unless 'Authorization: Bearer KEY' is sent")
     opts = ap.parse_args()
     opts.fault_probs = parse_faults(opts.faults)
     try:

@@ -1,0 +1,108 @@
+"""Locust users against the stub SSE server in its own process: timing, token counts, error kinds."""
+
+import time
+
+from loadgen.users import ClosedLoopUser, OpenLoopUser
+from tests.loadgen.conftest import drive, plan_config
+
+ONE = {"name": "one", "type": "constant", "params": {"rate": 1, "duration": 1}}  # a single request at t0+0.5 s
+CLOSED = {"name": "users", "type": "users", "params": {"users": 1, "duration": 1}}
+
+
+def test_streamed_request_times_tokens_and_gaps(stub_server):
+    srv = stub_server("--token-delay", "0.02")
+    recs = drive(OpenLoopUser, plan_config(srv.url, ONE, {"name": "t", "input": 16, "output": 5}), 2, 1.0)
+    assert len(recs) == 1
+    r = recs[0]
+    assert r["status"] == "ok" and r["tokens_from"] == "usage" and r["completion_tokens"] == 5
+    assert r["prompt_tokens"] == 8 and r["phase"] == "measured"
+    assert len(r["itl_s"]) == 4 and all(0.015 < g < 0.1 for g in r["itl_s"])
+    # one clock: due <= sent < first token < finished, and the durations agree with the timestamps
+    assert r["scheduled_at"] <= r["sent_at"] < r["first_token_at"] < r["finished_at"]
+    assert abs(r["ttft_s"] - (r["first_token_at"] - r["scheduled_at"])) < 1e-9
+    assert abs(r["e2e_s"] - (r["finished_at"] - r["scheduled_at"])) < 1e-9
+    assert abs(r["tpot_s"] - sum(r["itl_s"]) / 4) < 1e-6
+    assert 0 <= r["dispatch_lag_s"] < 0.05
+    assert r["e2e_s"] >= 0.08  # five tokens 20 ms apart, the first one after a 20 ms wait
+
+
+def test_reasoning_tokens_count_as_first_token(stub_server):
+    srv = stub_server("--token-delay", "0.03", "--reasoning", "3")
+    r = drive(OpenLoopUser, plan_config(srv.url, ONE, {"name": "t", "input": 16, "output": 6}), 2, 1.0)[0]
+    # the first reasoning delta arrives right away; content only after three more 30 ms gaps
+    assert r["status"] == "ok" and r["ttft_s"] - r["dispatch_lag_s"] < 0.025
+    assert len(r["itl_s"]) == 5
+
+
+def test_without_usage_tokens_are_counted_chunks(stub_server):
+    srv = stub_server("--no-usage")
+    r = drive(OpenLoopUser, plan_config(srv.url, ONE, {"name": "t", "input": 16, "output": 7}), 2, 1.0)[0]
+    assert r["status"] == "ok" and r["tokens_from"] == "chunks" and r["completion_tokens"] == 7
+    assert r["prompt_tokens"] is None
+
+
+def test_completions_api_and_non_streaming(stub_server):
+    srv = stub_server()
+    r = drive(OpenLoopUser, plan_config(srv.url, ONE, {"name": "t", "api": "completions", "input": 16,
+                                                         "output": 3}), 2, 1.0)[0]
+    assert r["status"] == "ok" and r["completion_tokens"] == 3 and r["ttft_s"] is not None
+    r = drive(OpenLoopUser, plan_config(srv.url, ONE, stream=False), 2, 1.0)[0]
+    assert r["status"] == "ok" and r["completion_tokens"] == 4 and r["first_token_at"] is None
+
+
+def test_api_key_comes_from_the_named_env_var(stub_server, monkeypatch):
+    srv = stub_server("--require-key", "s3cret")
+    r = drive(OpenLoopUser, plan_config(srv.url, ONE), 2, 1.0)[0]
+    assert r["error_kind"] == "http_401"
+    monkeypatch.setenv("TEST_KEY", "s3cret")
+    r = drive(OpenLoopUser, plan_config(srv.url, ONE, api_key_env="TEST_KEY"), 2, 1.0)[0]
+    assert r["status"] == "ok" and "s3cret" not in repr(r)
+
+
+def _one_fault(stub_server, fault: str, **cfg) -> dict:
+    srv = stub_server("--faults", f"{fault}=1.0", "--tokens", "6", "--token-delay", "0.005")
+    recs = drive(OpenLoopUser, plan_config(srv.url, ONE, {"name": "t", "input": 8, "output": 6}, **cfg), 2, 1.5)
+    assert len(recs) == 1
+    assert recs[0]["status"] == "error"
+    return recs[0]
+
+
+def test_error_kinds(stub_server):
+    assert _one_fault(stub_server, "http_500")["error_kind"] == "http_500"
+    assert _one_fault(stub_server, "malformed")["error_kind"] == "malformed_stream"
+    assert _one_fault(stub_server, "close")["error_kind"] == "early_close"
+    assert _one_fault(stub_server, "reset")["error_kind"] == "early_close"
+    stalled = _one_fault(stub_server, "stall", timeout_s=0.4)
+    assert stalled["error_kind"] == "timeout" and stalled["first_token_at"] is not None
+    assert 0.4 <= stalled["e2e_s"] - stalled["dispatch_lag_s"] < 0.6
+
+
+def test_connect_error_when_nothing_listens(stub_server):
+    srv = stub_server()
+    srv.kill()
+    r = drive(OpenLoopUser, plan_config(srv.url, ONE), 2, 0.8)[0]
+    assert r["status"] == "error" and r["error_kind"] == "connect"
+
+
+def test_open_loop_sends_on_schedule_whatever_the_server_does(stub_server):
+    """Coordinated omission: with every response taking 0.5 s, 20 req/s still go out at 20 req/s."""
+    srv = stub_server("--token-delay", "0.1", "--tokens", "5")
+    prof = {"name": "c", "type": "constant", "params": {"rate": 20, "duration": 1.0}}
+    recs = drive(OpenLoopUser, plan_config(srv.url, prof, {"name": "t", "input": 8, "output": 5}), 40, 1.8)
+    assert len(recs) == 20
+    sent = sorted(r["sent_at"] for r in recs)
+    assert sent[-1] - sent[0] < 1.0  # all sent within the second, although each takes 0.5 s
+    assert max(r["dispatch_lag_s"] for r in recs) < 0.05
+    assert len({r["request_id"] for r in recs}) == 20
+
+
+def test_closed_loop_waits_for_each_answer(stub_server):
+    srv = stub_server("--token-delay", "0.05", "--tokens", "4")
+    cfg = plan_config(srv.url, CLOSED, {"name": "t", "input": 8, "output": 4}, duration_s=1.0)
+    cfg["t0"] = time.time()
+    recs = drive(ClosedLoopUser, cfg, 1, 1.3)
+    ok = sorted((r for r in recs if r["status"] == "ok"), key=lambda r: r["sent_at"])
+    assert 3 <= len(ok) <= 6  # ~0.2 s each, one at a time, for about a second
+    for a, b in zip(ok, ok[1:], strict=False):
+        assert b["sent_at"] >= a["finished_at"] - 1e-3
+    assert all(r["dispatch_lag_s"] == 0 for r in ok)
