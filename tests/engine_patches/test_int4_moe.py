@@ -10,7 +10,7 @@ from compressed_tensors.quantization import QuantizationScheme
 from safetensors import safe_open
 
 from engine_patches.int4_moe.convert import EXPERT_WEIGHT, convert, quant_args
-from tests.engine_patches.int4_checkpoints import EXPERTS, make_checkpoint
+from tests.engine_patches.int4_checkpoints import EXPERTS, HIDDEN, make_checkpoint
 
 
 @pytest.fixture(scope="module")
@@ -83,3 +83,83 @@ def test_refuses_bad_input(converted, tmp_path):
         convert(out_dir, out_dir.parent / "in", group_size=32, show_progress=False)
     with pytest.raises(ValueError, match="no config.json"):
         convert(tmp_path, tmp_path / "y", group_size=32, show_progress=False)
+
+
+@pytest.mark.parametrize("kind", ["glm", "kimi-fp8"])
+def test_sglang_picks_its_wna16_moe_scheme(converted, kind, monkeypatch):
+    from sglang.srt.layers.moe.utils import MoeRunnerBackend
+    from sglang.srt.layers.quantization.compressed_tensors.compressed_tensors import CompressedTensorsConfig
+    from sglang.srt.layers.quantization.compressed_tensors.schemes.compressed_tensors_wNa16_moe import (
+        CompressedTensorsWNA16MoE,
+        CompressedTensorsWNA16TritonMoE,
+    )
+    from sglang.srt.runtime_context import get_flags
+
+    _, out_dir, _, group = converted[kind]
+    qc = json.loads((out_dir / "config.json").read_text())["quantization_config"]
+    assert qc["quant_method"] == "compressed-tensors" and qc["format"] == "pack-quantized"
+    w = qc["config_groups"]["group_0"]["weights"]
+    assert (w["num_bits"], w["type"], w["symmetric"], w["strategy"]) == (4, "int", True, "group")
+    assert w["group_size"] == group and "re:.*self_attn.*" in qc["ignore"] and "lm_head" in qc["ignore"]
+    config = CompressedTensorsConfig.from_config(qc)
+    linear = torch.nn.Linear(2, 2)  # the class name the "Linear" target matches, as in the HF model
+    scheme = config.get_moe_scheme(layer=linear, layer_name="model.layers.1.mlp.experts")
+    assert type(scheme) is CompressedTensorsWNA16MoE  # Marlin, SGLang's default on Hopper
+    monkeypatch.setattr(get_flags().moe, "runner_backend", MoeRunnerBackend.TRITON)
+    scheme = config.get_moe_scheme(layer=linear, layer_name="model.layers.2.mlp.experts")
+    assert type(scheme) is CompressedTensorsWNA16TritonMoE and scheme.group_size == group
+    for ignored in ("model.layers.1.self_attn.o_proj", "model.layers.1.mlp.shared_experts.down_proj",
+                    "model.layers.0.mlp.gate_proj", "lm_head"):
+        assert config.get_linear_scheme(layer=linear, layer_name=ignored) is None, ignored
+
+
+@pytest.mark.parametrize("kind", ["glm", "kimi-fp8"])
+def test_sglang_fused_int4_moe_kernel_matches_dequantized_reference(converted, kind, monkeypatch):
+    """SGLang's Triton INT4 MoE kernel (interpreted, fp16) on the converted experts of layer 1, in the layout
+    SGLang's own CompressedTensorsWNA16TritonMoE.process_weights_after_loading makes from the checkpoint."""
+    from sglang.srt.layers.quantization.compressed_tensors.compressed_tensors import CompressedTensorsConfig
+    from sglang.srt.layers.quantization.compressed_tensors.schemes.compressed_tensors_wNa16_moe import (
+        CompressedTensorsWNA16TritonMoE,
+    )
+
+    from engine_patches.int4_moe.kernel import fused_moe, reference_moe
+
+    _, out_dir, _, group = converted[kind]
+    tensors = load_all(out_dir)
+    prefix = "model.layers.1.mlp.experts"
+
+    def stacked(proj, key):
+        return torch.stack([tensors[f"{prefix}.{e}.{proj}.{key}"] for e in range(EXPERTS)])
+
+    # SGLang's weight loader stores the checkpoint's [rows, in/8] transposed: [E, in/8, rows]
+    layer = torch.nn.Module()
+    for name, projs in (("w13", ("gate_proj", "up_proj")), ("w2", ("down_proj",))):
+        for key in ("weight_packed", "weight_scale"):
+            t = torch.cat([stacked(p, key) for p in projs], dim=1).transpose(1, 2).contiguous()
+            setattr(layer, f"{name}_{key}", torch.nn.Parameter(t, requires_grad=False))
+    qc = json.loads((out_dir / "config.json").read_text())["quantization_config"]
+    config = CompressedTensorsConfig.from_config(qc)
+    CompressedTensorsWNA16TritonMoE(config, weight_quant=config.target_scheme_map["Linear"]["weights"]) \
+        .process_weights_after_loading(layer)
+    assert layer.w13_weight_packed.dtype == torch.uint8
+
+    gen = torch.Generator().manual_seed(3)
+    x = (torch.randn(8, HIDDEN, generator=gen) * 4).to(torch.float16)
+    logits = torch.randn(8, EXPERTS, generator=gen)
+    topk_w, topk_ids = torch.softmax(logits, -1).topk(2, dim=-1)
+    out = fused_moe(x, layer.w13_weight_packed, layer.w2_weight_packed, topk_w, topk_ids.to(torch.int32),
+                    layer.w13_weight_scale.half(), layer.w2_weight_scale.half(), group)
+    deq = {p: torch.stack([decompress(tensors, f"{prefix}.{e}.{p}", group) for e in range(EXPERTS)])
+           for p in ("gate_proj", "up_proj", "down_proj")}
+    ref = reference_moe(x, deq["gate_proj"], deq["up_proj"], deq["down_proj"], topk_w, topk_ids)
+    max_err = float((out.float() - ref).abs().max())
+    rel = float((out.float() - ref).norm() / ref.norm())
+    print(f"\n{kind} g{group}: fused INT4 MoE kernel vs dequantized reference: max abs err {max_err:.2e} "
+          f"(output max {float(ref.abs().max()):.3f}), relative {rel:.2e}")
+    assert rel < 1e-2 and max_err < 1e-2 * float(ref.abs().max())
+    # and the kernel really reads the INT4 nibbles: dropping one expert's scales changes the output
+    wrong = layer.w13_weight_scale.half().clone()
+    wrong[int(topk_ids[0, 0])] *= 2
+    out2 = fused_moe(x, layer.w13_weight_packed, layer.w2_weight_packed, topk_w, topk_ids.to(torch.int32),
+                     wrong, layer.w2_weight_scale.half(), group)
+    assert float((out2.float() - ref).norm() / ref.norm()) > 10 * rel
