@@ -90,78 +90,28 @@ def dashboard(
 
 
 @app.command()
-def simulate(
-    model: str = typer.Option(..., help="Model id from data/models (e.g. kimi-k2-thinking)."),
-    gpu: str = typer.Option(..., help="GPU id from data/gpus.yaml (e.g. h200)."),
-    tp: int = typer.Option(..., help="Tensor-parallel size = GPUs of one instance."),
-    dp: int = typer.Option(1, help="DP-attention size inside those GPUs."),
-    kv_dtype: str = typer.Option("bf16", help="bf16 | fp8_e4m3 | fp8_e5m2"),
-    weights: str = typer.Option("native", help="native | bf16 | fp8 | int4-g32 | int4-g128 (routed experts)"),
-    context: int = typer.Option(None, help="Context length (default: the model's maximum)."),
-    workload: str = typer.Option(None, help="chat | long-context | agentic-coding | a workload YAML path."),
-    input_len: int = typer.Option(None, help="Fixed prompt tokens (instead of --workload)."),
-    output_len: int = typer.Option(None, help="Fixed output tokens (instead of --workload)."),
-    rate: float = typer.Option(None, help="Offered requests per second (Poisson); 'inf' sends all at once."),
-    sweep: bool = typer.Option(False, help="Sweep rates up to saturation; find the highest rate meeting --slo."),
-    compare_kv: bool = typer.Option(False, help="Run BF16-KV and FP8-KV side by side."),
-    slo: str = typer.Option("ttft=2s,tpot=50ms,p=90", help="SLO on TTFT and TPOT percentiles (p=50|90|99)."),
-    num_requests: int = typer.Option(1000, help="Requests per simulated rate."),
-    seed: int = typer.Option(0, help="Seed of arrivals and lengths."),
-    calibration: str = typer.Option(None, help="Efficiency factors file (JSON/YAML) over data/calibration."),
-    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
-) -> None:
-    """The twin's scheduler and performance model offline (no HTTP): latency, throughput, cost at a rate or a sweep."""
-    from bench import capacity as cap
-    from bench import catalog
-    from bench import simulate as sim
-    from bench.perfmodel import load_efficiency
-    from bench.workload import fixed_workload, load_workload
+def runs(db: str = typer.Option("data/capbench.duckdb", help="Results DB (opened read-only).")) -> None:
+    """List the runs in the results DB, newest first."""
+    from rich.console import Console
 
-    dep = cap.Deployment(catalog.model(model), catalog.gpu(gpu), tp, dp, kv_dtype, weights, context)
-    if workload and (input_len or output_len):
-        raise BadInput("give --workload or --input-len/--output-len, not both")
-    if workload:
-        wl = load_workload(workload)
-    elif input_len and output_len and input_len > 0 and output_len > 0:
-        wl = fixed_workload(input_len, output_len)
-    else:
-        raise BadInput("give --workload NAME or both --input-len and --output-len (positive)")
-    sim.simulate_command(dep, wl, rate, sweep, compare_kv, sim.parse_slo(slo), num_requests, seed,
-                         load_efficiency(gpu, calibration), as_json)
+    from bench.queries import runs_table
+    from bench.store import Store
+
+    Console().print(runs_table(Store(db, read_only=True).runs()))
 
 
 @app.command()
-def twin(
-    model: str = typer.Option("kimi-k2-thinking", help="Model id from data/models."),
-    gpu: str = typer.Option("h200", help="GPU id from data/gpus.yaml."),
-    tp: int = typer.Option(8, help="Tensor-parallel size = GPUs of the modelled instance."),
-    dp: int = typer.Option(1, help="DP-attention size inside those GPUs."),
-    kv_dtype: str = typer.Option("bf16", help="bf16 | fp8_e4m3 | fp8_e5m2"),
-    weights: str = typer.Option("native", help="native | bf16 | fp8 | int4-g32 | int4-g128 (routed experts)"),
-    context: int = typer.Option(None, help="Context length (default: the model's maximum)."),
-    host: str = typer.Option("127.0.0.1", help="Address to bind (default: this machine only)."),
-    port: int = typer.Option(30000, help="Port (SGLang's default 30000)."),
-    time_scale: float = typer.Option(1.0, help="Run this many times faster than the modelled GPUs."),
-    seed: int = typer.Option(0, help="Seed of the synthetic output."),
-    drift: float = typer.Option(0.0, help="Fraction of greedy tokens that differ from a drift-0 twin's."),
-    calibration: str = typer.Option(None, help="Efficiency factors file (JSON/YAML) over data/calibration."),
-    max_total_tokens: int = typer.Option(None, help="Cap the KV pool (SGLang --max-total-tokens)."),
+def export(
+    run: str = typer.Option(..., help="Run id (see `capbench runs`)."),
+    fmt: str = typer.Option("parquet", "--format", help="parquet | csv"),
+    out: str = typer.Option(..., help="Directory to write <table>.<format> files into."),
+    db: str = typer.Option("data/capbench.duckdb", help="Results DB (opened read-only)."),
 ) -> None:
-    """An SGLang-compatible server that models MODEL on TP x GPU: same API and metrics, modelled latencies."""
-    import asyncio
+    """Export every table's rows of one run (runs, requests, gpu/server samples, integrity events)."""
+    from bench.store import Store, export_run
 
-    from bench.twin import TwinConfig, print_figures, serve_forever
-
-    if not 0 <= port <= 65535:
-        raise BadInput(f"--port must be between 0 and 65535, got {port}")
-    config = TwinConfig(model, gpu, tp, dp, kv_dtype, weights, context, None, host, port, time_scale, seed, drift,
-                        calibration, max_total_tokens=max_total_tokens)
-    try:
-        asyncio.run(serve_forever(config, ready=print_figures))
-    except KeyboardInterrupt:
-        pass
-    except OSError as e:
-        raise BadInput(f"cannot serve on {host}:{port}: {e.strerror or e}") from None
+    for path in export_run(Store(db, read_only=True), run, fmt, out):
+        print(path)
 
 
 def main() -> None:

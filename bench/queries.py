@@ -177,3 +177,25 @@ def compare(con: duckdb.DuckDBPyConnection, run_ids: list[str], slo: SLO | None 
         with np.errstate(divide="ignore", invalid="ignore"):
             table[f"{r} / {base}"] = table[r] / table[base].where(table[base] != 0)
     return table
+
+
+def runs_table(runs: pd.DataFrame):
+    """`capbench runs` as a rich table: newest first, times in UTC."""
+    from datetime import UTC, datetime
+
+    from rich import box
+    from rich.table import Column, Table
+
+    def when(t: float | None) -> str:
+        return "" if t is None or pd.isna(t) else datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%d %H:%M")
+
+    table = Table(Column("run id", no_wrap=True, min_width=22), Column("label", ratio=1),
+                  Column("status", no_wrap=True),
+                  Column("started (UTC)", no_wrap=True), Column("duration", justify="right", no_wrap=True),
+                  Column("requests", justify="right", no_wrap=True), Column("errors", justify="right", no_wrap=True),
+                  box=box.SIMPLE_HEAD, pad_edge=False)
+    for r in runs.itertuples():
+        duration = "" if pd.isna(r.finished_at) else f"{r.finished_at - r.started_at:,.0f} s"
+        table.add_row(r.run_id, r.label or "", r.status, when(r.started_at), duration, f"{r.requests:,}",
+                      f"{r.errors:,}")
+    return table

@@ -1,0 +1,111 @@
+"""The store across real processes: a writer killed with SIGKILL, and a reader reading while a writer writes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+from bench import queries
+from bench.store import Store
+
+KILLED_WRITER = textwrap.dedent("""
+    import sys, time
+    from bench.store import Store
+    store = Store(sys.argv[1])
+    earlier = store.start_run(label="earlier")
+    with store.writer(earlier) as w:
+        for i in range(50):
+            w.add_request({"request_id": f"e{i}", "sent_at": 1.0, "first_token_at": 1.5, "finished_at": 2.0})
+    store.finish_run(earlier)
+    run = store.start_run(label="killed")
+    w = store.writer(run, flush_interval_s=0.01)  # flushing all the time, so the kill often lands mid-write
+    for i in range(100):
+        w.add_request({"request_id": f"k{i}", "itl_s": [0.01] * 20})
+    w.flush()
+    print(run, flush=True)
+    i = 100
+    while True:
+        w.add_request({"request_id": f"k{i}", "itl_s": [0.01] * 20})
+        w.add_gpu_sample({"t": time.time(), "gpu": 0, "power_w": 400.0})
+        i += 1
+        if i % 50 == 0:
+            time.sleep(0.005)
+""")
+
+LIVE_WRITER = textwrap.dedent("""
+    import sys, time
+    from bench.store import Store
+    store = Store(sys.argv[1])
+    run = store.start_run(label="live")
+    print(run, flush=True)
+    w = store.writer(run, flush_interval_s=0.1)
+    t0 = time.time()
+    n = 0
+    while time.time() - t0 < 4.0:
+        now = time.time()
+        for _ in range(20):
+            w.add_request({"request_id": f"r{n}", "scheduled_at": now, "sent_at": now, "first_token_at": now + 0.1,
+                           "finished_at": now + 0.5, "completion_tokens": 10, "itl_s": [0.04] * 9})
+            n += 1
+        time.sleep(0.01)
+    w.close()
+    store.finish_run(run)
+    print(n, w.busy_flushes, flush=True)
+""")
+
+
+def _spawn(script: str, db) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", script, str(db)], stdout=subprocess.PIPE, text=True,
+                            cwd=os.getcwd())
+
+
+def test_sigkilled_writer_loses_only_its_last_second(tmp_db):
+    proc = _spawn(KILLED_WRITER, tmp_db)
+    try:
+        run_id = proc.stdout.readline().strip()
+        assert run_id, "writer did not start"
+        time.sleep(0.7)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+    finally:
+        proc.kill()
+    store = Store(tmp_db)  # reopening recovers the WAL and marks the dead writer's run
+    assert store.aborted_on_open == [run_id]
+    runs = store.runs().set_index("label")
+    assert runs.loc["earlier", "status"] == "completed" and runs.loc["earlier", "requests"] == 50
+    assert runs.loc["killed", "status"] == "aborted"
+    assert runs.loc["killed", "finished_at"] is not None
+    with store.connect() as con:
+        ids = {r[0] for r in con.execute("SELECT request_id FROM requests WHERE run_id = ?", [run_id]).fetchall()}
+        assert {f"k{i}" for i in range(100)} <= ids  # everything flushed before the kill is there
+        assert len(ids) > 100  # and the flushes after it too
+        s = queries.summary(con, run_id)
+    assert s["measured"] == len(ids) and s["itl_p50"] is not None
+    assert Store(tmp_db).aborted_on_open == []  # marked once
+
+
+def test_a_reader_reads_while_a_writer_writes(tmp_db):
+    proc = _spawn(LIVE_WRITER, tmp_db)
+    try:
+        run_id = proc.stdout.readline().strip()
+        assert run_id, "writer did not start"
+        seen = []
+        while proc.poll() is None:
+            reader = Store(tmp_db, read_only=True, lock_timeout_s=5)
+            with reader.connect() as con:
+                seen.append(queries.summary(con, run_id)["requests"])
+            time.sleep(0.05)
+        out = proc.stdout.read().split()
+        assert proc.returncode == 0
+    finally:
+        proc.kill()
+    written, busy = int(out[0]), int(out[1])
+    assert seen == sorted(seen)  # never a half-written or rolled-back view
+    assert len(set(seen)) >= 3, seen  # the reader saw the run grow, not just its end
+    final = Store(tmp_db, read_only=True).runs()
+    assert final.requests[0] == written and final.status[0] == "completed"
+    print(f"reads: {len(seen)}, writer flushes put off by readers: {busy}")
