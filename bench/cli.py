@@ -90,28 +90,123 @@ def dashboard(
 
 
 @app.command()
-def runs(db: str = typer.Option("data/capbench.duckdb", help="Results DB (opened read-only).")) -> None:
-    """List the runs in the results DB, newest first."""
-    from rich.console import Console
+def simulate(
+    model: str = typer.Option(..., help="Model id from data/models (e.g. kimi-k2-thinking)."),
+    gpu: str = typer.Option(..., help="GPU id from data/gpus.yaml (e.g. h200)."),
+    tp: int = typer.Option(..., help="Tensor-parallel size = GPUs of one instance."),
+    dp: int = typer.Option(1, help="DP-attention size inside those GPUs."),
+    kv_dtype: str = typer.Option("bf16", help="bf16 | fp8_e4m3 | fp8_e5m2"),
+    weights: str = typer.Option("native", help="native | bf16 | fp8 | int4-g32 | int4-g128 (routed experts)"),
+    context: int = typer.Option(None, help="Context length (default: the model's maximum)."),
+    workload: str = typer.Option(None, help="chat | long-context | agentic-coding | a workload YAML path."),
+    input_len: int = typer.Option(None, help="Fixed prompt tokens (instead of --workload)."),
+    output_len: int = typer.Option(None, help="Fixed output tokens (instead of --workload)."),
+    rate: float = typer.Option(None, help="Offered requests per second (Poisson); 'inf' sends all at once."),
+    sweep: bool = typer.Option(False, help="Sweep rates up to saturation; find the highest rate meeting --slo."),
+    compare_kv: bool = typer.Option(False, help="Run BF16-KV and FP8-KV side by side."),
+    slo: str = typer.Option("ttft=2s,tpot=50ms,p=90", help="SLO on TTFT and TPOT percentiles (p=50|90|99)."),
+    num_requests: int = typer.Option(1000, help="Requests per simulated rate."),
+    seed: int = typer.Option(0, help="Seed of arrivals and lengths."),
+    calibration: str = typer.Option(None, help="Efficiency factors file (JSON/YAML) over data/calibration."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
+) -> None:
+    """The twin's scheduler and performance model offline (no HTTP): latency, throughput, cost at a rate or a sweep."""
+    from bench import capacity as cap
+    from bench import catalog
+    from bench import simulate as sim
+    from bench.perfmodel import load_efficiency
+    from bench.workload import fixed_workload, load_workload
 
-    from bench.queries import runs_table
-    from bench.store import Store
-
-    Console().print(runs_table(Store(db, read_only=True).runs()))
+    dep = cap.Deployment(catalog.model(model), catalog.gpu(gpu), tp, dp, kv_dtype, weights, context)
+    if workload and (input_len or output_len):
+        raise BadInput("give --workload or --input-len/--output-len, not both")
+    if workload:
+        wl = load_workload(workload)
+    elif input_len and output_len and input_len > 0 and output_len > 0:
+        wl = fixed_workload(input_len, output_len)
+    else:
+        raise BadInput("give --workload NAME or both --input-len and --output-len (positive)")
+    sim.simulate_command(dep, wl, rate, sweep, compare_kv, sim.parse_slo(slo), num_requests, seed,
+                         load_efficiency(gpu, calibration), as_json)
 
 
 @app.command()
-def export(
-    run: str = typer.Option(..., help="Run id (see `capbench runs`)."),
-    fmt: str = typer.Option("parquet", "--format", help="parquet | csv"),
-    out: str = typer.Option(..., help="Directory to write <table>.<format> files into."),
-    db: str = typer.Option("data/capbench.duckdb", help="Results DB (opened read-only)."),
+def twin(
+    model: str = typer.Option("kimi-k2-thinking", help="Model id from data/models."),
+    gpu: str = typer.Option("h200", help="GPU id from data/gpus.yaml."),
+    tp: int = typer.Option(8, help="Tensor-parallel size = GPUs of the modelled instance."),
+    dp: int = typer.Option(1, help="DP-attention size inside those GPUs."),
+    kv_dtype: str = typer.Option("bf16", help="bf16 | fp8_e4m3 | fp8_e5m2"),
+    weights: str = typer.Option("native", help="native | bf16 | fp8 | int4-g32 | int4-g128 (routed experts)"),
+    context: int = typer.Option(None, help="Context length (default: the model's maximum)."),
+    host: str = typer.Option("127.0.0.1", help="Address to bind (default: this machine only)."),
+    port: int = typer.Option(30000, help="Port (SGLang's default 30000)."),
+    time_scale: float = typer.Option(1.0, help="Run this many times faster than the modelled GPUs."),
+    seed: int = typer.Option(0, help="Seed of the synthetic output."),
+    drift: float = typer.Option(0.0, help="Fraction of greedy tokens that differ from a drift-0 twin's."),
+    calibration: str = typer.Option(None, help="Efficiency factors file (JSON/YAML) over data/calibration."),
+    max_total_tokens: int = typer.Option(None, help="Cap the KV pool (SGLang --max-total-tokens)."),
 ) -> None:
-    """Export every table's rows of one run (runs, requests, gpu/server samples, integrity events)."""
-    from bench.store import Store, export_run
+    """An SGLang-compatible server that models MODEL on TP x GPU: same API and metrics, modelled latencies."""
+    import asyncio
 
-    for path in export_run(Store(db, read_only=True), run, fmt, out):
-        print(path)
+    from bench.twin import TwinConfig, print_figures, serve_forever
+
+    if not 0 <= port <= 65535:
+        raise BadInput(f"--port must be between 0 and 65535, got {port}")
+    config = TwinConfig(model, gpu, tp, dp, kv_dtype, weights, context, None, host, port, time_scale, seed, drift,
+                        calibration, max_total_tokens=max_total_tokens)
+    try:
+        asyncio.run(serve_forever(config, ready=print_figures))
+    except KeyboardInterrupt:
+        pass
+    except OSError as e:
+        raise BadInput(f"cannot serve on {host}:{port}: {e.strerror or e}") from None
+
+
+@app.command("calibrate-kv-scales")
+def calibrate_kv_scales(
+    target: str = typer.Option(..., help="Base URL of a BF16-KV SGLang started by `capbench sglang-launch "
+                               "--record-kv-amax PATH` on this host."),
+    amax: str = typer.Option(..., help="The PATH given to --record-kv-amax (ranks dump PATH.rank<R>.json)."),
+    out: str = typer.Option(..., help="Scales file to write (for --kv-scales / SGLang's --quantization-param-path)."),
+    prompts: str = typer.Option(None, help="JSONL with a 'prompt' per line, or one prompt a line "
+                                "(default: data/prompts/kv_calibration.jsonl)."),
+    margin: float = typer.Option(1.0, help="Headroom over the calibrated maximum (>= 1): scale = amax*margin/448."),
+    tp_size: int = typer.Option(None, help="TP size of the FP8 deployment (default: the ranks that dumped)."),
+    num_layers: int = typer.Option(None, help="Model layers (default: highest layer seen + 1)."),
+    model_type: str = typer.Option(None, help="config.json model_type to record (SGLang's loader checks it)."),
+    max_tokens: int = typer.Option(16, help="Tokens to generate per calibration prompt."),
+) -> None:
+    """Record per-layer K/V maxima on a BF16-KV server and write per-layer FP8 KV scales."""
+    try:
+        from engine_patches.fp8_scales.calibrate import calibrate
+
+        r = calibrate(target, amax, out, prompts, margin, max_tokens, tp_size, num_layers, model_type)
+    except (ValueError, OSError) as e:
+        raise BadInput(str(e)) from None
+    except ImportError as e:
+        raise BadInput(f"calibrate-kv-scales needs the engine extras (pip install 'capbench[engine]'): {e}") from None
+    print(f"wrote {r.out}: {r.layers} {r.layout.upper()} layers x {r.ranks} TP ranks, {r.tokens_seen} tokens seen; "
+          f"max |K/V| {r.max_amax:.1f}; {r.layers_past_e4m3} layers exceed 448 (saturate at scale 1.0)")
+
+
+@app.command("quantize-int4")
+def quantize_int4(
+    src: str = typer.Option(..., "--in", help="Checkpoint directory: safetensors, BF16 or FP8 block-128."),
+    out: str = typer.Option(..., "--out", help="New directory for the INT4 checkpoint."),
+    group_size: int = typer.Option(32, help="INT4 group size: 32 (as Kimi K2 Thinking) or 128."),
+) -> None:
+    """Routed experts of a GLM-4.x / Kimi K2 checkpoint to compressed-tensors INT4 W4A16 (SGLang loads it)."""
+    try:
+        from engine_patches.int4_moe.convert import convert, print_report
+
+        report = convert(src, out, group_size)
+    except (ValueError, OSError) as e:
+        raise BadInput(str(e)) from None
+    except (ImportError, RuntimeError) as e:  # e.g. a torchvision built for another torch, pulled by transformers
+        raise BadInput(f"quantize-int4 could not load compressed-tensors: {str(e).splitlines()[0]}") from None
+    print_report(report, out)
 
 
 def main() -> None:
