@@ -34,7 +34,7 @@ def option_bars(df: pd.DataFrame, field: str, title: str, fmt: str = ",.0f", gai
         tooltip=["config", alt.Tooltip(f"{field}:Q", format=fmt)],
     )
     text = bars.mark_text(align="left", dx=4, color="black").encode(text="label:N", color=alt.value("black"))
-    return (bars + text).properties(title=title, width=WIDTH - 200, height=30 * len(df) + 10)
+    return (bars + text).properties(title=title, width=WIDTH - 200, height=alt.Step(28))
 
 
 def latency_percentiles(df: pd.DataFrame, title: str = "Latency percentiles (ms)") -> alt.Chart:
@@ -68,27 +68,29 @@ def timeseries(df: pd.DataFrame, y: str, title: str, domain: tuple[float, float]
     enc = {"x": x, "y": alt.Y(f"{y}:Q", title=y_title or y), "tooltip": ["elapsed_s", alt.Tooltip(f"{y}:Q",
                                                                                                     format=",.2f")]}
     if color:
-        enc["color"] = alt.Color(f"{color}:N", scale=CONFIG_COLORS)
-    return _base(df).mark_line(point=len(df) < 40).encode(**enc).properties(title=title, width=WIDTH, height=140)
+        enc["color"] = alt.Color(f"{color}:N", scale=CONFIG_COLORS, legend=alt.Legend(orient="top", title=None))
+    return _base(df).mark_line(point=len(df) < 40).encode(**enc).properties(title=title, width=WIDTH, height=160)
 
 
 def compare_bars(df: pd.DataFrame, title: str) -> alt.Chart:
-    """Runs side by side: df figure, run, value (one panel per figure, own scales)."""
+    """Runs side by side: df figure, run, value (one panel per figure, own scales), runs in data order."""
+    order = list(dict.fromkeys(df["run"]))
     return _base(df).mark_bar().encode(
-        x=alt.X("run:N", title=None, axis=alt.Axis(labelAngle=-30, labelLimit=140)),
+        x=alt.X("run:N", title=None, sort=order, axis=alt.Axis(labelAngle=-30, labelLimit=140)),
         y=alt.Y("value:Q", title=None),
-        color=alt.Color("run:N", scale=CONFIG_COLORS, legend=None),
+        color=alt.Color("run:N", scale=CONFIG_COLORS, sort=order, legend=None),
         column=alt.Column("figure:N", title=None),
         tooltip=["run", "figure", alt.Tooltip("value:Q", format=",.2f")],
     ).resolve_scale(y="independent").properties(title=title, width=130, height=180)
 
 
-def measured_vs_predicted(df: pd.DataFrame, title: str = "Measured vs predicted") -> alt.Chart:
+def measured_vs_predicted(df: pd.DataFrame, title: str = "") -> alt.Chart:
     """df: run, figure, measured, predicted, error -> paired bars per run, one panel per figure."""
     long = df.melt(id_vars=["run", "figure", "error"], value_vars=["measured", "predicted"], var_name="source",
                    value_name="value")
+    order = list(dict.fromkeys(df["run"]))
     return _base(long).mark_bar().encode(
-        x=alt.X("run:N", title=None, axis=alt.Axis(labelAngle=-30, labelLimit=140)),
+        x=alt.X("run:N", title=None, sort=order, axis=alt.Axis(labelAngle=-30, labelLimit=140)),
         xOffset="source:N",
         y=alt.Y("value:Q", title=None),
         color=alt.Color("source:N", scale=alt.Scale(domain=["measured", "predicted"], range=["#4c78a8", "#f58518"])),
@@ -102,7 +104,7 @@ def integrity_bars(df: pd.DataFrame, title: str = "KV pages checksummed, verifie
     """df: run, counter, value."""
     return _base(df).mark_bar().encode(
         x=alt.X("value:Q", title="pages", scale=alt.Scale(type="symlog")),
-        y=alt.Y("run:N", title=None),
+        y=alt.Y("run:N", title=None, axis=alt.Axis(labelLimit=220)),
         yOffset="counter:N",
         color=alt.Color("counter:N", scale=alt.Scale(domain=["pages_checksummed", "pages_verified", "mismatches"],
                                                      range=["#4c78a8", "#54a24b", "#e45756"])),

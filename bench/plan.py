@@ -107,7 +107,9 @@ class Option:
 
     @property
     def label(self) -> str:
-        return f"{self.weights} weights, {self.kv_dtype} KV"
+        """e.g. 'int4-g32 experts (native), fp8_e4m3 KV'."""
+        experts = cap.weight_formats(catalog.model(self.capacity.model), self.weights)[0]
+        return f"{experts} experts{' (native)' if self.weights == 'native' else ''}, {self.kv_dtype} KV"
 
     @property
     def usd_per_m_output(self) -> float | None:

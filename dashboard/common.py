@@ -18,6 +18,7 @@ from bench.errors import BadInput
 from bench.store import DEFAULT_DB, Store, StoreBusy
 
 TTL_S = 3
+TS_HEIGHT = 280  # Streamlit's default "content" height squashes a line chart whose legend is tall
 
 
 def db_path() -> Path:

@@ -18,8 +18,18 @@ if len(runs) < 2:
     st.info("Compare needs at least two runs.")
     st.stop()
 labels = {r: common.run_label(runs, r) for r in runs.run_id}
-chosen = st.multiselect("Runs (the first is the baseline for the gains)", list(labels),
-                        default=list(labels)[:2][::-1], format_func=labels.get, key="compare_runs")
+
+
+def default_pair() -> list[str]:
+    """The newest two runs of one model, GPU and tp (older first: it is the baseline); else the newest two."""
+    for _, group in runs.groupby(["model", "gpu", "tp"], sort=False, dropna=False):
+        if len(group) >= 2:
+            return list(group.run_id[:2])[::-1]
+    return list(runs.run_id[:2])[::-1]
+
+
+chosen = st.multiselect("Runs (the first is the baseline for the gains)", list(labels), default=default_pair(),
+                        format_func=labels.get, key="compare_runs")
 if len(chosen) < 2:
     st.info("Pick at least two runs.")
     st.stop()

@@ -8,7 +8,7 @@ import streamlit as st
 
 from bench import charts, queries, runinfo
 from dashboard import common
-from dashboard.common import fmt
+from dashboard.common import TS_HEIGHT, fmt
 
 st.title("Integrity")
 if common.store() is None:
@@ -63,8 +63,12 @@ if not bars.empty:
 run_id = st.selectbox("Run", list(table.run_id), format_func=labels.get, key="integrity_run")
 series = common.read(runinfo.kv_counter_series, run_id)
 if not series.empty:
-    st.altair_chart(charts.timeseries(series, "value", "capbench_kv_* counters over the run", color="counter",
-                                      y_title="count / seconds"))
+    pages = series[series.counter.isin(["pages_checksummed", "pages_verified"])]
+    bad = series[series.counter == "checksum_mismatch"]
+    c1, c2 = st.columns(2)
+    c1.altair_chart(charts.timeseries(pages, "value", "KV pages checksummed and verified", color="counter",
+                                      y_title="pages"), height=TS_HEIGHT)
+    c2.altair_chart(charts.timeseries(bad, "value", "Checksum mismatches", y_title="mismatches"), height=TS_HEIGHT)
 events = common.read(runinfo.integrity_events, run_id)
 st.subheader(f"Integrity events ({len(events)})")
 if events.empty:

@@ -61,13 +61,13 @@ m[1].metric(f"Sequences at {int(context):,} tokens", fmt(cap.max_concurrent_sequ
 m[2].metric("Weights per GPU", fmt(cap.weight_bytes_per_gpu / 1e9, ",.1f", " GB"))
 m[3].metric("Max running requests", fmt(cap.max_running_requests, ",d"))
 m = st.columns(4)
-m[0].metric("Predicted rate at SLO (req/s per instance)", fmt(pred.rate_rps if pred else None, ",.2f"))
+m[0].metric("Max rate in SLO, per instance (req/s)", fmt(pred.rate_rps if pred else None, ",.2f"))
 m[1].metric("Predicted output tokens/s (goodput)", fmt(pred.output_tps if pred else None, ",.0f"))
 m[2].metric("$ per 1M output tokens", fmt(chosen.usd_per_m_output, ",.3f"))
 m[3].metric(f"GPUs needed for {target:g} req/s", fmt(chosen.gpus_needed, ",d"))
 m = st.columns(4)
 m[0].metric(f"Rate on {int(gpu_count)} GPUs (req/s)", fmt(chosen.rate_on_hand_rps, ",.2f"))
-m[1].metric("Monthly cost for the target", fmt(chosen.monthly_cost, ",.0f", " $"))
+m[1].metric("Monthly cost for the target", "$" + fmt(chosen.monthly_cost, ",.0f"))
 m[2].metric("TPOT at that rate (ms)", fmt(pred.tpot_s * 1e3 if pred else None, ",.1f"))
 m[3].metric("Limited by", pred.limited_by if pred else "does not fit")
 
@@ -86,7 +86,7 @@ right.altair_chart(charts.option_bars(df, "monthly_cost", "Monthly cost ($)", fm
 table = df[["config", "fits", "weights_gb_per_gpu", "kv_pool_tokens", "kv_pool_tokens_gain",
             "concurrent_seqs_at_context", "batch", "rate_rps", "output_tps", "tpot_s", "ttft_s", "limited_by",
             "usd_per_m_output", "gpus_needed", "monthly_cost"]]
-st.dataframe(table, hide_index=True, key="options_table")
+st.dataframe(table.round(3), hide_index=True, key="options_table")
 for note in plan.notes:
     st.warning(note)
 
@@ -98,11 +98,12 @@ else:
     base = plan.baseline
     saving = (base.monthly_cost - rec.monthly_cost) if base.monthly_cost and rec.monthly_cost else None
     st.success(f"{rec.gpus_needed} x {gpu_id} ({rec.instances_needed} instance(s) of tp {tp}) with {rec.label}: "
-               f"{fmt(rec.monthly_cost, ',.0f')} $ a month for {target:g} req/s"
-               + (f", {fmt(saving, ',.0f')} $ a month less than {base.label}." if saving else "."))
-    st.code(sglang_cmd.single_node(model_id, int(tp), rec.kv_dtype, rec.weights, int(context)), language="bash")
+               f"${fmt(rec.monthly_cost, ',.0f')} a month for {target:g} req/s"
+               + (f", ${fmt(saving, ',.0f')} a month less than {base.label}." if saving else "."))
+    st.code(sglang_cmd.single_node(model_id, int(tp), rec.kv_dtype, rec.weights, int(context)), language="bash",
+            wrap_lines=True)
     with st.expander("Multi-node (one instance over several nodes)"):
         st.code("\n".join(sglang_cmd.multi_node(model_id, gpu_id, int(tp), rec.kv_dtype, rec.weights,
-                                                int(context))), language="bash")
+                                                int(context))), language="bash", wrap_lines=True)
 st.caption("Predictions are steady-state estimates from the roofline model (bench/plan.py); calibrate against "
            "measured runs (Compare page) before buying hardware.")

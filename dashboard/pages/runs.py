@@ -8,7 +8,7 @@ import streamlit as st
 
 from bench import charts, queries, runinfo
 from dashboard import common
-from dashboard.common import fmt
+from dashboard.common import TS_HEIGHT, fmt
 
 st.title("Runs")
 if common.store() is None:
@@ -86,25 +86,26 @@ st.subheader("Over time (one time axis)")
 if not series.empty:
     tput = series.melt(id_vars=["elapsed_s"], value_vars=["rps", "output_tps"], var_name="figure")
     st.altair_chart(charts.timeseries(tput[tput.figure == "output_tps"], "value", "Output tokens/s", domain,
-                                      y_title="tokens/s"))
+                                      y_title="tokens/s"), height=TS_HEIGHT)
     st.altair_chart(charts.timeseries(tput[tput.figure == "rps"], "value", "Completed requests/s", domain,
-                                      y_title="req/s"))
+                                      y_title="req/s"), height=TS_HEIGHT)
     lat = series.melt(id_vars=["elapsed_s"], value_vars=["ttft_p50", "ttft_p99", "tpot_p50"], var_name="latency")
     lat["ms"] = lat["value"] * 1e3
-    st.altair_chart(charts.timeseries(lat, "ms", "Latency per slot (ms)", domain, color="latency"))
+    st.altair_chart(charts.timeseries(lat, "ms", "Latency per slot (ms)", domain, color="latency"), height=TS_HEIGHT)
 if "sglang:num_running_reqs" in server:
     conc = pd.concat([server[n].assign(metric=n.removeprefix("sglang:")) for n in
                       ("sglang:num_running_reqs", "sglang:num_queue_reqs") if n in server])
     st.altair_chart(charts.timeseries(conc, "value", "Concurrency: running and queued requests", domain,
-                                      color="metric", y_title="requests"))
+                                      color="metric", y_title="requests"), height=TS_HEIGHT)
 if not gpu.empty:
     gpu["gpu"] = "GPU " + gpu["gpu"].astype(str)
     for y, title in (("gpu_util_pct", "GPU utilisation (%)"), ("power_w", "GPU power (W)"),
                      ("mem_used_mib", "GPU memory used (MiB)")):
-        st.altair_chart(charts.timeseries(gpu, y, title, domain, color="gpu", y_title=title))
+        st.altair_chart(charts.timeseries(gpu, y, title, domain, color="gpu", y_title=title), height=TS_HEIGHT)
 else:
     st.caption("No GPU samples in this run (no NVML on the machine that ran it).")
 for name, df in server.items():
     if name in ("sglang:num_running_reqs", "sglang:num_queue_reqs"):
         continue
-    st.altair_chart(charts.timeseries(df, "value", name, domain, y_title=name.removeprefix("sglang:")))
+    st.altair_chart(charts.timeseries(df, "value", name, domain, y_title=name.removeprefix("sglang:")),
+                    height=TS_HEIGHT)
