@@ -103,13 +103,13 @@ def _overlap(a: float, b: float, lo: float, hi: float) -> float:
 
 
 def run(dep: Deployment, wl: Workload, rate: float, n: int = 1000, seed: int = 0,
-        eff: Efficiency | None = None) -> Point:
-    """Offer max(n, rate * MIN_SECONDS) requests at `rate` per second (math.inf: n, all at once). Latencies are
+        eff: Efficiency | None = None, min_seconds: float = MIN_SECONDS) -> Point:
+    """Offer max(n, rate * min_seconds) requests at `rate` per second (math.inf: n, all at once). Latencies are
     of the requests that arrive after the warm-up; throughput is what the server delivered between the end of
     the warm-up and the last arrival (so an overloaded server shows its capacity, not the offered rate)."""
     sched = make_scheduler(dep, eff)
     if 0 < rate < math.inf:
-        n = max(n, math.ceil(rate * MIN_SECONDS))
+        n = max(n, math.ceil(rate * min_seconds))
     reqs = make_requests(wl, rate, n, seed, BLOCK, dep.context_len)
     t, i, running_time, busy = 0.0, 0, 0.0, 0.0
     while True:
@@ -163,17 +163,28 @@ class Sweep:
     slo: Slo
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        return _finite(asdict(self))
+
+
+def _finite(obj):
+    """JSON has no inf/nan: the burst run's rate and empty percentiles become null."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_finite(v) for v in obj]
+    return obj
 
 
 def sweep(dep: Deployment, wl: Workload, slo: Slo, n: int = 1000, seed: int = 0, eff: Efficiency | None = None,
-          progress=None, bisect_steps: int = 5) -> Sweep:
+          progress=None, bisect_steps: int = 5, min_seconds: float = MIN_SECONDS) -> Sweep:
     """Saturation run, then GRID x saturation rate, then bisection between the last pass and the first miss."""
     sat = run(dep, wl, math.inf, n, seed, eff)
     sat.meets_slo = slo.met(sat)
     points = []
     for frac in GRID:
-        p = run(dep, wl, sat.achieved_rps * frac, n, seed, eff)
+        p = run(dep, wl, sat.achieved_rps * frac, n, seed, eff, min_seconds)
         p.meets_slo = slo.met(p)
         points.append(p)
         if progress:
@@ -187,7 +198,7 @@ def sweep(dep: Deployment, wl: Workload, slo: Slo, n: int = 1000, seed: int = 0,
         lo, hi = best.rate, min(p.rate for p in above)
         for _ in range(bisect_steps):
             mid = (lo + hi) / 2
-            p = run(dep, wl, mid, n, seed, eff)
+            p = run(dep, wl, mid, n, seed, eff, min_seconds)
             p.meets_slo = slo.met(p)
             if p.meets_slo:
                 lo, best = mid, p
@@ -199,8 +210,9 @@ def sweep(dep: Deployment, wl: Workload, slo: Slo, n: int = 1000, seed: int = 0,
 
 
 def compare_kv(dep: Deployment, wl: Workload, slo: Slo, n: int = 1000, seed: int = 0,
-               eff: Efficiency | None = None, progress=None) -> list[Sweep]:
-    return [sweep(replace(dep, kv_dtype=kv), wl, slo, n, seed, eff, progress) for kv in ("bf16", "fp8_e4m3")]
+               eff: Efficiency | None = None, progress=None, min_seconds: float = MIN_SECONDS) -> list[Sweep]:
+    return [sweep(replace(dep, kv_dtype=kv), wl, slo, n, seed, eff, progress, min_seconds=min_seconds)
+            for kv in ("bf16", "fp8_e4m3")]
 
 
 def _ms(x: float) -> str:
@@ -245,13 +257,13 @@ def verdict(sw: Sweep) -> str:
             f"${b.usd_per_million:.2f} per 1M output tokens)")
 
 
-def print_sweeps(sweeps: list[Sweep], dep: Deployment, wl: Workload, n: int) -> None:
+def print_sweeps(sweeps: list[Sweep], dep: Deployment, wl: Workload, n: int, min_seconds: float) -> None:
     from rich.console import Console
 
     console = Console(width=max(Console().width, 150))
     for sw in sweeps:
         rows = [("burst", sw.saturation)] + [(f"{p.rate:.2f}", p) for p in sw.points]
-        what = f"per rate {n}+ requests, {MIN_SECONDS}+ s of arrivals"
+        what = f"per rate {n}+ requests, {min_seconds:g}+ s of arrivals"
         console.print(points_table(rows, sw.slo, _title(dep, sw.kv_dtype, wl, what)))
     for sw in sweeps:
         console.print(verdict(sw))
@@ -269,7 +281,7 @@ def print_point(p: Point, slo: Slo, dep: Deployment, wl: Workload, n: int) -> No
 
 
 def simulate_command(dep: Deployment, wl: Workload, rate: float | None, do_sweep: bool, compare: bool, slo: Slo,
-                     n: int, seed: int, eff: Efficiency, as_json: bool) -> None:
+                     n: int, seed: int, eff: Efficiency, as_json: bool, min_seconds: float = MIN_SECONDS) -> None:
     """What `capbench simulate` does: one rate, or a sweep (of both KV dtypes with compare)."""
     import json
 
@@ -281,9 +293,10 @@ def simulate_command(dep: Deployment, wl: Workload, rate: float | None, do_sweep
         if rate is None or rate <= 0:
             raise BadInput("give --rate R (requests per second, > 0; 'inf' for all at once) or --sweep")
         kvs = ("bf16", "fp8_e4m3") if compare else (dep.kv_dtype,)
-        points = [run(replace(dep, kv_dtype=kv), wl, rate, n, seed, eff) for kv in kvs]
+        points = [run(replace(dep, kv_dtype=kv), wl, rate, n, seed, eff, min_seconds) for kv in kvs]
         if as_json:
-            print(json.dumps([{"kv_dtype": kv, **asdict(p)} for kv, p in zip(kvs, points, strict=True)], indent=2))
+            print(json.dumps([_finite({"kv_dtype": kv, **asdict(p)}) for kv, p in zip(kvs, points, strict=True)],
+                             indent=2))
         else:
             for kv, p in zip(kvs, points, strict=True):
                 print_point(p, slo, replace(dep, kv_dtype=kv), wl, n)
@@ -292,8 +305,9 @@ def simulate_command(dep: Deployment, wl: Workload, rate: float | None, do_sweep
     with Progress(transient=True, disable=as_json) as bar:
         task = bar.add_task("simulating", total=runs)
         tick = lambda: bar.advance(task)  # noqa: E731
-        sweeps = compare_kv(dep, wl, slo, n, seed, eff, tick) if compare else [sweep(dep, wl, slo, n, seed, eff, tick)]
+        sweeps = (compare_kv(dep, wl, slo, n, seed, eff, tick, min_seconds) if compare
+                  else [sweep(dep, wl, slo, n, seed, eff, tick, min_seconds=min_seconds)])
     if as_json:
         print(json.dumps([s.to_dict() for s in sweeps], indent=2))
     else:
-        print_sweeps(sweeps, dep, wl, n)
+        print_sweeps(sweeps, dep, wl, n, min_seconds)
