@@ -105,7 +105,8 @@ def simulate(
     sweep: bool = typer.Option(False, help="Sweep rates up to saturation; find the highest rate meeting --slo."),
     compare_kv: bool = typer.Option(False, help="Run BF16-KV and FP8-KV side by side."),
     slo: str = typer.Option("ttft=2s,tpot=50ms,p=90", help="SLO on TTFT and TPOT percentiles (p=50|90|99)."),
-    num_requests: int = typer.Option(1000, help="Requests per simulated rate."),
+    num_requests: int = typer.Option(1000, help="Requests per simulated rate (at least)."),
+    min_seconds: float = typer.Option(300, help="Arrivals per rate last at least this many simulated seconds."),
     seed: int = typer.Option(0, help="Seed of arrivals and lengths."),
     calibration: str = typer.Option(None, help="Efficiency factors file (JSON/YAML) over data/calibration."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
@@ -127,7 +128,7 @@ def simulate(
     else:
         raise BadInput("give --workload NAME or both --input-len and --output-len (positive)")
     sim.simulate_command(dep, wl, rate, sweep, compare_kv, sim.parse_slo(slo), num_requests, seed,
-                         load_efficiency(gpu, calibration), as_json)
+                         load_efficiency(gpu, calibration), as_json, min_seconds)
 
 
 @app.command()
