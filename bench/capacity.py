@@ -10,7 +10,8 @@ Reproduced from the wheel (paths under sglang/srt/):
   mem_cache/kv_cache_configurator.py _profile_available_bytes: free memory after loading the weights minus
   pre_model_load_free * (1 - mem_fraction_static), i.e. pre_model_load_free * f - weights.
 - max running requests: KVCacheConfigurator.resolve_max_num_reqs.
-- default mem_fraction_static: arg_groups/memory_hook.py handle_gpu_memory_settings + reserve_for_graph_mb.
+- default mem_fraction_static: arg_groups/memory_hook.py handle_gpu_memory_settings + reserve_for_graph_mb, then
+  on ROCm with the aiter backend and a context over 8192 tokens, times 0.85 (attention_hook.py).
 
 What is an estimate rather than SGLang's arithmetic: the memory held before the weights load (CUDA context,
 NCCL buffers: `reserved_before_load_gib` in data/gpus.yaml) and the weight bytes, which are counted from the
@@ -146,8 +147,18 @@ def _prefill_graph_sizes(max_bs: int) -> list[int]:
     return [s for s in sizes if s <= max_bs]
 
 
-def mem_fraction_static(model: Model, gpu: GPU, tp: int, dp: int = 1, pp: int = 1) -> float:
-    """SGLang's default --mem-fraction-static: (gpu_mem - reserved) / gpu_mem, reserved in MiB."""
+def aiter_attention(model: Model, gpu: GPU, tp: int) -> bool:
+    """Whether ROCm's default attention backend is aiter (arg_groups/model_override_base.py get_default_attn_backend):
+    always for MHA/GQA; for MLA only with 16 or 128 KV heads per GPU (over the full tp), else triton."""
+    if gpu.vendor != "amd":
+        return False
+    return model.attention != "mla" or max(1, model.kv_heads // tp) in (16, 128)
+
+
+def mem_fraction_static(model: Model, gpu: GPU, tp: int, dp: int = 1, pp: int = 1,
+                        context_len: int | None = None) -> float:
+    """SGLang's default --mem-fraction-static: (gpu_mem - reserved) / gpu_mem, reserved in MiB; times 0.85 when the
+    attention backend is aiter and the context (default: the model's maximum) is longer than 8192 tokens."""
     chunked_prefill, max_bs = memory_tier(gpu, tp)
     reserved = 512 + max(chunked_prefill, 2048) * 1.5 + tp * pp / 8 * 1024
     graph = max_bs * 2
@@ -161,7 +172,10 @@ def mem_fraction_static(model: Model, gpu: GPU, tp: int, dp: int = 1, pp: int = 
     reserved += graph
     if gpu.memory_mib_reported > 60 * 1024:
         reserved = max(reserved, 10 * 1024)
-    return round((gpu.memory_mib_reported - reserved) / gpu.memory_mib_reported, 3)
+    frac = round((gpu.memory_mib_reported - reserved) / gpu.memory_mib_reported, 3)
+    if aiter_attention(model, gpu, tp) and (context_len or model.max_context) > 8192:
+        frac *= 0.85  # arg_groups/attention_hook.py handle_attention_backend_compatibility; not re-rounded
+    return frac
 
 
 def max_running_requests(tokens: int, context_len: int) -> int:
@@ -243,7 +257,7 @@ class Capacity:
 def capacity(dep: Deployment, with_ratios: bool = True) -> Capacity:
     model, gpu = dep.model, dep.gpu
     attn_tp = dep.tp // dep.dp
-    frac = dep.mem_fraction or mem_fraction_static(model, gpu, dep.tp, dep.dp)
+    frac = dep.mem_fraction or mem_fraction_static(model, gpu, dep.tp, dep.dp, context_len=dep.context_len)
     pre_load_free = gpu.memory_mib_reported * MIB - gpu.reserved_before_load_gib * GIB
     wb = weight_bytes(model, dep.weights, dep.tp, dep.dp, dep.mtp)
     budget = pre_load_free * frac - wb.total
