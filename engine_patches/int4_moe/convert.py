@@ -233,3 +233,21 @@ def _write_metadata(src: Path, dst: Path, ckpt: Checkpoint, new_map: dict, repor
         else:
             shutil.copy2(item, dst / item.name)
     (dst / "int4_report.json").write_text(json.dumps(report.to_json(), indent=1) + "\n")
+
+
+def print_report(report: ConversionReport, dst: str | Path) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    data = report.to_json()
+    table = Table(title=f"INT4 W4A16 g{report.group_size} routed experts: relative error per layer")
+    for col in ("layer", "expert tensors", "rel. error", "worst tensor"):
+        table.add_column(col, justify="right")
+    for layer, e in data["layers"].items():
+        table.add_row(layer, str(e["expert_tensors"]), f"{e['rel_err']:.4f}", f"{e['worst_rel_err']:.4f}")
+    console = Console()
+    console.print(table)
+    console.print(f"source {report.source_format}, {report.shards} shards, {report.expert_tensors} expert tensors; "
+                  f"overall relative error {data['overall_rel_err']:.4f}; "
+                  f"{report.bytes_in / 2**30:.2f} GiB -> {report.bytes_out / 2**30:.2f} GiB")
+    console.print(f"wrote {dst} (report: {Path(dst) / 'int4_report.json'})")
