@@ -210,6 +210,29 @@ def quantize_int4(
     print_report(report, out)
 
 
+@app.command("sglang-launch", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def sglang_launch(
+    ctx: typer.Context,
+    kv_checksum: str = typer.Option("off", help="KV page checksums: off | verify (evict a bad page and recompute) "
+                                    "| strict (abort the request). Sealed on radix insert, verified on match_prefix."),
+    kv_scrub_pages_per_s: float = typer.Option(0.0, help="Re-verify idle cached pages at this rate (0: no scrub)."),
+    integrity_log: str = typer.Option(None, help="Append integrity events (kind, layer, page, detail) as JSON lines."),
+    dry_run: bool = typer.Option(False, help="Print the command and environment instead of starting SGLang."),
+) -> None:
+    """Start SGLang (python -m sglang.launch_server) with capbench's patches in every SGLang process.
+
+    Everything after `--` goes to sglang.launch_server, e.g.
+    capbench sglang-launch --kv-checksum verify -- --model-path moonshotai/Kimi-K2-Thinking --tp 8
+    """
+    from engine_patches.launch import BadLaunch, PatchOptions, launch
+
+    args = list(ctx.args)
+    try:
+        launch(PatchOptions(kv_checksum, kv_scrub_pages_per_s, integrity_log), args, dry_run=dry_run)
+    except BadLaunch as e:
+        raise BadInput(str(e)) from None
+
+
 def main() -> None:
     try:
         app(standalone_mode=True)

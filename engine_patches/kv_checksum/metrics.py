@@ -1,0 +1,35 @@
+"""Prometheus counters for KV page checksums, as they appear on SGLang's /metrics.
+
+SGLang serves /metrics (with --enable-metrics) from prometheus_client's multiprocess collector: every process
+writes its values under PROMETHEUS_MULTIPROC_DIR, which the launcher sets before it spawns the schedulers.
+prometheus_client picks its value store when it is first imported, so the counters are created lazily, in the
+scheduler process, when the checksummed radix cache is built: never at import time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cache
+
+
+@dataclass(frozen=True)
+class KVChecksumMetrics:
+    pages_checksummed: object
+    pages_verified: object
+    mismatches: object
+    seconds: object
+
+
+@cache
+def kv_checksum_metrics() -> KVChecksumMetrics:
+    from prometheus_client import Counter
+
+    # prometheus_client appends _total to counter names.
+    return KVChecksumMetrics(
+        pages_checksummed=Counter(
+            "capbench_kv_pages_checksummed", "KV pages checksummed when sealed into the radix cache"
+        ),
+        pages_verified=Counter("capbench_kv_pages_verified", "KV pages verified before reuse or by the scrub"),
+        mismatches=Counter("capbench_kv_checksum_mismatch", "KV pages whose checksum did not match", ["source"]),
+        seconds=Counter("capbench_kv_checksum_seconds", "Host seconds spent computing and comparing KV checksums"),
+    )

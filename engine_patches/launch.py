@@ -1,0 +1,188 @@
+"""`capbench sglang-launch`: start SGLang with capbench's patches applied in every one of its processes.
+
+How the patches reach every process: SGLang starts its schedulers and detokenizer with multiprocessing's
+*spawn* method, i.e. fresh interpreters that inherit only the environment. The launcher therefore puts
+engine_patches/boot/ first on PYTHONPATH, where a `sitecustomize.py` runs at the start of every Python process,
+and passes the options in the CAPBENCH_PATCHES environment variable (JSON). sitecustomize installs import hooks
+only: nothing is imported until SGLang itself imports the module a patch attaches to, so unrelated Python
+processes pay nothing. A sitecustomize that ours shadows (Debian ships one) is still run.
+
+This module imports neither torch nor sglang: the CLI reaches it lazily, and sitecustomize imports it in every
+process.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.abc
+import importlib.machinery
+import json
+import os
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+ENV = "CAPBENCH_PATCHES"
+BOOT_DIR = Path(__file__).resolve().parent / "boot"
+REPO_ROOT = Path(__file__).resolve().parent.parent
+CHECKSUM_MODES = ("off", "verify", "strict")
+
+
+@dataclass
+class PatchOptions:
+    kv_checksum: str = "off"
+    kv_scrub_pages_per_s: float = 0.0
+    integrity_log: str | None = None
+
+
+@dataclass(frozen=True)
+class Patch:
+    """One capbench patch: when it is on, the server flags it adds, and the SGLang module whose import
+    triggers `apply(options)` (a "module:function" path) inside each process."""
+
+    name: str
+    enabled: object  # (PatchOptions) -> bool
+    server_args: object  # (PatchOptions) -> list[str]
+    trigger_module: str
+    apply: str
+
+
+def _kv_checksum_args(o: PatchOptions) -> list[str]:
+    from engine_patches.kv_checksum.patch import BACKEND
+
+    return ["--radix-cache-backend", BACKEND]
+
+
+# The set of patches: add one entry per patch (FP8 KV scales will go here).
+PATCHES: list[Patch] = [
+    Patch(
+        name="kv_checksum",
+        enabled=lambda o: o.kv_checksum != "off",
+        server_args=_kv_checksum_args,
+        trigger_module="sglang.srt.mem_cache.registry",
+        apply="engine_patches.launch:_apply_kv_checksum",
+    ),
+]
+
+
+def _apply_kv_checksum(o: PatchOptions) -> None:
+    from engine_patches.kv_checksum.patch import register_backend
+
+    register_backend(o.kv_checksum, o.kv_scrub_pages_per_s, o.integrity_log)
+
+
+class BadLaunch(ValueError):
+    """Bad launcher input: the CLI turns it into one line and exit code 2."""
+
+
+def validate(o: PatchOptions, sglang_args: list[str]) -> None:
+    if o.kv_checksum not in CHECKSUM_MODES:
+        raise BadLaunch(f"--kv-checksum must be one of {', '.join(CHECKSUM_MODES)}, got {o.kv_checksum!r}")
+    if o.kv_scrub_pages_per_s < 0:
+        raise BadLaunch("--kv-scrub-pages-per-s must be >= 0")
+    if o.kv_scrub_pages_per_s and o.kv_checksum == "off":
+        raise BadLaunch("--kv-scrub-pages-per-s needs --kv-checksum verify or strict")
+    if o.kv_checksum != "off":
+        if any(a == "--radix-cache-backend" or a.startswith("--radix-cache-backend=") for a in sglang_args):
+            raise BadLaunch("--kv-checksum selects its own --radix-cache-backend; drop yours")
+        if "--disable-radix-cache" in sglang_args:
+            raise BadLaunch("--kv-checksum checks pages reused from the radix cache; drop --disable-radix-cache")
+        if "--enable-hierarchical-cache" in sglang_args or "--enable-hicache" in sglang_args:
+            raise BadLaunch("--kv-checksum does not cover HiCache host tiers; drop --enable-hierarchical-cache")
+    if o.integrity_log:
+        parent = Path(o.integrity_log).expanduser().resolve().parent
+        if not parent.is_dir():
+            raise BadLaunch(f"--integrity-log directory does not exist: {parent}")
+
+
+def active_patches(o: PatchOptions) -> list[Patch]:
+    return [p for p in PATCHES if p.enabled(o)]
+
+
+def describe(o: PatchOptions) -> list[str]:
+    lines = []
+    for p in PATCHES:
+        if p.name == "kv_checksum":
+            scrub = f", scrub {o.kv_scrub_pages_per_s:g} pages/s" if o.kv_scrub_pages_per_s else ""
+            state = o.kv_checksum + scrub
+        else:
+            state = "on" if p.enabled(o) else "off"
+        lines.append(f"{p.name}: {state}")
+    if o.integrity_log:
+        lines.append(f"integrity log: {o.integrity_log}")
+    return lines
+
+
+def build_command(o: PatchOptions, sglang_args: list[str]) -> tuple[list[str], dict[str, str]]:
+    """The argv and environment that start SGLang with the patches."""
+    if o.integrity_log:
+        o = PatchOptions(**{**asdict(o), "integrity_log": str(Path(o.integrity_log).expanduser().resolve())})
+    argv = [sys.executable, "-m", "sglang.launch_server", *sglang_args]
+    for p in active_patches(o):
+        argv += p.server_args(o)
+    env = dict(os.environ)
+    path = [str(BOOT_DIR), str(REPO_ROOT)] + [x for x in env.get("PYTHONPATH", "").split(os.pathsep) if x]
+    env["PYTHONPATH"] = os.pathsep.join(path)
+    env[ENV] = json.dumps(asdict(o))
+    return argv, env
+
+
+def launch(o: PatchOptions, sglang_args: list[str], dry_run: bool = False) -> None:
+    validate(o, sglang_args)
+    argv, env = build_command(o, sglang_args)
+    print("capbench patches for SGLang:")
+    for line in describe(o):
+        print(f"  {line}")
+    print("exec: " + " ".join(argv), flush=True)
+    if dry_run:
+        print(f"{ENV}={env[ENV]}")
+        print(f"PYTHONPATH={env['PYTHONPATH']}")
+        return
+    os.execvpe(argv[0], argv, env)
+
+
+# ---- inside every SGLang process (called by boot/sitecustomize.py) ----
+
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Runs a callback right after a given module has been executed, in whatever process imports it."""
+
+    def __init__(self, module: str, callback):
+        self.module, self.callback = module, callback
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname != self.module:
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        if spec is None or spec.loader is None:
+            return spec
+        exec_module, callback = spec.loader.exec_module, self.callback
+
+        def exec_then_patch(module):
+            exec_module(module)
+            callback()
+
+        spec.loader.exec_module = exec_then_patch
+        return spec
+
+
+def install_hooks() -> list[str]:
+    """Read CAPBENCH_PATCHES and hook every active patch onto its trigger module; returns the hooked names."""
+    raw = os.environ.get(ENV)
+    if not raw:
+        return []
+    o = PatchOptions(**json.loads(raw))
+    hooked = []
+    for p in active_patches(o):
+        module_name, func_name = p.apply.split(":")
+
+        def callback(module_name=module_name, func_name=func_name):
+            getattr(importlib.import_module(module_name), func_name)(o)
+
+        if p.trigger_module in sys.modules:
+            callback()
+        else:
+            sys.meta_path.insert(0, _AfterImport(p.trigger_module, callback))
+        hooked.append(p.name)
+    return hooked
