@@ -1,38 +1,33 @@
 """A capacity plan: for one question (model, GPU, tp, workload, SLO, price, target rate) the four-way comparison
 (BF16 vs FP8 KV x native vs INT4 experts), each option's capacity, predicted throughput at the SLO, cost, GPUs
-needed for the target rate, and the recommendation with its SGLang launch commands.
+needed for the target rate, and the recommendation. The Planner page and `capbench report` both call `make_plan`,
+so they show the same figures.
 
-The Planner page and `capbench report` both call `make_plan`, so they show the same figures.
-
-Prediction (`predict`): the steady state of continuous batching on one instance, from the roofline performance
-model (bench/perfmodel.py). With N sequences decoding, every step also prefills the prompts of the requests that
-arrive meanwhile (N * input / output tokens per step, SGLang's mixed chunked prefill), so
-    step time t(N) = PerfModel.step_time(N decoding, their KV, N*I/O prefill tokens), TPOT = t(N),
-    rate(N) = N / (O * t(N)), TTFT = prefill of one prompt in 8k chunks + one step.
-The operating point is the largest N whose TPOT and TTFT meet the SLO and whose sequences fit the KV pool and
-max_running_requests. Queueing delay near saturation is not in this estimate; `capbench simulate` (the
-scheduler, when present) runs the full queue.
+Predictions come from `capbench simulate`'s machinery (bench/simulate.py: SGLang-like continuous batching on the
+KV budget, step times from the roofline performance model): `search_rate` finds the highest Poisson rate at which
+the SLO percentile of TTFT and TPOT holds, by bisection under the saturation throughput. "quick" fidelity (the
+dashboard) simulates fewer requests per rate than "full" (the report).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
+from functools import lru_cache
 
 from bench import capacity as cap
-from bench import catalog
+from bench import catalog, simulate
 from bench.errors import BadInput
-from bench.perfmodel import PerfModel, prefill_pairs
+from bench.simulate import Slo
+from bench.workload import WORKLOADS as WORKLOAD_DIR
+from bench.workload import Workload, fixed_workload, load_workload
 
 HOURS_PER_MONTH = 730
-CHUNKED_PREFILL = 8192
-# Request mixes for planning: (input tokens, output tokens). loadgen's workloads generate real traffic.
-WORKLOADS = {
-    "chat": (2000, 500),
-    "long-context RAG": (32000, 800),
-    "agentic coding": (16000, 1200),
-    "reasoning": (1500, 6000),
-}
+
+
+def workload_names() -> list[str]:
+    """Named request mixes in data/workloads (the ones `capbench simulate --workload` takes)."""
+    return sorted(p.stem for p in WORKLOAD_DIR.glob("*.yaml"))
 
 
 @dataclass(frozen=True)
@@ -44,18 +39,35 @@ class Question:
     kv_dtype: str = "fp8_e4m3"
     weights: str = "native"
     context: int | None = None
+    workload: str | None = "chat"  # a data/workloads name or YAML path; None: fixed input/output tokens
     input_tokens: int = 2000
     output_tokens: int = 500
     slo_ttft_s: float = 2.0
     slo_tpot_s: float = 0.05
+    slo_percentile: int = 90
     price_per_gpu_hour: float | None = None  # default: the catalog's indicative price
     target_rate_rps: float = 10.0
-    page_size: int = 1
+    fidelity: str = "quick"
 
     def deployment(self, **changes) -> cap.Deployment:
         q = replace(self, **changes)
         return cap.Deployment(catalog.model(q.model), catalog.gpu(q.gpu), q.tp, kv_dtype=q.kv_dtype,
-                              weights=q.weights, context=q.context, page_size=q.page_size)
+                              weights=q.weights, context=q.context)
+
+    def request_mix(self) -> Workload:
+        if self.workload:
+            return load_workload(self.workload)
+        return fixed_workload(self.input_tokens, self.output_tokens)
+
+    @property
+    def slo(self) -> Slo:
+        return Slo(self.slo_ttft_s, self.slo_tpot_s, self.slo_percentile)
+
+    def describe_workload(self) -> str:
+        if self.workload:
+            wl = self.request_mix()
+            return f"'{wl.name}'" + (f" ({wl.description})" if wl.description else "")
+        return f"{self.input_tokens:,} input and {self.output_tokens:,} output tokens per request"
 
     @property
     def price(self) -> float:
@@ -67,28 +79,32 @@ class Question:
         return self.gpus or self.tp
 
     def check(self) -> None:
-        if self.input_tokens < 1 or self.output_tokens < 1:
+        if not self.workload and (self.input_tokens < 1 or self.output_tokens < 1):
             raise BadInput("input and output tokens must be at least 1")
         if self.slo_ttft_s <= 0 or self.slo_tpot_s <= 0:
             raise BadInput("SLO bounds must be positive seconds")
+        if self.slo_percentile not in (50, 90, 99):
+            raise BadInput(f"SLO percentile must be 50, 90 or 99, got {self.slo_percentile}")
         if self.target_rate_rps <= 0:
             raise BadInput(f"target rate must be positive, got {self.target_rate_rps}")
         if self.gpus is not None and (self.gpus < self.tp or self.gpus % self.tp):
             raise BadInput(f"GPU count {self.gpus} must be a multiple of tp {self.tp}")
+        if self.fidelity not in FIDELITY:
+            raise BadInput(f"fidelity must be one of {', '.join(FIDELITY)}")
         ctx = self.context or catalog.model(self.model).max_context
-        if self.input_tokens + self.output_tokens > ctx:
+        if not self.workload and self.input_tokens + self.output_tokens > ctx:
             raise BadInput(f"input + output tokens ({self.input_tokens + self.output_tokens}) exceed the context "
                            f"length {ctx}")
 
 
 @dataclass(frozen=True)
 class Prediction:
-    batch: int  # sequences decoding at the operating point
+    batch: int  # mean sequences running at the best rate
     rate_rps: float  # highest request rate one instance sustains within the SLO
     output_tps: float
-    ttft_s: float
+    ttft_s: float  # at the SLO's percentile
     tpot_s: float
-    limited_by: str
+    limited_by: str  # what the next higher rate missed: TTFT pNN or TPOT pNN (or "search limit")
 
 
 @dataclass
@@ -194,90 +210,86 @@ class Plan:
         return out
 
 
-class SteadyState:
-    """Continuous batching of one instance in steady state with n sequences decoding (module docstring)."""
-
-    def __init__(self, dep: cap.Deployment, input_tokens: int, output_tokens: int,
-                 capacity: cap.Capacity | None = None):
-        self.capacity = capacity or cap.capacity(dep, with_ratios=False)
-        self.i, self.o = input_tokens, output_tokens
-        self.pm = PerfModel(dep) if self.capacity.fits else None
-        self.kv_limit = max(0, self.capacity.kv_pool_tokens_total // (input_tokens + output_tokens))
-        self.limit = min(self.capacity.max_running_requests, self.kv_limit) if self.capacity.fits else 0
-        self.ttft_alone = self.pm.prefill_time(input_tokens, chunk=CHUNKED_PREFILL) if self.pm else math.inf
-
-    def point(self, n: int) -> tuple[float, float, float]:
-        """(TPOT = step time, request rate, TTFT) with n sequences decoding."""
-        prefill = n * self.i / self.o
-        chunk = max(1, round(min(prefill, CHUNKED_PREFILL)))
-        t = self.pm.step_time(n, n * (self.i + self.o // 2), chunk, prefill_pairs(chunk, self.i // 2), self.i)
-        return t, n / (self.o * t), self.ttft_alone + t
-
-    def at_rate(self, rate_rps: float) -> dict | None:
-        """Predicted figures at an offered rate: below saturation the batch that sustains it, past it the
-        largest batch that fits (the queue then grows without bound: saturated=True)."""
-        if self.limit < 1 or rate_rps <= 0:
-            return None
-        lo, hi = 1, self.limit
-        if self.point(hi)[1] < rate_rps:
-            n, saturated = hi, True
-        else:
-            while hi - lo > 1:
-                mid = (lo + hi) // 2
-                lo, hi = (mid, hi) if self.point(mid)[1] < rate_rps else (lo, mid)
-            n, saturated = hi, False
-        t, rate, ttft = self.point(n)
-        served = rate if saturated else rate_rps
-        return {"batch": n, "rate_rps": served, "output_tps": served * self.o, "tpot_s": t, "ttft_s": ttft,
-                "saturated": saturated}
+# How hard search_rate() looks: (requests per rate at least, simulated seconds of arrivals per rate, bisection
+# steps). The burst that gives the starting rate offers BURST requests.
+FIDELITY = {"quick": (200, 30.0, 5), "full": (1000, 300.0, 7)}
+BURST = 1000
+MAX_DOUBLINGS = 8
 
 
-def predict(dep: cap.Deployment, input_tokens: int, output_tokens: int, slo_ttft_s: float,
-            slo_tpot_s: float, capacity: cap.Capacity | None = None) -> Prediction | None:
-    """The highest steady-state rate one instance sustains within the SLO (see the module docstring).
-    None when the model does not fit; rate 0 when even one request misses the SLO."""
-    s = SteadyState(dep, input_tokens, output_tokens, capacity)
-    if s.limit < 1:
+def search_rate(dep: cap.Deployment, wl: Workload, slo: Slo, fidelity: str = "quick") -> Prediction | None:
+    """The highest Poisson rate at which `capbench simulate`'s scheduler meets the SLO (judged as
+    `simulate --sweep` judges a rate: by its TTFT and TPOT percentiles; an overloaded server's queue shows in TTFT).
+    Starts at the throughput of a burst, doubles while the SLO holds, then bisects between the last rate that met
+    it and the first that missed. None when the model does not fit."""
+    n, seconds, steps = FIDELITY[fidelity]
+    if not cap.capacity(dep, with_ratios=False).fits:
         return None
+    q = slo.percentile
 
-    def meets(n: int) -> bool:
-        t, _, ttft = s.point(n)
-        return t <= slo_tpot_s and ttft <= slo_ttft_s
+    def at(rate: float) -> simulate.Point:
+        return simulate.run(dep, wl, rate, n, min_seconds=seconds)
 
-    if not meets(1):
-        t, _, ttft = s.point(1)
-        return Prediction(0, 0.0, 0.0, ttft, t, "TTFT SLO" if ttft > slo_ttft_s else "TPOT SLO")
-    lo, hi = 1, s.limit  # step time grows with n: bisect for the last n that meets the SLO
-    if meets(hi):
-        lo = hi
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if meets(mid) else (lo, mid)
-    n = lo
-    t, rate, ttft = s.point(n)
-    if n == s.limit:
-        limited = "KV cache" if s.kv_limit <= s.capacity.max_running_requests else "max_running_requests"
-    else:
-        limited = "TPOT SLO" if s.point(n + 1)[0] > slo_tpot_s else "TTFT SLO"
-    return Prediction(n, rate, rate * output_tokens, ttft, t, limited)
+    rate = max(simulate.run(dep, wl, math.inf, BURST).achieved_rps, 0.01)
+    lo, best, hi, miss = 0.0, None, None, None
+    for _ in range(MAX_DOUBLINGS):
+        p = at(rate)
+        if not slo.met(p):
+            hi, miss = rate, p
+            break
+        lo, best, rate = rate, p, rate * 2
+    if hi is None:  # still within the SLO at the last doubling: report that rate, say why it stopped there
+        return Prediction(round(best.mean_running), best.rate, best.output_tok_s, getattr(best, f"ttft_p{q}"),
+                          getattr(best, f"tpot_p{q}"), "search limit")
+    for _ in range(steps):
+        mid = (lo + hi) / 2
+        p = at(mid)
+        if slo.met(p):
+            lo, best = mid, p
+        else:
+            hi, miss = mid, p
+    limited = _limit(miss, slo)
+    if best is None:
+        return Prediction(0, 0.0, 0.0, getattr(miss, f"ttft_p{q}"), getattr(miss, f"tpot_p{q}"), limited)
+    return Prediction(round(best.mean_running), best.rate, best.output_tok_s, getattr(best, f"ttft_p{q}"),
+                      getattr(best, f"tpot_p{q}"), limited)
 
 
-def make_plan(q: Question) -> Plan:
+def _limit(miss: simulate.Point, slo: Slo) -> str:
+    """Which SLO bound the first rate past the best one missed (the one missed by more)."""
+    q = slo.percentile
+    ttft_over = getattr(miss, f"ttft_p{q}") / slo.ttft_s
+    tpot_over = getattr(miss, f"tpot_p{q}") / slo.tpot_s
+    return f"TTFT p{q}" if ttft_over >= tpot_over else f"TPOT p{q}"
+
+
+@lru_cache(maxsize=256)
+def _search_cached(q: Question) -> Prediction | None:
+    """search_rate for a question reduced to what the simulation depends on (price, GPUs on hand and target rate
+    do not change it), so the Planner re-simulates only when the deployment, workload or SLO change."""
+    return search_rate(q.deployment(), q.request_mix(), q.slo, q.fidelity)
+
+
+def make_plan(q: Question, progress=None) -> Plan:
+    """progress: called once per option simulated (a rich progress bar's advance, say)."""
     q.check()
     dep = q.deployment()
+    q.request_mix()  # a bad workload name fails here, before any simulation
     caps = cap.compare(dep)
     if not any(c.kv_dtype == q.kv_dtype and c.weights == q.weights for c in caps):
         caps.append(cap.capacity(dep))  # a choice outside the four-way (e.g. fp8_e5m2, int4-g128): shown too
     options = []
     for c in caps:
-        d = replace(dep, kv_dtype=c.kv_dtype, weights=c.weights)
-        pred = predict(d, q.input_tokens, q.output_tokens, q.slo_ttft_s, q.slo_tpot_s, c)
+        pred = _search_cached(replace(q, kv_dtype=c.kv_dtype, weights=c.weights, gpus=None, price_per_gpu_hour=None,
+                                      target_rate_rps=1.0))
         options.append(Option(c.kv_dtype, c.weights, c, pred, q.price, q.tp, q.target_rate_rps, q.gpus_on_hand,
                               chosen=(c.kv_dtype == q.kv_dtype and c.weights == q.weights)))
+        if progress:
+            progress()
     plan = Plan(q, options, dep.context_len)
     for o in options:
         if not o.capacity.fits:
             plan.notes.append(f"{o.label} does not fit {q.tp} x {q.gpu}.")
         elif o.prediction is not None and o.prediction.rate_rps == 0:
-            plan.notes.append(f"{o.label}: even one request misses the SLO ({o.prediction.limited_by}).")
+            plan.notes.append(f"{o.label}: even the lowest rate tried misses the SLO ({o.prediction.limited_by}).")
     return plan

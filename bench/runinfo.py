@@ -127,12 +127,13 @@ def drift(con: duckdb.DuckDBPyConnection, run_ids: list[str] | None = None) -> p
     return df
 
 
-def measured_vs_predicted(con: duckdb.DuckDBPyConnection, run_id: str, slo: queries.SLO | None = None) -> dict:
-    """The run's measured throughput and latencies beside the performance model's prediction for the same
-    deployment, request mix (mean tokens measured) and achieved rate; error = predicted / measured - 1."""
+def measured_vs_predicted(con: duckdb.DuckDBPyConnection, run_id: str, slo: queries.SLO | None = None,
+                          requests: int = 300, min_seconds: float = 60.0) -> dict:
+    """The run's measured throughput and latencies beside `capbench simulate`'s prediction for the same
+    deployment, its measured mean input/output tokens and its achieved rate; error = predicted / measured - 1."""
     from bench import capacity as cap
-    from bench import catalog
-    from bench.plan import SteadyState
+    from bench import catalog, simulate
+    from bench.workload import fixed_workload
 
     s = queries.summary(con, run_id, slo)
     cfg = run_config(con.execute("SELECT config FROM runs WHERE run_id = ?", [run_id]).fetchone()[0])
@@ -140,24 +141,23 @@ def measured_vs_predicted(con: duckdb.DuckDBPyConnection, run_id: str, slo: quer
     if not (cfg["model"] and cfg["gpu"] and cfg["tp"] and s["ok"]):
         out["why_not"] = "the run's config lacks model, gpu or tp, or it has no successful requests"
         return out
+    rate = s["achieved_rate_rps"] or cfg["rate"]
     try:
         dep = cap.Deployment(catalog.model(cfg["model"]), catalog.gpu(cfg["gpu"]), cfg["tp"],
                              kv_dtype=cfg["kv_dtype"] or "bf16", weights=cfg["weights"] or "native")
+        if not rate or not cap.capacity(dep, with_ratios=False).fits:
+            raise BadInput("the deployment does not fit, or no rate was measured")
     except BadInput as e:
         out["why_not"] = str(e)
         return out
     i_tok = max(1, round((s["input_tokens"] or 0) / s["ok"]))
     o_tok = max(1, round((s["output_tokens"] or 0) / s["ok"]))
-    rate = s["achieved_rate_rps"] or cfg["rate"] or s["throughput_rps"]
-    pred = SteadyState(dep, i_tok, o_tok).at_rate(rate) if rate else None
-    out["predicted"] = pred
-    if pred is None:
-        out["why_not"] = "the deployment does not fit, or no rate was measured"
-        return out
+    p = simulate.run(dep, fixed_workload(i_tok, o_tok), rate, requests, min_seconds=min_seconds)
+    out["predicted"] = p
     for name, measured, predicted in (
-        ("output tokens/s", s["output_tps"], pred["output_tps"]),
-        ("TPOT p50 (ms)", _ms(s["tpot_p50"]), pred["tpot_s"] * 1e3),
-        ("TTFT p50 (ms)", _ms(s["ttft_p50"]), pred["ttft_s"] * 1e3),
+        ("output tokens/s", s["output_tps"], p.output_tok_s),
+        ("TPOT p50 (ms)", _ms(s["tpot_p50"]), p.tpot_p50 * 1e3),
+        ("TTFT p50 (ms)", _ms(s["ttft_p50"]), p.ttft_p50 * 1e3),
     ):
         err = predicted / measured - 1 if measured else None
         out["rows"].append({"run_id": run_id, "figure": name, "measured": measured, "predicted": predicted,

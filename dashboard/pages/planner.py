@@ -8,7 +8,7 @@ import streamlit as st
 
 from bench import capacity, catalog, charts, sglang_cmd
 from bench.errors import BadInput
-from bench.plan import WORKLOADS, Question, make_plan
+from bench.plan import Plan, Question, make_plan, workload_names
 from dashboard.common import fmt
 
 st.title("Planner")
@@ -32,19 +32,34 @@ price = c4.number_input("$ per GPU-hour", min_value=0.0, value=float(gpus[gpu_id
                         key=f"price_{gpu_id}", help="Indicative on-demand price from data/gpus.yaml: use your quote.")
 
 c1, c2, c3, c4, c5 = st.columns(5)
-workload = c1.selectbox("Workload", [*WORKLOADS, "custom"], key="workload")
-i_default, o_default = WORKLOADS.get(workload, (2000, 500))
-input_tokens = c2.number_input("Input tokens", min_value=1, value=i_default, step=100, key=f"in_{workload}")
-output_tokens = c3.number_input("Output tokens", min_value=1, value=o_default, step=50, key=f"out_{workload}")
+mixes = [*workload_names(), "custom"]
+workload = c1.selectbox("Workload", mixes, index=mixes.index("chat") if "chat" in mixes else 0, key="workload",
+                        help="Request mixes from data/workloads (as `capbench simulate --workload`), or fixed lengths")
+custom = workload == "custom"
+input_tokens = c2.number_input("Input tokens (custom)", min_value=1, value=2000, step=100, key="in_tokens",
+                               disabled=not custom)
+output_tokens = c3.number_input("Output tokens (custom)", min_value=1, value=500, step=50, key="out_tokens",
+                                disabled=not custom)
 slo_ttft = c4.number_input("SLO: TTFT (s)", min_value=0.01, value=2.0, step=0.1, key="slo_ttft")
 slo_tpot = c5.number_input("SLO: TPOT (ms)", min_value=1.0, value=50.0, step=5.0, key="slo_tpot")
-target = st.number_input("Target load (requests/s)", min_value=0.01, value=10.0, step=1.0, key="target_rate")
+c1, c2 = st.columns([1, 3])
+slo_p = c1.selectbox("SLO percentile", [50, 90, 99], index=1, key="slo_p", format_func=lambda p: f"p{p}")
+target = c2.number_input("Target load (requests/s)", min_value=0.01, value=10.0, step=1.0, key="target_rate")
 
 q = Question(model=model_id, gpu=gpu_id, tp=int(tp), gpus=int(gpu_count), kv_dtype=kv_dtype, weights=weights,
-             context=int(context), input_tokens=int(input_tokens), output_tokens=int(output_tokens),
-             slo_ttft_s=slo_ttft, slo_tpot_s=slo_tpot / 1e3, price_per_gpu_hour=price, target_rate_rps=target)
+             context=int(context), workload=None if custom else workload, input_tokens=int(input_tokens),
+             output_tokens=int(output_tokens), slo_ttft_s=slo_ttft, slo_tpot_s=slo_tpot / 1e3, slo_percentile=slo_p,
+             price_per_gpu_hour=price, target_rate_rps=target)
+
+
+@st.cache_data(show_spinner=False, max_entries=64)
+def plan_for(q: Question) -> Plan:
+    return make_plan(q)
+
+
 try:
-    plan = make_plan(q)
+    with st.spinner("Simulating each configuration with capbench simulate's scheduler..."):
+        plan = plan_for(q)
 except BadInput as e:
     st.error(str(e))
     st.stop()
@@ -68,7 +83,7 @@ m[3].metric(f"GPUs needed for {target:g} req/s", fmt(chosen.gpus_needed, ",d"))
 m = st.columns(4)
 m[0].metric(f"Rate on {int(gpu_count)} GPUs (req/s)", fmt(chosen.rate_on_hand_rps, ",.2f"))
 m[1].metric("Monthly cost for the target", "$" + fmt(chosen.monthly_cost, ",.0f"))
-m[2].metric("TPOT at that rate (ms)", fmt(pred.tpot_s * 1e3 if pred else None, ",.1f"))
+m[2].metric(f"TPOT p{slo_p} at that rate (ms)", fmt(pred.tpot_s * 1e3 if pred else None, ",.1f"))
 m[3].metric("Limited by", pred.limited_by if pred else "does not fit")
 
 st.subheader("Four-way comparison")
@@ -105,5 +120,6 @@ else:
     with st.expander("Multi-node (one instance over several nodes)"):
         st.code("\n".join(sglang_cmd.multi_node(model_id, gpu_id, int(tp), rec.kv_dtype, rec.weights,
                                                 int(context))), language="bash", wrap_lines=True)
-st.caption("Predictions are steady-state estimates from the roofline model (bench/plan.py); calibrate against "
-           "measured runs (Compare page) before buying hardware.")
+st.caption("Predictions: `capbench simulate`'s scheduler and roofline performance model, searched for the highest "
+           "Poisson rate served within the SLO (quick fidelity here; `capbench report` simulates longer). Check "
+           "them against measured runs (Compare page) before buying hardware.")
