@@ -195,10 +195,12 @@ class Deployment:
     weights: str = "native"
     context: int | None = None
     mem_fraction: float | None = None
-    page_size: int = 1
+    page_size: int | None = None  # None: SGLang's default on this GPU
     mtp: bool = False
 
     def __post_init__(self) -> None:
+        if self.page_size is None:
+            object.__setattr__(self, "page_size", self.gpu.default_page_size)
         if self.tp < 1 or self.tp & (self.tp - 1):
             raise BadInput(f"--tp must be a power of two, got {self.tp}")
         if self.dp < 1 or self.tp % self.dp:

@@ -74,6 +74,7 @@ class GPU(BaseModel):
     interconnect_gbps: float
     internode_gbps: float
     gpus_per_node: int
+    default_page_size: int = 1
     reserved_before_load_gib: float
     price_per_gpu_hour: float
     sources: dict[str, str]

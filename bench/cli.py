@@ -27,7 +27,7 @@ def capacity(
     weights: str = typer.Option("native", help="native | bf16 | fp8 | int4-g32 | int4-g128 (routed experts)"),
     context: int = typer.Option(None, help="Context length of each sequence (default: the model's maximum)."),
     mem_fraction: float = typer.Option(None, help="Override SGLang's default mem_fraction_static."),
-    page_size: int = typer.Option(1, help="SGLang --page-size."),
+    page_size: int = typer.Option(None, help="SGLang --page-size (default: SGLang's on that GPU, 64 on B200, else 1)."),
     mtp: bool = typer.Option(False, help="Count the MTP draft layer's KV (speculative decoding)."),
     compare: bool = typer.Option(False, help="Four-way matrix: BF16 vs FP8 KV, native vs INT4 experts."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of a table."),
@@ -67,6 +67,29 @@ def demo() -> None:
     from bench.demo import run_demo
 
     run_demo()
+
+
+@app.command("sglang-launch", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def sglang_launch(
+    ctx: typer.Context,
+    kv_checksum: str = typer.Option("off", help="KV page checksums: off | verify (evict a bad page and recompute) "
+                                    "| strict (abort the request). Sealed on radix insert, verified on match_prefix."),
+    kv_scrub_pages_per_s: float = typer.Option(0.0, help="Re-verify idle cached pages at this rate (0: no scrub)."),
+    integrity_log: str = typer.Option(None, help="Append integrity events (kind, layer, page, detail) as JSON lines."),
+    dry_run: bool = typer.Option(False, help="Print the command and environment instead of starting SGLang."),
+) -> None:
+    """Start SGLang (python -m sglang.launch_server) with capbench's patches in every SGLang process.
+
+    Everything after `--` goes to sglang.launch_server, e.g.
+    capbench sglang-launch --kv-checksum verify -- --model-path moonshotai/Kimi-K2-Thinking --tp 8
+    """
+    from engine_patches.launch import BadLaunch, PatchOptions, launch
+
+    args = list(ctx.args)
+    try:
+        launch(PatchOptions(kv_checksum, kv_scrub_pages_per_s, integrity_log), args, dry_run=dry_run)
+    except BadLaunch as e:
+        raise BadInput(str(e)) from None
 
 
 @app.command()
@@ -129,6 +152,95 @@ def simulate(
         raise BadInput("give --workload NAME or both --input-len and --output-len (positive)")
     sim.simulate_command(dep, wl, rate, sweep, compare_kv, sim.parse_slo(slo), num_requests, seed,
                          load_efficiency(gpu, calibration), as_json, min_seconds)
+
+
+@app.command()
+def runs(db: str = typer.Option("data/capbench.duckdb", help="Results DB (opened read-only).")) -> None:
+    """List the runs in the results DB, newest first."""
+    from rich.console import Console
+
+    from bench.queries import runs_table
+    from bench.store import Store
+
+    Console().print(runs_table(Store(db, read_only=True).runs()))
+
+
+@app.command()
+def export(
+    run: str = typer.Option(..., help="Run id (see `capbench runs`)."),
+    fmt: str = typer.Option("parquet", "--format", help="parquet | csv"),
+    out: str = typer.Option(..., help="Directory to write <table>.<format> files into."),
+    db: str = typer.Option("data/capbench.duckdb", help="Results DB (opened read-only)."),
+) -> None:
+    """Export every table's rows of one run (runs, requests, gpu/server samples, integrity events)."""
+    from bench.store import Store, export_run
+
+    for path in export_run(Store(db, read_only=True), run, fmt, out):
+        print(path)
+
+
+@app.command("run")
+def run_cmd(
+    target: str = typer.Option(..., help="OpenAI-compatible server URL, or twin:SPEC to start a twin for the run "
+                               "(e.g. twin:kimi-k2-thinking@h200x8,kv=fp8_e4m3)."),
+    profile: str = typer.Option("poisson", help="users | constant | poisson | gamma | ramp | steps | spike | "
+                                "diurnal | sweep | trace, or a profile YAML path."),
+    rate: float = typer.Option(None, help="Requests/s (open-loop profiles)."),
+    users: int = typer.Option(None, help="Concurrent users (closed loop: profile users)."),
+    duration: float = typer.Option(None, help="Seconds of measured load."),
+    param: list[str] = typer.Option(None, help="Any other profile parameter, KEY=VALUE (repeatable), "
+                                    "e.g. --param burstiness=0.5."),
+    workload: str = typer.Option("chat", help="Workload name (data/workloads), YAML path, or ShareGPT JSON."),
+    db: str = typer.Option("data/capbench.duckdb", help="Results DB."),
+    label: str = typer.Option("", help="A label for the run."),
+    model: str = typer.Option(None, help="Model name to send (default: the server's first /v1/models entry)."),
+    api_key_env: str = typer.Option(None, help="Name of the env var holding the API key (never stored)."),
+    slo: str = typer.Option(None, help="SLO for goodput, e.g. ttft=2s,tpot=50ms[,e2e=30s]."),
+    warmup: float = typer.Option(0.0, help="Seconds of warm-up before the measured phase (marked, not counted)."),
+    workers: int = typer.Option(0, help="Locust worker processes on this machine (0: one process)."),
+    expect_workers: int = typer.Option(0, help="Workers that join from other machines (capbench worker)."),
+    master_bind: str = typer.Option("127.0.0.1", help="Address the Locust master listens on (for remote workers)."),
+    master_port: int = typer.Option(5557, help="Port the Locust master listens on."),
+    seed: int = typer.Option(0, help="Seed of the schedule and the prompts."),
+    api: str = typer.Option(None, help="chat | completions (default: the workload's)."),
+    stream: bool = typer.Option(True, help="Stream responses (SSE); --no-stream for one JSON answer."),
+    timeout: float = typer.Option(600.0, help="Seconds one request may take in all."),
+    max_inflight: int = typer.Option(None, help="Open loop: Locust users that carry the schedule (default: 20 x "
+                                     "peak rate, 32..4096)."),
+    live: bool = typer.Option(True, help="Live display (--no-live for logs and CI)."),
+) -> None:
+    """A load test: Locust (headless, as a library) with a load profile and a workload; every request in the DB."""
+    from bench import runner
+
+    overrides = {"rate": rate, "users": users, "duration": duration}
+    for kv in param or []:
+        key, _, value = kv.partition("=")
+        if not key or not value:
+            raise BadInput(f"--param takes KEY=VALUE, not {kv!r}")
+        import yaml
+
+        overrides[key] = yaml.safe_load(value)
+    if workers < 0 or expect_workers < 0:
+        raise BadInput("--workers and --expect-workers are counts >= 0")
+    opts = runner.RunOptions(
+        target=target, profile=profile, overrides=overrides, workload=workload, db=db, label=label, model=model,
+        api_key_env=api_key_env, slo=runner.parse_slo(slo), warmup_s=warmup, workers=workers,
+        expect_workers=expect_workers, master_bind=master_bind, master_port=master_port, seed=seed, api=api,
+        stream=stream, timeout_s=timeout, max_inflight=max_inflight, live=live)
+    results = runner.run(opts)
+    if any(r.status != "completed" for r in results):
+        sys.exit(130)
+
+
+@app.command()
+def worker(
+    master: str = typer.Option(..., help="Host of the `capbench run` master (its --master-bind address)."),
+    master_port: int = typer.Option(5557, help="The master's --master-port."),
+) -> None:
+    """Join a `capbench run --expect-workers N` from another machine: a Locust worker that sends its share."""
+    from loadgen.worker import run_worker
+
+    run_worker(master, master_port)
 
 
 @app.command()
@@ -210,30 +322,11 @@ def quantize_int4(
     print_report(report, out)
 
 
-@app.command("sglang-launch", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
-def sglang_launch(
-    ctx: typer.Context,
-    kv_checksum: str = typer.Option("off", help="KV page checksums: off | verify (evict a bad page and recompute) "
-                                    "| strict (abort the request). Sealed on radix insert, verified on match_prefix."),
-    kv_scrub_pages_per_s: float = typer.Option(0.0, help="Re-verify idle cached pages at this rate (0: no scrub)."),
-    integrity_log: str = typer.Option(None, help="Append integrity events (kind, layer, page, detail) as JSON lines."),
-    dry_run: bool = typer.Option(False, help="Print the command and environment instead of starting SGLang."),
-) -> None:
-    """Start SGLang (python -m sglang.launch_server) with capbench's patches in every SGLang process.
-
-    Everything after `--` goes to sglang.launch_server, e.g.
-    capbench sglang-launch --kv-checksum verify -- --model-path moonshotai/Kimi-K2-Thinking --tp 8
-    """
-    from engine_patches.launch import BadLaunch, PatchOptions, launch
-
-    args = list(ctx.args)
-    try:
-        launch(PatchOptions(kv_checksum, kv_scrub_pages_per_s, integrity_log), args, dry_run=dry_run)
-    except BadLaunch as e:
-        raise BadInput(str(e)) from None
-
-
 def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] in ("run", "worker"):  # Locust's gevent wants to patch before the rest
+        from gevent import monkey
+
+        monkey.patch_all()
     try:
         app(standalone_mode=True)
     except BadInput as e:
