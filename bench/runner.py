@@ -2,8 +2,8 @@
 
 One process (LocalRunner) or Locust's master with N local worker processes (`workers=N`), plus any number of
 `capbench worker --master HOST` processes from other machines. Workers send their result records to the master
-as Locust custom messages; only the master writes the DuckDB file. DuckDB writes run on a native thread of
-gevent's pool, so a flush never stalls the event loop that times the requests.
+as Locust custom messages; the master pipes them to its recorder process (bench/recorder.py), the only writer of
+the DuckDB file, which also runs the NVML and server samplers: nothing but Locust runs on the timing event loop.
 
 Ctrl-C or SIGTERM: no new request is sent, requests in flight get an `aborted` record, the run is marked
 aborted, everything measured is kept.
@@ -11,17 +11,18 @@ aborted, everything measured is kept.
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import signal
+import struct
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import gevent
+import msgpack
 from locust.env import Environment
 
 from bench import queries
@@ -29,11 +30,11 @@ from bench.errors import BadInput
 from bench.live import Live, print_summary
 from bench.store import Store
 from loadgen import profiles, workloads
-from loadgen.users import CONFIG_OPTION, ClosedLoopUser, OpenLoopUser
+from loadgen.users import ClosedLoopUser, OpenLoopUser
+from loadgen.worker import RECORDS_MSG, locust_options
 
 log = logging.getLogger(__name__)
-RECORDS_MSG = "capbench_records"
-USER_CLASSES = [ClosedLoopUser, OpenLoopUser]
+logging.getLogger("locust").setLevel(logging.ERROR)  # its spawn-rate advice does not apply to a pool of waiters
 
 
 @dataclass
@@ -70,14 +71,15 @@ class RunResult:
     summary: dict
     locust_requests: int  # what Locust's own statistics counted
     locust_failures: int
-    records: int  # what reached the store's writer
+    records: int  # what reached the runner
+    rows_written: int  # what the recorder wrote to the requests table
 
 
 class Collector:
-    """Result records from this process's users or from workers' messages, to the store's writer."""
+    """Result records from this process's users or from workers' messages, on to the recorder process."""
 
-    def __init__(self, writer):
-        self.writer = writer
+    def __init__(self, recorder: Recorder):
+        self.recorder = recorder
         self.pending: list[dict] = []
         self.records = 0
         self.sent_by_worker: dict[str, int] = {}
@@ -97,60 +99,33 @@ class Collector:
         self.recent.extend(recs)
         self.records += len(recs)
 
-    def flush(self, final: bool = False) -> None:
-        """Hand pending rows to the writer and write them, on a native thread."""
+    def flush(self) -> None:
         rows, self.pending = self.pending, []
-        for r in rows:
-            self.writer.add_request(r)
-        if final:
-            self.writer.close()
-        else:
-            gevent.get_hub().threadpool.apply(self.writer.flush)
+        if rows:
+            self.recorder.send(rows)
 
 
-def _forward_records(environment) -> None:
-    """On a worker: batch this process's records to the master every 0.2 s and when the users stop."""
-    batch: list[dict] = []
+class Recorder:
+    """bench/recorder.py for the run's length: the store's writer and the samplers, in their own process."""
 
-    def on_request(context=None, **_kw):
-        rec = (context or {}).get("capbench")
-        if rec is not None:
-            batch.append(rec)
+    def __init__(self, db: Path, run_id: str, target: str):
+        from gevent import subprocess as gsub
 
-    def send(**_kw):
-        if batch or _kw.get("final"):
-            sent = getattr(getattr(environment, "capbench_plan", None), "sent", 0)
-            out, batch[:] = list(batch), []
-            environment.runner.send_message(RECORDS_MSG, {"records": out, "sent": sent})
+        self.proc = gsub.Popen([sys.executable, "-m", "bench.recorder", str(db), run_id, target],
+                               stdin=gsub.PIPE, stdout=gsub.PIPE, cwd=Path(__file__).resolve().parent.parent)
 
-    def loop():
-        while True:
-            gevent.sleep(0.2)
-            send()
+    def send(self, rows: list[dict]) -> None:
+        data = msgpack.packb(rows)
+        self.proc.stdin.write(struct.pack("<I", len(data)) + data)
+        self.proc.stdin.flush()
 
-    environment.events.request.add_listener(on_request)
-    environment.events.test_stop.add_listener(lambda **kw: send(final=True))
-    gevent.spawn(loop)
-
-
-def run_worker(master_host: str, master_port: int = 5557) -> None:
-    """`capbench worker`: join a master's runs until it quits."""
-    env = Environment(user_classes=USER_CLASSES, parsed_options=_options({}))
-    env.create_worker_runner(master_host, master_port)
-    _forward_records(env)
-    env.runner.greenlet.join()
-
-
-def _options(config: dict) -> argparse.Namespace:
-    """Locust copies custom parsed options to its workers with every spawn message: the config rides along."""
-    from locust import argument_parser
-
-    parser = argument_parser.get_empty_argument_parser()
-    argument_parser.setup_parser_arguments(parser)
-    ns = parser.parse(args=[])
-    ns.headless = False  # the shape's end calls stop(), not quit(): workers report their last records first
-    setattr(ns, CONFIG_OPTION, json.dumps(config))
-    return ns
+    def close(self) -> dict:
+        """Ends the recorder: it writes what is left and says how many rows it wrote."""
+        self.proc.stdin.close()
+        out = self.proc.stdout.read()
+        if self.proc.wait() != 0:
+            raise RuntimeError(f"the recorder process failed (exit {self.proc.returncode}); see its error above")
+        return json.loads(out)
 
 
 def discover_model(target: str, api_key_env: str | None) -> str:
@@ -189,11 +164,17 @@ def prepare(opts: RunOptions) -> tuple[profiles.Profile, workloads.Workload, str
 
 def run(opts: RunOptions) -> list[RunResult]:
     """A run (or, for the sweep profile, one run per stage). Results in the order they ran."""
-    prof, wl, model = prepare(opts)
-    store = Store(opts.db)
-    if prof.type != "sweep":
-        return [_run_one(store, opts, prof, wl, model)]
-    return _sweep(store, opts, prof, wl, model)
+    target = Target(opts.target)
+    try:
+        if target.spec:
+            opts = replace(opts, target=target.url, run_config={**opts.run_config, "twin": target.spec})
+        prof, wl, model = prepare(opts)
+        store = Store(opts.db)
+        if prof.type != "sweep":
+            return [_run_one(store, opts, prof, wl, model)]
+        return _sweep(store, opts, prof, wl, model)
+    finally:
+        target.close()
 
 
 def _sweep(store: Store, opts: RunOptions, prof: profiles.Profile, wl, model: str) -> list[RunResult]:
@@ -243,16 +224,17 @@ def _run_one(store: Store, opts: RunOptions, prof: profiles.Profile, wl: workloa
             stages.insert(0, (stages[0][0], warmup))
         total, pool = None, max(u for u, _ in stages)
         config.update(duration_s=sum(d for _, d in stages), connections=pool // n_workers + 1)
-    run_id = store.start_run(label=opts.label, target=opts.target, profile=prof.name,
+    run_id = store.start_run(label=opts.label, target=opts.run_config.get("twin", opts.target), profile=prof.name,
                              config={**config, "locust_workers": opts.workers, "expected_workers": n_workers})
-    writer = store.writer(run_id, flush_interval_s=3600.0)  # flushed by us, off the event loop
-    collector = Collector(writer)
-    samplers = [Samplers(writer, opts.target)]
+    print(f"capbench run {run_id}: {prof.name} against {opts.target}, into {store.path}", file=sys.stderr,
+          flush=True)
+    recorder = Recorder(store.path, run_id, opts.target)
+    collector = Collector(recorder)
     state = {"aborted": False, "t0": None}
 
     env = Environment(user_classes=[OpenLoopUser if prof.open_loop else ClosedLoopUser], stop_timeout=0.0)
     if distributed:
-        env.create_master_runner(opts.master_bind, opts.master_port or _free_port())
+        env.create_master_runner(opts.master_bind, opts.master_port if opts.expect_workers else _free_port())
         env.runner.register_message(RECORDS_MSG, collector.on_message)
     else:
         env.create_local_runner()
@@ -284,9 +266,9 @@ def _run_one(store: Store, opts: RunOptions, prof: profiles.Profile, wl: workloa
     try:
         if distributed:
             _wait_for_workers(env, n_workers, procs)
-        lead = (2.0 if distributed else 1.0) if prof.open_loop else 0.0
+        lead = (2.0 if distributed else 0.5) if prof.open_loop else 0.0  # time to spawn the pool
         state["t0"] = config["t0"] = time.time() + lead
-        env.parsed_options = _options(config)
+        env.parsed_options = locust_options(config)
         _install_signals(env, state)
         env.runner.start_shape()
         live = Live(opts.live, prof, config, collector, env)
@@ -300,16 +282,16 @@ def _run_one(store: Store, opts: RunOptions, prof: profiles.Profile, wl: workloa
         env.runner.quit()
     finally:
         _reap(procs)
-        for s in samplers:
-            s.stop()
-        collector.flush(final=True)
+        collector.flush()
+        written = recorder.close()
     status = "aborted" if state["aborted"] else "completed"
     store.finish_run(run_id, status)
     with store.connect() as con:
         summary = queries.summary(con, run_id, opts.slo)
     stats = env.runner.stats.total
     print_summary(summary)
-    return RunResult(run_id, status, summary, stats.num_requests, stats.num_failures, collector.records)
+    return RunResult(run_id, status, summary, stats.num_requests, stats.num_failures, collector.records,
+                     written.get("requests", 0))
 
 
 def _install_signals(env: Environment, state: dict) -> None:
@@ -326,38 +308,8 @@ def _install_signals(env: Environment, state: dict) -> None:
         gevent.signal_handler(sig, abort)
 
 
-class Samplers:
-    """bench/telemetry.py's NVML and server samplers, run in their own process (bench/sampler_proc.py) for the
-    run's length; their rows come back over a pipe and go to the writer."""
-
-    def __init__(self, writer, target: str):
-        from gevent import subprocess as gsub
-
-        self.writer = writer
-        self.proc = gsub.Popen([sys.executable, "-m", "bench.sampler_proc", target], stdin=gsub.PIPE,
-                               stdout=gsub.PIPE, cwd=Path(__file__).resolve().parent.parent)
-        self.reader = gevent.spawn(self._read)
-
-    def _read(self) -> None:
-        for line in self.proc.stdout:
-            try:
-                msg = json.loads(line)
-                add = self.writer.add_gpu_sample if msg["table"] == "gpu" else self.writer.add_server_sample
-                add(msg["row"])
-            except (ValueError, KeyError, RuntimeError):
-                continue
-
-    def stop(self) -> None:
-        self.proc.stdin.close()
-        try:
-            self.proc.wait(timeout=10)
-        except Exception:
-            self.proc.kill()
-        self.reader.join(timeout=5)
-
-
 def _spawn_local_workers(n: int, port: int) -> list[subprocess.Popen]:
-    cmd = [sys.executable, "-m", "bench.runner", "--master-host", "127.0.0.1", "--master-port", str(port)]
+    cmd = [sys.executable, "-m", "loadgen.worker", "--master-host", "127.0.0.1", "--master-port", str(port)]
     return [subprocess.Popen(cmd, cwd=Path(__file__).resolve().parent.parent) for _ in range(n)]
 
 
@@ -390,6 +342,39 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+class Target:
+    """The server a run talks to: a URL, or `twin:SPEC`, a twin started (in its own process) for the run."""
+
+    def __init__(self, target: str):
+        self.spec, self.proc = None, None
+        if not target.startswith("twin:"):
+            if not target.startswith(("http://", "https://")):
+                raise BadInput(f"--target is a URL (http://HOST:PORT) or twin:SPEC, not {target!r}")
+            self.url = target.rstrip("/")
+            return
+        self.spec = target
+        self.proc = subprocess.Popen([sys.executable, "-m", "bench.twin_proc", target], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, cwd=Path(__file__).resolve().parent.parent, text=True)
+        line = self.proc.stdout.readline()
+        try:
+            msg = json.loads(line)
+        except ValueError:
+            msg = {"error": "the twin did not start"}
+        if "url" not in msg:
+            self.close()
+            raise BadInput(msg.get("error", "the twin did not start"))
+        self.url = msg["url"].rstrip("/")
+
+    def close(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.stdin.close()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
 def parse_slo(text: str | None) -> queries.SLO:
     """'ttft=2s,tpot=50ms,e2e=30s' -> SLO."""
     if not text:
@@ -413,11 +398,3 @@ def parse_seconds(value: str) -> float:
         return float(v)
     except ValueError:
         raise BadInput(f"not a duration: {value!r} (say 2s or 50ms)") from None
-
-
-if __name__ == "__main__":  # a local worker process started by _spawn_local_workers
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--master-host", required=True)
-    ap.add_argument("--master-port", type=int, default=5557)
-    a = ap.parse_args()
-    run_worker(a.master_host, a.master_port)

@@ -49,7 +49,7 @@ class RequestFailed(Exception):
 
     def __init__(self, kind: str, message: str):
         super().__init__(f"{kind}: {message}")
-        self.kind = kind
+        self.kind, self.message = kind, message
 
 
 class _Deadline(Exception):
@@ -77,6 +77,7 @@ class Plan:
         self.warmup_s = float(c.get("warmup_s", 0.0))
         self.end_at = self.t0 + float(c.get("duration_s", 0.0))  # closed loop: no new request after this
         self.workload = workloads.from_dict(c["workload"])
+        workloads._words()  # the prompt corpus, built now rather than inside the first timed request
         prof = profiles.Profile(c["profile"]["name"], c["profile"]["type"], dict(c["profile"]["params"]))
         self.open_loop = prof.open_loop
         if self.open_loop:
@@ -190,8 +191,9 @@ class OpenAIUser(FastHttpUser):
             exc = RequestFailed("timeout", f"read/connect timed out: {e}")
         except (HTTPConnectionClosed, ConnectionResetError, BrokenPipeError) as e:
             exc = RequestFailed("early_close", str(e) or type(e).__name__)
-        except HTTPParseError as e:
-            exc = RequestFailed("malformed_stream", f"HTTP parse error: {e}")
+        except HTTPParseError as e:  # the server vanishing mid-body reads as "Incomplete response"
+            kind = "early_close" if "incomplete" in str(e).lower() else "malformed_stream"
+            exc = RequestFailed(kind, f"HTTP parse error: {e}")
         except OSError as e:
             exc = RequestFailed("connect" if not got_headers else "early_close", str(e) or type(e).__name__)
         finally:
@@ -227,7 +229,7 @@ class OpenAIUser(FastHttpUser):
         else:
             rec["tpot_s"] = None
         if exc is not None:
-            rec["status"], rec["error_kind"], rec["error"] = "error", exc.kind, str(exc)[:ERROR_TEXT_MAX]
+            rec["status"], rec["error_kind"], rec["error"] = "error", exc.kind, exc.message[:ERROR_TEXT_MAX]
         self.plan.recorded += 1
         self.environment.events.request.fire(
             request_type="POST", name=f"{spec.kind}:{spec.api}", response_time=rec["e2e_s"] * 1000.0,

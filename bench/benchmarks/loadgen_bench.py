@@ -26,9 +26,9 @@ import gevent
 import numpy as np
 from locust.env import Environment
 
-from bench.runner import _options
 from loadgen import workloads
 from loadgen.users import ClosedLoopUser, OpenLoopUser
+from loadgen.worker import locust_options
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -49,7 +49,7 @@ def config(url: str, profile: dict, duration: float, users: int, tokens: int) ->
 
 def drive(user_class, cfg: dict, users: int, settle_s: float) -> tuple[list[dict], float, float]:
     """Run users until the config's duration is over; returns the records, wall seconds, client CPU seconds."""
-    env = Environment(user_classes=[user_class], parsed_options=_options(cfg), stop_timeout=0.0)
+    env = Environment(user_classes=[user_class], parsed_options=locust_options(cfg), stop_timeout=0.0)
     env.create_local_runner()
     records: list[dict] = []
     env.events.request.add_listener(lambda context=None, **kw: records.append(context["capbench"]))

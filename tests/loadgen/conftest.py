@@ -8,8 +8,8 @@ import gevent
 import pytest
 from locust.env import Environment
 
-from bench.runner import _options
 from loadgen import workloads
+from loadgen.worker import locust_options
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -53,7 +53,7 @@ def plan_config(url: str, profile: dict, workload: dict | None = None, **kw) -> 
 
 def drive(user_class, cfg: dict, users: int, seconds: float) -> list[dict]:
     """Run Locust users of this config for `seconds` after t0 (then kill them); the records they fired."""
-    env = Environment(user_classes=[user_class], parsed_options=_options(cfg), stop_timeout=0.0)
+    env = Environment(user_classes=[user_class], parsed_options=locust_options(cfg), stop_timeout=0.0)
     env.create_local_runner()
     records: list[dict] = []
     env.events.request.add_listener(lambda context=None, **kw: records.append(context["capbench"]))

@@ -1,0 +1,74 @@
+"""A Locust worker that runs loadgen's users for a master and sends each result record back to it.
+
+    python -m loadgen.worker --master-host HOST [--master-port 5557]      (what `capbench worker` runs)
+
+The run's config comes from the master with every spawn message (Locust copies custom parsed options to its
+workers); records travel back as the custom message RECORDS_MSG, batched every 0.2 s and when the users stop.
+Nothing here touches the store: the master writes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import gevent
+from locust.env import Environment
+
+from loadgen.users import CONFIG_OPTION, ClosedLoopUser, OpenLoopUser
+
+RECORDS_MSG = "capbench_records"
+USER_CLASSES = [ClosedLoopUser, OpenLoopUser]
+
+
+def locust_options(config: dict) -> argparse.Namespace:
+    """Locust's parsed options with the run's config in them (as JSON: it rides along to workers)."""
+    from locust import argument_parser
+
+    parser = argument_parser.get_empty_argument_parser()
+    argument_parser.setup_parser_arguments(parser)
+    ns = parser.parse(args=[])
+    ns.headless = False  # a shape's end calls stop(), not quit(): workers report their last records first
+    setattr(ns, CONFIG_OPTION, json.dumps(config))
+    return ns
+
+
+def forward_records(environment: Environment) -> None:
+    """On a worker: batch this process's records to the master every 0.2 s and when the users stop."""
+    batch: list[dict] = []
+
+    def on_request(context=None, **_kw) -> None:
+        rec = (context or {}).get("capbench")
+        if rec is not None:
+            batch.append(rec)
+
+    def send(final: bool = False) -> None:
+        if batch or final:
+            sent = getattr(getattr(environment, "capbench_plan", None), "sent", 0)
+            out, batch[:] = list(batch), []
+            environment.runner.send_message(RECORDS_MSG, {"records": out, "sent": sent})
+
+    def loop() -> None:
+        while True:
+            gevent.sleep(0.2)
+            send()
+
+    environment.events.request.add_listener(on_request)
+    environment.events.test_stop.add_listener(lambda **_kw: send(final=True))
+    gevent.spawn(loop)
+
+
+def run_worker(master_host: str, master_port: int = 5557) -> None:
+    """Join a master's runs until it quits."""
+    env = Environment(user_classes=USER_CLASSES, parsed_options=locust_options({}))
+    env.create_worker_runner(master_host, master_port)
+    forward_records(env)
+    env.runner.greenlet.join()
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description="A capbench Locust worker.")
+    ap.add_argument("--master-host", required=True)
+    ap.add_argument("--master-port", type=int, default=5557)
+    a = ap.parse_args()
+    run_worker(a.master_host, a.master_port)

@@ -1,0 +1,178 @@
+"""`capbench run` end to end against the stub SSE server (its own process): the store gets every request, Locust
+and DuckDB agree, failures are accounted for, Ctrl-C/SIGTERM aborts cleanly. Twin checks: test_runner_twin.py."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import duckdb
+import pytest
+
+from bench import runner
+from bench.runner import RunOptions, parse_slo, run
+from tests.loadgen.conftest import ROOT, StubServer
+
+CAPBENCH = str(Path(sys.executable).parent / "capbench")
+
+
+@pytest.fixture
+def stub_server():
+    servers = []
+    yield lambda *args: servers.append(StubServer(*args)) or servers[-1]
+    for s in servers:
+        s.kill()
+
+
+def rows(db, run_id: str, where: str = "true") -> list[dict]:
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        cur = con.execute(f"SELECT * FROM requests WHERE run_id = ? AND {where}", [run_id])
+        names = [d[0] for d in cur.description]
+        return [dict(zip(names, r, strict=True)) for r in cur.fetchall()]
+    finally:
+        con.close()
+
+
+def run_row(db, run_id: str) -> dict:
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        cur = con.execute("SELECT * FROM runs WHERE run_id = ?", [run_id])
+        return dict(zip([d[0] for d in cur.description], cur.fetchone(), strict=True))
+    finally:
+        con.close()
+
+
+def opts(url: str, db, **kw) -> RunOptions:
+    base = {"target": url, "profile": "poisson", "overrides": {"rate": 30, "duration": 2}, "workload": "synthetic",
+            "db": db, "live": False, "timeout_s": 5.0, "drain_s": 5.0}
+    base.update(kw)
+    return RunOptions(**base)
+
+
+def test_open_loop_run_fills_the_store_and_matches_locust(stub_server, tmp_db, monkeypatch):
+    srv = stub_server("--token-delay", "0.002")
+    monkeypatch.setenv("STUB_KEY", "never-stored-key")
+    [res] = run(opts(srv.url, tmp_db, warmup_s=0.5, slo=parse_slo("ttft=1s,tpot=50ms"), label="t",
+                     api_key_env="STUB_KEY"))
+    assert res.status == "completed"
+    stored = rows(tmp_db, res.run_id)
+    assert len(stored) == res.locust_requests == res.records == res.rows_written == 30 * 2 + 15
+    assert res.locust_failures == 0 and all(r["status"] == "ok" for r in stored)
+    assert sum(r["phase"] == "warmup" for r in stored) == 15
+    assert len({r["request_id"] for r in stored}) == len(stored)
+    assert all(r["tokens_from"] == "usage" and r["completion_tokens"] >= 1 for r in stored)
+    s = res.summary
+    assert s["measured"] == 60 and s["achieved_rate_rps"] == pytest.approx(30, rel=0.15)
+    assert s["slo_ttft_s"] == 1.0 and s["slo_tpot_s"] == 0.05 and s["goodput_rps"] > 0
+    stored_run = run_row(tmp_db, res.run_id)
+    assert stored_run["status"] == "completed" and stored_run["target"] == srv.url
+    config = json.loads(stored_run["config"])
+    assert config["model"] == "stub-model"  # from /v1/models
+    assert config["api_key_env"] == "STUB_KEY"
+    assert "never-stored-key" not in json.dumps(config) and "never-stored-key" not in json.dumps(stored, default=str)
+
+
+def test_closed_loop_drains_instead_of_killing(stub_server, tmp_db):
+    srv = stub_server("--token-delay", "0.01", "--max-tokens", "8")  # about 90 ms a request
+    [res] = run(opts(srv.url, tmp_db, profile="users", overrides={"users": 3, "duration": 1.5}))
+    stored = rows(tmp_db, res.run_id)
+    assert res.status == "completed" and len(stored) == res.locust_requests == res.rows_written
+    assert len(stored) >= 15 and all(r["status"] == "ok" for r in stored)  # no request cut off at the end
+    assert all(r["dispatch_lag_s"] == 0 for r in stored)
+
+
+def test_failures_are_all_accounted_for(stub_server, tmp_db):
+    srv = stub_server("--faults", "http_500=0.2,malformed=0.1,reset=0.1,close=0.1,stall=0.1",
+                      "--token-delay", "0.005", "--max-tokens", "8", "--seed", "3")
+    [res] = run(opts(srv.url, tmp_db, overrides={"rate": 40, "duration": 2}, timeout_s=0.8))
+    stored = rows(tmp_db, res.run_id)
+    assert res.status == "completed"
+    assert len(stored) == 80 == res.locust_requests == res.rows_written
+    kinds = {r["error_kind"] for r in stored if r["status"] == "error"}
+    assert kinds == {"http_500", "malformed_stream", "early_close", "timeout"}
+    assert res.locust_failures == sum(r["status"] == "error" for r in stored)
+    assert 0.3 < res.summary["errors"] / 80 < 0.8
+
+
+def test_server_killed_mid_run(stub_server, tmp_db, monkeypatch):
+    srv = stub_server("--token-delay", "0.01", "--max-tokens", "10")
+    add = runner.Collector.add
+
+    def add_then_kill(self, recs):  # the server dies once ten answers are in
+        add(self, recs)
+        if self.records >= 10:
+            srv.kill()
+
+    monkeypatch.setattr(runner.Collector, "add", add_then_kill)
+    [res] = run(opts(srv.url, tmp_db, overrides={"rate": 20, "duration": 2}))
+    stored = rows(tmp_db, res.run_id)
+    assert res.status == "completed" and len(stored) == 40 == res.locust_requests
+    errors = [r for r in stored if r["status"] == "error"]
+    assert errors and {r["error_kind"] for r in errors} <= {"connect", "early_close"}
+    assert any(r["status"] == "ok" for r in stored)
+
+
+def test_local_workers_share_the_schedule(stub_server, tmp_db):
+    srv = stub_server()
+    [res] = run(opts(srv.url, tmp_db, overrides={"rate": 20, "duration": 2}, workers=2))
+    stored = rows(tmp_db, res.run_id)
+    assert res.status == "completed" and len(stored) == 40 == res.records
+    assert sorted(int(r["request_id"]) for r in stored) == list(range(40))
+    assert all(r["status"] == "ok" for r in stored)
+
+
+def test_sweep_runs_one_stage_per_rate_until_saturated(stub_server, tmp_db, tmp_path):
+    srv = stub_server("--token-delay", "0.05", "--max-tokens", "4")  # one user: about 4 req/s
+    prof = tmp_path / "sweep.yaml"
+    prof.write_text("type: sweep\nstage_duration: 1.5\nfactors: [400]\n")
+    results = run(opts(srv.url, tmp_db, profile=str(prof), workload="synthetic", max_inflight=64))
+    names = [r.summary["profile"] for r in results]
+    assert names[0] == "sweep-1user" and all(n.startswith("sweep-") and n.endswith("rps") for n in names[1:])
+    assert len(results) == 2  # one user, then 400x, where 64 users cannot keep up: saturated, the sweep stops
+    configs = [json.loads(run_row(tmp_db, r.run_id)["config"]) for r in results]
+    assert len({c["sweep_id"] for c in configs}) == 1 and [c["stage"] for c in configs] == [0, 1]
+    assert results[1].summary["throughput_rps"] < 0.9 * configs[1]["offered_rps"]
+
+
+def test_sigterm_marks_the_run_aborted_and_keeps_what_was_measured(stub_server, tmp_db):
+    srv = stub_server("--token-delay", "0.5", "--max-tokens", "20")  # every request still runs at the signal
+    proc = subprocess.Popen([CAPBENCH, "run", "--target", srv.url, "--rate", "10",
+                             "--duration", "30", "--db", str(tmp_db), "--no-live", "--workload", "synthetic"],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert "capbench run" in proc.stderr.readline()  # the run has started: requests go out 0.5 s later
+    time.sleep(3.0)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err
+    con = duckdb.connect(str(tmp_db), read_only=True)
+    status, n, aborted = con.execute(
+        "SELECT r.status, count(q.run_id), count(*) FILTER (WHERE q.error_kind = 'aborted') "
+        "FROM runs r LEFT JOIN requests q USING (run_id) GROUP BY r.status").fetchone()
+    con.close()
+    assert status == "aborted" and n >= 15 and aborted >= 15  # ~3 s at 10 req/s, all cut off mid-answer
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--profile", "nope"], "unknown profile"),
+    (["--slo", "ttft=fast"], "not a duration"),
+    (["--workload", "nope"], "unknown workload"),
+    (["--api-key-env", "CAPBENCH_NO_SUCH_VAR"], "is not set"),
+])
+def test_bad_input_is_one_line_and_exit_2(stub_server, tmp_db, args, message):
+    srv = stub_server()
+    proc = subprocess.run([CAPBENCH, "run", "--target", srv.url, "--db", str(tmp_db),
+                           "--no-live", *args], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert message in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
+def test_bad_target_is_one_line():
+    proc = subprocess.run([CAPBENCH, "run", "--target", "localhost:1", "--no-live"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "--target is a URL" in proc.stderr
