@@ -62,53 +62,59 @@ def summary(con: duckdb.DuckDBPyConnection, run_id: str, slo: SLO | None = None)
     """
     out = _run_row(con, run_id)
     slo = slo or SLO()
-    row = con.execute("""
-        SELECT count(*) AS requests,
-               count(*) FILTER (WHERE phase = 'warmup') AS warmup,
-               count(*) FILTER (WHERE phase = 'measured') AS measured,
-               count(*) FILTER (WHERE phase = 'measured' AND status = 'ok') AS ok,
-               count(*) FILTER (WHERE phase = 'measured' AND status <> 'ok') AS errors,
-               min(scheduled_at) FILTER (WHERE phase = 'measured') AS first_due,
-               min(sent_at) FILTER (WHERE phase = 'measured') AS first_sent,
-               max(sent_at) FILTER (WHERE phase = 'measured') AS last_sent,
-               max(finished_at) FILTER (WHERE phase = 'measured') AS last_finished,
-               sum(prompt_tokens) FILTER (WHERE phase = 'measured' AND status = 'ok') AS input_tokens,
-               sum(completion_tokens) FILTER (WHERE phase = 'measured' AND status = 'ok') AS output_tokens,
-               avg(dispatch_lag_s) FILTER (WHERE phase = 'measured') AS dispatch_lag_mean,
-               max(dispatch_lag_s) FILTER (WHERE phase = 'measured') AS dispatch_lag_max,
-               count(*) FILTER (WHERE phase = 'measured' AND status = 'ok'
-                                AND ($1::DOUBLE IS NULL OR ttft_s <= $1)
-                                AND ($2::DOUBLE IS NULL OR tpot_s IS NULL OR tpot_s <= $2)
-                                AND ($3::DOUBLE IS NULL OR e2e_s <= $3)) AS good
-        FROM requests WHERE run_id = $4""", [slo.ttft_s, slo.tpot_s, slo.e2e_s, run_id]).fetchall()[0]
-    names = ["requests", "warmup", "measured", "ok", "errors", "first_due", "first_sent", "last_sent",
-             "last_finished", "input_tokens", "output_tokens", "dispatch_lag_mean", "dispatch_lag_max", "good"]
-    r = dict(zip(names, row, strict=True))
-    start = r["first_due"] if r["first_due"] is not None else r["first_sent"]
-    duration = (r["last_finished"] - start) if start is not None and r["last_finished"] is not None else None
-    send_span = (r["last_sent"] - r["first_sent"]) if r["first_sent"] is not None else None
+    # counts and sums from the writer's per-flush stats (request_stats), not a scan of every request
+    stats = con.execute("""
+        SELECT phase, status, error_kind, sum(n), min(first_due), min(first_sent), max(last_sent), max(last_finished),
+               sum(input_tokens), sum(output_tokens), sum(dispatch_lag_sum), sum(dispatch_lag_n), max(dispatch_lag_max)
+        FROM request_stats WHERE run_id = ? GROUP BY phase, status, error_kind""", [run_id]).df()
+    stats.columns = ["phase", "status", "error_kind", "n", "first_due", "first_sent", "last_sent", "last_finished",
+                     "input_tokens", "output_tokens", "lag_sum", "lag_n", "lag_max"]
+    measured = stats[stats.phase == "measured"]
+    ok = measured[measured.status == "ok"]
+    failed = measured[measured.status != "ok"]
+    n_measured, n_ok = int(measured.n.sum()), int(ok.n.sum())
+
+    def agg(frame: pd.DataFrame, col: str, how: str) -> float | None:
+        v = getattr(frame[col], how)() if len(frame) else None
+        return None if v is None or pd.isna(v) else float(v)
+
+    # goodput: the one scan, over three latency columns (numeric filters first, text only for what passes)
+    clauses = [(sql, v) for sql, v in (("ttft_s <= ?", slo.ttft_s), ("(tpot_s IS NULL OR tpot_s <= ?)", slo.tpot_s),
+                                       ("e2e_s <= ?", slo.e2e_s)) if v is not None]
+    good = n_ok
+    if clauses:
+        where = " AND ".join(sql for sql, _ in clauses)  # fixed text; the bounds go in as parameters
+        good = con.execute(f"SELECT count(*) FROM requests WHERE run_id = ? AND {where} AND status = 'ok' "
+                           "AND phase = 'measured'", [run_id, *(v for _, v in clauses)]).fetchall()[0][0]
+    start = agg(measured, "first_due", "min")
+    last_finished = agg(measured, "last_finished", "max")
+    duration = last_finished - start if start is not None and last_finished is not None else None
+    first_sent, last_sent = agg(measured, "first_sent", "min"), agg(measured, "last_sent", "max")
+    send_span = last_sent - first_sent if first_sent is not None and last_sent is not None else None
+    input_tokens, output_tokens = agg(ok, "input_tokens", "sum"), agg(ok, "output_tokens", "sum")
+    lag_n = agg(measured, "lag_n", "sum")
 
     def per_s(x: float | None, span: float | None) -> float | None:
         return None if x is None or not span or span <= 0 else x / span
 
     out.update({
-        "requests": r["requests"], "warmup": r["warmup"], "measured": r["measured"], "ok": r["ok"],
-        "errors": r["errors"], "success_rate": r["ok"] / r["measured"] if r["measured"] else None,
+        "requests": int(stats.n.sum()), "warmup": int(stats[stats.phase == "warmup"].n.sum()),
+        "measured": n_measured, "ok": n_ok, "errors": n_measured - n_ok,
+        "success_rate": n_ok / n_measured if n_measured else None,
         "duration_s": duration,
-        "achieved_rate_rps": per_s(r["measured"], send_span),
-        "throughput_rps": per_s(r["ok"], duration),
-        "input_tps": per_s(r["input_tokens"], duration), "output_tps": per_s(r["output_tokens"], duration),
-        "input_tokens": r["input_tokens"], "output_tokens": r["output_tokens"],
-        "dispatch_lag_mean": r["dispatch_lag_mean"], "dispatch_lag_max": r["dispatch_lag_max"],
+        "achieved_rate_rps": per_s(n_measured, send_span),
+        "throughput_rps": per_s(n_ok, duration),
+        "input_tps": per_s(input_tokens, duration), "output_tps": per_s(output_tokens, duration),
+        "input_tokens": input_tokens, "output_tokens": output_tokens,
+        "dispatch_lag_mean": agg(measured, "lag_sum", "sum") / lag_n if lag_n else None,
+        "dispatch_lag_max": agg(measured, "lag_max", "max"),
         "slo_ttft_s": slo.ttft_s, "slo_tpot_s": slo.tpot_s, "slo_e2e_s": slo.e2e_s,
-        "slo_attainment": r["good"] / r["measured"] if r["measured"] else None,
-        "goodput_rps": per_s(r["good"], duration),
+        "slo_attainment": good / n_measured if n_measured else None,
+        "goodput_rps": per_s(good, duration),
     })
     out.update(percentiles(con, run_id))
-    out["errors_by_kind"] = dict(con.execute(
-        "SELECT coalesce(error_kind, 'unknown'), count(*) FROM requests "
-        "WHERE run_id = ? AND phase = 'measured' AND status <> 'ok' GROUP BY 1 ORDER BY 2 DESC", [run_id]
-    ).fetchall())
+    kinds = failed.assign(kind=failed.error_kind.fillna("unknown")).groupby("kind").n.sum()
+    out["errors_by_kind"] = {k: int(v) for k, v in kinds.sort_values(ascending=False).items()}
     return out
 
 

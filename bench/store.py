@@ -16,9 +16,11 @@ it. Whoever finds it locked retries with a short back-off (`connect()`); a write
 rows and tries again at the next flush. Within one process, open a single Store mode (DuckDB refuses read-only and
 read-write connections to one file side by side in one process).
 
-Percentiles: the writer also folds measured, successful requests into log-linear latency histograms
-(`latency_hist`, 128 buckets per power of two, so a percentile is within 0.4 % of the exact one). The summary
-reads those, which keeps it fast on tens of millions of requests with every inter-token gap stored.
+Summaries: with each flush the writer also appends counts and sums per (phase, status, error_kind) to
+`request_stats`, and folds measured, successful requests into log-linear latency histograms (`latency_hist`, 128
+buckets per power of two, so a percentile is within 0.4 % of the exact one). The summary reads those, plus one
+scan of three latency columns for goodput, which keeps it fast on tens of millions of requests with every
+inter-token gap stored. So rows go in through the writer, not by hand.
 """
 
 from __future__ import annotations
@@ -71,7 +73,26 @@ MIGRATIONS: list[tuple[int, str, list[str]]] = [
         """CREATE TABLE latency_hist (
             run_id VARCHAR NOT NULL, metric VARCHAR NOT NULL, bucket INTEGER NOT NULL, n BIGINT NOT NULL)""",
     ]),
+    (2, "request_stats: per-flush counts and sums, so a summary does not scan every request", [
+        """CREATE TABLE request_stats (
+            run_id VARCHAR NOT NULL, phase VARCHAR, status VARCHAR, error_kind VARCHAR, n BIGINT NOT NULL,
+            first_due DOUBLE, first_sent DOUBLE, last_sent DOUBLE, last_finished DOUBLE,
+            input_tokens BIGINT, output_tokens BIGINT,
+            dispatch_lag_sum DOUBLE, dispatch_lag_n BIGINT, dispatch_lag_max DOUBLE)""",
+        """INSERT INTO request_stats
+            SELECT run_id, phase, status, error_kind, count(*), min(coalesce(scheduled_at, sent_at)), min(sent_at),
+                   max(sent_at), max(finished_at), sum(prompt_tokens), sum(completion_tokens), sum(dispatch_lag_s),
+                   count(dispatch_lag_s), max(dispatch_lag_s)
+            FROM requests GROUP BY run_id, phase, status, error_kind""",
+    ]),
 ]
+# What the writer appends to request_stats for each flushed batch (the batch is registered as capbench_batch).
+STATS_FROM_BATCH = """INSERT INTO request_stats
+    SELECT run_id, phase, status, error_kind, count(*), min(coalesce(scheduled_at, sent_at)), min(sent_at),
+           max(sent_at), max(finished_at), sum(prompt_tokens), sum(completion_tokens), sum(dispatch_lag_s),
+           count(dispatch_lag_s), max(dispatch_lag_s)
+    FROM capbench_batch GROUP BY run_id, phase, status, error_kind"""
+
 SCHEMA_VERSION = MIGRATIONS[-1][0]
 RUN_TABLES = ("runs", "requests", "gpu_samples", "server_samples", "integrity_events")
 
@@ -225,7 +246,7 @@ class Store:
             _require_run(con, run_id)
             con.execute("BEGIN")
             con.execute("UPDATE runs SET status = ?, finished_at = ? WHERE run_id = ?", [status, time.time(), run_id])
-            _compact_hist(con, run_id)
+            _compact(con, run_id)
             con.execute("COMMIT")
 
     def writer(self, run_id: str, flush_interval_s: float = 1.0):
@@ -316,18 +337,26 @@ def _abort_dead_runs(con: duckdb.DuckDBPyConnection) -> list[str]:
         con.execute("UPDATE runs SET status = 'aborted', finished_at = coalesce("
                     "(SELECT max(finished_at) FROM requests WHERE run_id = ?), started_at) WHERE run_id = ?",
                     [run_id, run_id])
-        _compact_hist(con, run_id)
+        _compact(con, run_id)
         log.warning("run %s was left running by a process that died: marked aborted", run_id)
     return dead
 
 
-def _compact_hist(con: duckdb.DuckDBPyConnection, run_id: str) -> None:
-    """The writer appends one histogram slice per flush; fold them into one row per bucket."""
+def _compact(con: duckdb.DuckDBPyConnection, run_id: str) -> None:
+    """The writer appends one histogram and one stats slice per flush; fold them into one row per key."""
     con.execute("CREATE OR REPLACE TEMP TABLE hist_fold AS SELECT run_id, metric, bucket, sum(n)::BIGINT AS n "
                 "FROM latency_hist WHERE run_id = ? GROUP BY ALL", [run_id])
     con.execute("DELETE FROM latency_hist WHERE run_id = ?", [run_id])
     con.execute("INSERT INTO latency_hist SELECT * FROM hist_fold")
     con.execute("DROP TABLE hist_fold")
+    con.execute("""CREATE OR REPLACE TEMP TABLE stats_fold AS
+        SELECT run_id, phase, status, error_kind, sum(n)::BIGINT, min(first_due), min(first_sent), max(last_sent),
+               max(last_finished), sum(input_tokens)::BIGINT, sum(output_tokens)::BIGINT, sum(dispatch_lag_sum),
+               sum(dispatch_lag_n)::BIGINT, max(dispatch_lag_max)
+        FROM request_stats WHERE run_id = ? GROUP BY run_id, phase, status, error_kind""", [run_id])
+    con.execute("DELETE FROM request_stats WHERE run_id = ?", [run_id])
+    con.execute("INSERT INTO request_stats SELECT * FROM stats_fold")
+    con.execute("DROP TABLE stats_fold")
 
 
 def _require_run(con: duckdb.DuckDBPyConnection, run_id: str) -> dict:

@@ -14,7 +14,15 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from bench.store import GPU_SCHEMA, INTEGRITY_SCHEMA, REQUESTS_SCHEMA, SERVER_SCHEMA, StoreBusy, to_buckets
+from bench.store import (
+    GPU_SCHEMA,
+    INTEGRITY_SCHEMA,
+    REQUESTS_SCHEMA,
+    SERVER_SCHEMA,
+    STATS_FROM_BATCH,
+    StoreBusy,
+    to_buckets,
+)
 
 if TYPE_CHECKING:
     from bench.store import Store
@@ -119,6 +127,8 @@ class BatchedWriter:
                             continue
                         con.register("capbench_batch", table)
                         con.execute(f"INSERT INTO {name} BY NAME SELECT * FROM capbench_batch")
+                        if name == "requests":
+                            con.execute(STATS_FROM_BATCH)
                         con.unregister("capbench_batch")
                     con.execute("COMMIT")
             except BaseException:

@@ -276,3 +276,26 @@ def test_export_writes_every_table_of_one_run(tmp_db, tmp_path):
         export_run(store, ids[1], "xlsx", tmp_path / "x")
     with pytest.raises(BadInput, match="unknown run id"):
         export_run(store, "nope", "csv", tmp_path / "x")
+
+
+def test_a_version_1_file_is_migrated_with_its_request_stats_backfilled(tmp_db):
+    from bench.store import MIGRATIONS
+
+    con = duckdb.connect(str(tmp_db))  # a file as the first release of the store left it
+    con.execute("CREATE TABLE schema_version (version INTEGER NOT NULL, applied_at DOUBLE NOT NULL, note VARCHAR)")
+    for sql in MIGRATIONS[0][2]:
+        con.execute(sql)
+    con.execute("INSERT INTO schema_version VALUES (1, 0, 'initial schema')")
+    con.execute("INSERT INTO runs (run_id, started_at, status) VALUES ('old', 0, 'completed')")
+    con.execute("INSERT INTO requests (run_id, request_id, phase, sent_at, finished_at, prompt_tokens, status) "
+                "SELECT 'old', i::VARCHAR, 'measured', i, i + 1, 10, CASE WHEN i < 8 THEN 'ok' ELSE 'error' END "
+                "FROM range(10) t(i)")
+    con.close()
+    with pytest.raises(BadInput, match="open it read-write once"):
+        Store(tmp_db, read_only=True)
+    store = Store(tmp_db)
+    with store.connect() as con:
+        assert con.execute("SELECT max(version) FROM schema_version").fetchall()[0][0] == SCHEMA_VERSION
+        s = queries.summary(con, "old")
+    assert (s["measured"], s["ok"], s["errors"], s["input_tokens"]) == (10, 8, 2, 80)
+    assert s["duration_s"] == 10.0
