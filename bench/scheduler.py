@@ -250,15 +250,19 @@ class Scheduler:
             req = self.waiting[0]
             length = req.prompt_len + req.gen_base  # a retracted request recomputes its output too
             if self._head_match[0] is not req or self._head_match[1] != self.cache.version:
-                matched = min(self.cache.match(req.prompt_keys), (length - 1) // bs)
-                idle = sum(1 for key in req.prompt_keys[:matched] if not self.cache.ref[key])
-                self._head_match = (req, self.cache.version, matched, idle)
-            matched, idle_hits = self._head_match[2:]
+                self._head_match = (req, self.cache.version, min(self.cache.match(req.prompt_keys),
+                                                                 (length - 1) // bs))
+            matched = self._head_match[2]
             extend = length - matched * bs
-            room = self.free_tokens + self.cache.evictable_tokens - idle_hits * bs
             need = extend + min(req.max_new - req.gen_base, CLIP_MAX_NEW_TOKENS) * self.new_token_ratio
-            if extend > room or (self.num_running and need > room - self._reserve()):
+            room = self.free_tokens + self.cache.evictable_tokens
+            reserve = self._reserve() if self.num_running else 0.0
+            if extend > room or self.num_running and need > room - reserve:
                 break  # FCFS: everyone behind waits too
+            # the hit blocks nobody holds stop being evictable once this request holds them
+            room -= bs * sum(1 for key in req.prompt_keys[:matched] if not self.cache.ref[key])
+            if extend > room or self.num_running and need > room - reserve:
+                break
             self.waiting.popleft()
             req.blocks = req.prompt_keys[:matched]
             self.cache.hold(req.blocks)

@@ -249,6 +249,12 @@ class Twin:
             self.wake.set()
             raise
 
+    async def chat_completions(self, request: web.Request) -> web.StreamResponse:
+        return await self.generate(request, chat=True)
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        return await self.generate(request, chat=False)
+
     def _text(self, req: TwinRequest, start: int, end: int) -> str:
         return "".join(" " + WORDS[req.synth.word(i)] for i in range(start, end))
 
@@ -397,8 +403,7 @@ class Twin:
     def app(self) -> web.Application:
         app = web.Application(client_max_size=64 << 20)
         app.add_routes([
-            web.post("/v1/chat/completions", lambda r: self.generate(r, chat=True)),
-            web.post("/v1/completions", lambda r: self.generate(r, chat=False)),
+            web.post("/v1/chat/completions", self.chat_completions), web.post("/v1/completions", self.completions),
             web.get("/v1/models", self.models), web.post("/v1/tokenize", self.tokenize),
             web.get("/health", self.health), web.get("/health_generate", self.health_generate),
             web.get("/server_info", self.server_info_handler), web.get("/get_server_info", self.server_info_handler),
@@ -410,7 +415,7 @@ class Twin:
 
 async def start(config: TwinConfig) -> tuple[Twin, web.AppRunner, asyncio.Task]:
     twin = Twin(config)
-    runner = web.AppRunner(twin.app(), access_log=None, handler_cancellation=True)
+    runner = web.AppRunner(twin.app(), access_log=None, handler_cancellation=True, shutdown_timeout=1.0)
     await runner.setup()
     site = web.TCPSite(runner, config.host, config.port, backlog=4096)
     await site.start()

@@ -76,8 +76,7 @@ def parse(raw: bytes, chat: bool, tok: Tokenizer) -> GenParams:
             prompt = prompt[0]  # a batch of one
         if isinstance(prompt, str):
             ids = tok.encode(prompt)
-        elif isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool)
-                                                         for t in prompt):
+        elif isinstance(prompt, list) and prompt and set(map(type, prompt)) == {int}:
             ids = prompt
         else:
             raise ApiError("'prompt' must be a string or a non-empty list of token ids (one prompt)", "prompt")

@@ -54,7 +54,8 @@ class Metrics:
         for name, (doc, value) in gauges.items():
             lines += [f"# HELP {name} {doc}", f"# TYPE {name} gauge", f"{name}{{{self.labels}}} {value}"]
         for name, (doc, value) in counters.items():  # named as prometheus_client names counters
-            lines += [f"# HELP {name} {doc}", f"# TYPE {name} counter", f"{name}_total{{{self.labels}}} {value}"]
+            total = f"{name}_total"
+            lines += [f"# HELP {total} {doc}", f"# TYPE {total} counter", f"{total}{{{self.labels}}} {value}"]
         for h in (self.ttft, self.itl, self.e2e):
             lines += h.render(self.labels)
         return "\n".join(lines) + "\n"

@@ -3,7 +3,7 @@
 Tokenizer (documented so clients can predict counts): a token is a run of up to 6 word characters (`\\w`) or one
 other non-space character; whitespace is free. Its id is 16 + crc32(piece) mod (vocab - 16); ids 0-15 are
 special. A chat prompt is, per message, <|im_start|> role-token content <|im_end|>, then <|im_start|> assistant:
-4 tokens per message + 2. A completions prompt given as a list of token ids is taken as is.
+3 tokens per message + 2. A completions prompt given as a list of token ids is taken as is.
 
 Output: a word from a fixed 4-6 letter vocabulary per token, each sent as " word" (one token, and it
 re-tokenizes to the same id, so multi-turn prompts that quote earlier answers hit the prefix cache).

@@ -1,0 +1,267 @@
+"""The twin against clients nobody here wrote: the OpenAI Python client, SGLang's bench_serving, a Prometheus
+text parser; plus its capacity behaviour over HTTP."""
+
+import json
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from bench.errors import BadInput
+from bench.twin import TwinConfig, parse_twin_spec, serve_in_thread
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def twin():
+    with serve_in_thread(TwinConfig(time_scale=200)) as handle:
+        yield handle
+
+
+@pytest.fixture(scope="module")
+def client(twin):
+    return openai.OpenAI(base_url=twin.url + "/v1", api_key="none", max_retries=0)
+
+
+def test_openai_client_chat_and_completions_not_streamed(twin, client):
+    r = client.chat.completions.create(model="x", messages=[{"role": "user", "content": "Say hi, please."}],
+                                       max_tokens=7, temperature=0, extra_body={"ignore_eos": True})
+    assert r.choices[0].finish_reason == "length"
+    assert r.usage.completion_tokens == 7
+    assert r.usage.prompt_tokens == 3 + 5 + 2  # 3 per message + 2; "Say hi , please ." is 5
+    assert r.usage.prompt_tokens_details.cached_tokens == 0
+    tokens = httpx.post(twin.url + "/v1/tokenize", json={"prompt": r.choices[0].message.content}).json()
+    assert tokens["count"] == 7  # exact accounting: the text re-tokenizes to completion_tokens
+    c = client.completions.create(model="x", prompt="Once upon a time", max_tokens=600, temperature=0)
+    assert 32 <= c.usage.completion_tokens < 512 and c.choices[0].finish_reason == "stop"  # natural EOS
+    again = client.completions.create(model="x", prompt="Once upon a time", max_tokens=600, temperature=0)
+    assert again.choices[0].text == c.choices[0].text  # greedy is deterministic
+
+
+def test_openai_client_streams_one_token_per_chunk_with_usage(client):
+    stream = client.chat.completions.create(model="x", messages=[{"role": "user", "content": "Count."}],
+                                            max_tokens=12, stream=True, stream_options={"include_usage": True},
+                                            extra_body={"ignore_eos": True}, logprobs=True, top_logprobs=3)
+    chunks = list(stream)
+    content = [c for c in chunks if c.choices]
+    assert len(content) == 12 and all(len(c.choices[0].logprobs.content[0].top_logprobs) == 3 for c in content)
+    assert content[0].choices[0].delta.role == "assistant"
+    assert [c.choices[0].finish_reason for c in content] == [None] * 11 + ["length"]
+    assert chunks[-1].usage.completion_tokens == 12 and chunks[-1].usage.prompt_tokens == 3 + 2 + 2
+    stream = client.completions.create(model="x", prompt=[5, 6, 7, 8], max_tokens=5, stream=True, logprobs=2,
+                                       extra_body={"min_tokens": 5})
+    texts = [c.choices[0].text for c in stream]
+    assert len(texts) == 5 and all(re.fullmatch(r" \w+", t) for t in texts)
+
+
+def test_server_timestamps_in_headers_and_debug_endpoint(twin):
+    t0 = time.time()
+    r = httpx.post(twin.url + "/v1/completions", json={"prompt": "hello " * 50, "max_tokens": 20,
+                                                        "ignore_eos": True})
+    t1 = time.time()
+    arrival, first, finish = (float(r.headers[f"x-capbench-{k}"]) for k in ("arrival", "first-token", "finish"))
+    assert t0 <= arrival <= first <= finish <= t1
+    record = httpx.get(f"{twin.url}/capbench/requests/{r.headers['x-capbench-request-id']}").json()
+    assert (record["arrival"], record["first_token"], record["finish"]) == (arrival, first, finish)
+    assert record["completion_tokens"] == 20 and record["prompt_tokens"] == 50
+    assert httpx.get(twin.url + "/capbench/requests/nope").status_code == 404
+
+
+@pytest.mark.parametrize("path, body, param", [
+    ("/v1/chat/completions", b"{not json", None),
+    ("/v1/chat/completions", b"[1, 2]", None),
+    ("/v1/chat/completions", b'{"messages": []}', "messages"),
+    ("/v1/chat/completions", b'{"messages": [{"content": "no role"}]}', "messages"),
+    ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "x"}], "max_tokens": "ten"}', "max_tokens"),
+    ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "x"}], "temperature": 9}', "temperature"),
+    ("/v1/completions", b'{"prompt": 42}', "prompt"),
+    ("/v1/completions", b'{"prompt": ["a", "b"]}', "prompt"),
+    ("/v1/completions", b'{"prompt": "x", "max_tokens": -1}', "max_tokens"),
+    ("/v1/completions", b'{"prompt": "x", "n": 2}', "n"),
+    ("/v1/completions", b'{"prompt": "x", "stream": "yes"}', "stream"),
+    ("/v1/completions", b'{"prompt": "x", "max_tokens": 2, "min_tokens": 5}', "min_tokens"),
+])
+def test_malformed_bodies_get_openai_400s(twin, path, body, param):
+    r = httpx.post(twin.url + path, content=body, headers={"Content-Type": "application/json"})
+    assert r.status_code == 400
+    err = r.json()["error"]
+    assert err["message"] and err["type"] == "invalid_request_error" and err["param"] == param and err["code"] == 400
+
+
+def test_openai_client_raises_bad_request_with_the_message():
+    with serve_in_thread(TwinConfig(context=1000)) as handle:
+        client = openai.OpenAI(base_url=handle.url + "/v1", api_key="none", max_retries=0)
+        with pytest.raises(openai.BadRequestError, match="longer than the model's context length"):
+            client.completions.create(model="x", prompt="word " * 1000, max_tokens=1)
+        with pytest.raises(openai.BadRequestError, match="'max_tokens' must be between 1"):
+            client.completions.create(model="x", prompt="word", max_tokens=0)
+
+
+def test_sglang_surface_and_prometheus_metrics(twin):
+    assert httpx.get(twin.url + "/health").status_code == 200
+    assert httpx.get(twin.url + "/health_generate", timeout=10).status_code == 200
+    models = httpx.get(twin.url + "/v1/models").json()
+    assert models["data"][0]["id"] == "moonshotai/Kimi-K2-Thinking"
+    info = httpx.get(twin.url + "/server_info").json()
+    assert info == {**httpx.get(twin.url + "/get_server_info").json(), "internal_states": info["internal_states"]}
+    assert info["max_total_num_tokens"] == 803_071 and info["tp_size"] == 8
+    mem = info["internal_states"][0]["memory_usage"]
+    assert mem["token_capacity"] == 803_071 and mem["weight"] > 60 and mem["kvcache"] > 40
+    families = {f.name: f for f in text_string_to_metric_families(httpx.get(twin.url + "/metrics").text)}
+    for name in ("num_running_reqs", "num_queue_reqs", "token_usage", "gen_throughput", "cache_hit_rate",
+                 "max_total_num_tokens", "kv_cache_memory_usage_gb", "weight_memory_usage_gb"):
+        assert families[f"sglang:{name}"].type == "gauge"
+    for name in ("prompt_tokens", "generation_tokens"):
+        assert families[f"sglang:{name}"].type == "counter"
+        assert families[f"sglang:{name}"].samples[0].value > 0
+    for name in ("time_to_first_token_seconds", "inter_token_latency_seconds", "e2e_request_latency_seconds"):
+        fam = families[f"sglang:{name}"]
+        count = next(s.value for s in fam.samples if s.name.endswith("_count"))
+        assert fam.type == "histogram" and count > 0
+    assert families["sglang:max_total_num_tokens"].samples[0].value == 803_071
+
+
+def test_cache_hit_rate_rises_with_shared_prefixes(client, twin):
+    system = "You are a careful assistant. " * 300  # ~1800 tokens shared
+    cached = []
+    for i in range(4):
+        r = client.chat.completions.create(model="x", max_tokens=2, messages=[
+            {"role": "system", "content": system}, {"role": "user", "content": f"question {i}"}])
+        cached.append(r.usage.prompt_tokens_details.cached_tokens)
+    assert cached[0] == 0 and all(c >= 1792 for c in cached[1:])
+    unique = [client.completions.create(model="x", prompt=f"{i} " * 500 + "unique", max_tokens=2)
+              for i in range(3)]
+    assert all(u.usage.prompt_tokens_details.cached_tokens == 0 for u in unique)
+
+
+def _peak_running(config: TwinConfig, n: int, prompt: int, out: int) -> int:
+    body = {"prompt": list(range(16, 16 + prompt)), "max_tokens": out, "ignore_eos": True}
+    with serve_in_thread(config) as handle:
+        with ThreadPoolExecutor(n) as pool:
+            futures = [pool.submit(httpx.post, handle.url + "/v1/completions",
+                                   json={**body, "prompt": [i] + body["prompt"]}, timeout=120) for i in range(n)]
+            assert all(f.result().status_code == 200 for f in futures)
+        return httpx.get(handle.url + "/server_info").json()["internal_states"][0]["peak_running_reqs"]
+
+
+def test_fp8_kv_twin_admits_twice_the_long_context_sequences():
+    bf16 = _peak_running(TwinConfig(time_scale=400), 20, 100_000, 1500)
+    fp8 = _peak_running(TwinConfig(kv_dtype="fp8_e4m3", time_scale=400), 20, 100_000, 1500)
+    assert bf16 >= 6 and fp8 / bf16 == pytest.approx(2, abs=0.35)
+
+
+def test_queue_grows_when_offered_load_exceeds_capacity():
+    config = TwinConfig(time_scale=20, max_running_requests=8)
+    with serve_in_thread(config) as handle:
+        stop = threading.Event()
+
+        def fire():
+            while not stop.is_set():
+                try:
+                    httpx.post(handle.url + "/v1/completions", timeout=30,
+                               json={"prompt": "load " * 200, "max_tokens": 200, "ignore_eos": True})
+                except httpx.HTTPError:
+                    return
+
+        threads = [threading.Thread(target=fire, daemon=True) for _ in range(32)]
+        for t in threads:
+            t.start()
+        time.sleep(1.5)
+        fam = {s.name: s.value for f in text_string_to_metric_families(httpx.get(handle.url + "/metrics").text)
+               for s in f.samples}
+        stop.set()
+    assert fam["sglang:num_running_reqs"] == 8
+    assert fam["sglang:num_queue_reqs"] >= 16
+
+
+def test_drift_changes_greedy_tokens_deterministically():
+    prompt = {"prompt": "The quality of this answer", "max_tokens": 200, "ignore_eos": True, "temperature": 0}
+    outs = {}
+    for drift in (0.0, 0.3):
+        with serve_in_thread(TwinConfig(time_scale=1000, drift=drift, seed=7)) as handle:
+            outs[drift] = [httpx.post(handle.url + "/v1/completions", json=prompt).json()["choices"][0]["text"]
+                           for _ in range(2)]
+    for drift in outs:
+        assert outs[drift][0] == outs[drift][1]
+    a, b = outs[0.0][0].split(), outs[0.3][0].split()
+    differ = sum(x != y for x, y in zip(a, b, strict=True)) / len(a)
+    assert 0.15 < differ < 0.45
+
+
+def test_parse_twin_spec():
+    c = parse_twin_spec("twin:kimi-k2-thinking@h200x8,kv=fp8_e4m3,weights=int4-g32,time_scale=10,seed=3")
+    assert (c.model, c.gpu, c.tp, c.kv_dtype, c.weights, c.time_scale, c.seed) == (
+        "kimi-k2-thinking", "h200", 8, "fp8_e4m3", "int4-g32", 10.0, 3)
+    assert parse_twin_spec("glm-4.5-air@a100-80gbx4").gpu == "a100-80gb"
+    for bad in ("twin:kimi-k2-thinking@h200", "twin:nope@h200x8", "twin:kimi-k2-thinking@h200x8,color=red",
+                "twin:kimi-k2-thinking@h200x8,time_scale=fast", "twin:kimi-k2-thinking@h200x3"):
+        with pytest.raises(BadInput):
+            parse_twin_spec(bad)
+
+
+def _tokenizer_dir(path: Path) -> Path:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"[UNK]": 0, "<s>": 1, "</s>": 2} | {f"w{i}": 3 + i for i in range(2000)}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.decoder = decoders.WordPiece(prefix="##")
+    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", bos_token="<s>",
+                            eos_token="</s>").save_pretrained(path)
+    return path
+
+
+# SGLang's config package imports torchvision, whose PyPI wheel needs these op schemas beside CPU torch
+# (see tests/conftest.py); the client runs in its own process, so it defines them there too.
+BENCH_SERVING = """
+import runpy, sys, torch
+lib = torch.library.Library("torchvision", "DEF")
+lib.define("nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
+lib.define("qnms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
+sys.argv = ["sglang.bench_serving"] + sys.argv[1:]
+runpy.run_module("sglang.bench_serving", run_name="__main__")
+"""
+
+
+def test_capbench_twin_serves_sglang_bench_serving(tmp_path):
+    port = 30000 + os.getpid() % 20000
+    cmd = [str(Path(sys.executable).parent / "capbench"), "twin", "--port", str(port), "--time-scale", "50",
+           "--kv-dtype", "fp8_e4m3"]
+    twin = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        for _ in range(100):
+            try:
+                httpx.get(f"http://127.0.0.1:{port}/health")
+                break
+            except httpx.HTTPError:
+                time.sleep(0.1)
+        out_file = tmp_path / "result.jsonl"
+        bench = subprocess.run(
+            [sys.executable, "-c", BENCH_SERVING, "--backend", "sglang-oai", "--dataset-name", "random-ids",
+             "--tokenizer", str(_tokenizer_dir(tmp_path / "tok")), "--num-prompts", "60", "--random-input-len",
+             "300", "--random-output-len", "40", "--request-rate", "30", "--host", "127.0.0.1", "--port",
+             str(port), "--output-file", str(out_file), "--seed", "1"],
+            cwd=tmp_path, env={**os.environ, "HF_HUB_OFFLINE": "1"}, capture_output=True, text=True, timeout=150)
+        assert bench.returncode == 0, bench.stdout[-2000:] + bench.stderr[-2000:]
+        assert re.search(r"Successful requests:\s+60\b", bench.stdout), bench.stdout[-2000:]
+        result = json.loads(out_file.read_text().splitlines()[-1])
+        assert result["completed"] == 60 and result["mean_ttft_ms"] > 0 and result["mean_tpot_ms"] > 0
+        # the client's own tokenizer maps each synthetic word to one [UNK]: exact token accounting
+        assert result["total_output_tokens"] == result["total_output_tokens_retokenized"] > 60
+        assert result["server_info"]["max_total_num_tokens"] == 1_606_143
+    finally:
+        twin.terminate()
+        printed = twin.communicate(timeout=10)[0]
+    assert "KV pool tokens (max_total_num_tokens)" in printed and "1,606,143" in printed
+    assert f"http://127.0.0.1:{port}" in printed
