@@ -1,0 +1,129 @@
+"""The checksum function: torch reference against plain Python integers, Triton kernel (interpreted on CPU)
+against the reference, and the detection guarantees."""
+
+import os
+import random
+
+import pytest
+import torch
+
+from engine_patches.kv_checksum.checksum import (
+    GOLDEN,
+    MIX1,
+    MIX2,
+    SEED,
+    page_checksums_reference,
+    page_partials_reference,
+    paged_words,
+)
+from engine_patches.kv_checksum.kernel import PageChecksummer
+
+M64 = (1 << 64) - 1
+
+
+def python_checksum(buffers: list[torch.Tensor], page: int, page_size: int) -> int:
+    """The definition in checksum.py, in unbounded Python ints: no emulation of uint64 anywhere."""
+    total = 0
+    for b, buf in enumerate(buffers):
+        raw = paged_words(buf, page_size)[page].view(torch.uint8).tolist()
+        for w in range(len(raw) // 8):
+            x = int.from_bytes(bytes(raw[8 * w : 8 * w + 8]), "little")
+            x ^= (((b << 32) | w) * GOLDEN & M64) ^ SEED
+            x ^= x >> 30
+            x = x * MIX1 & M64
+            x ^= x >> 27
+            x = x * MIX2 & M64
+            x ^= x >> 31
+            total = (total + x) & M64
+    return total
+
+
+def pool_like(kind: str, dtype: torch.dtype, rows: int, gen: torch.Generator) -> list[torch.Tensor]:
+    """Layer buffers shaped like SGLang's: MHA K and V [rows, heads, dim]; MLA latents [rows, 1, 576]; fp8 stored
+    as uint8."""
+    shape = (rows, 2, 48) if kind == "mha" else (rows, 1, 72)
+    n = 4 if kind == "mha" else 3
+    out = []
+    for _ in range(n):
+        x = torch.randn(*shape, generator=gen) * 8
+        out.append(x.to(torch.float8_e4m3fn).view(torch.uint8) if dtype == torch.float8_e4m3fn else x.to(dtype))
+    return out
+
+
+def test_reference_equals_the_definition_in_python_ints():
+    gen = torch.Generator().manual_seed(0)
+    buffers = pool_like("mla", torch.bfloat16, 16, gen)
+    pages = torch.tensor([0, 1, 3])
+    ref = page_checksums_reference(buffers, pages, page_size=4)
+    for i, p in enumerate(pages.tolist()):
+        assert int(ref[i]) & M64 == python_checksum(buffers, p, 4)
+
+
+@pytest.mark.parametrize("kind", ["mha", "mla"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float8_e4m3fn], ids=["bf16", "fp8"])
+def test_triton_kernel_is_bit_identical_to_reference(kind, dtype):
+    assert os.environ.get("TRITON_INTERPRET") == "1"  # set by tests/conftest.py: the kernel runs on CPU
+    gen = torch.Generator().manual_seed(1)
+    page_size = 4
+    buffers = pool_like(kind, dtype, 12 * page_size, gen)
+    pages = torch.tensor([11, 0, 5, 5, 7])  # any order, repeats allowed
+    # A block smaller than a page's words exercises the loop and the masked tail.
+    kernel = PageChecksummer(buffers, page_size, block=64)
+    assert torch.equal(kernel.partials(pages), page_partials_reference(buffers, pages, page_size))
+    assert torch.equal(kernel(pages), page_checksums_reference(buffers, pages, page_size))
+
+
+def test_kernel_handles_buffers_of_different_widths():
+    gen = torch.Generator().manual_seed(2)
+    k = [torch.randn(16, 2, 64, generator=gen).to(torch.bfloat16) for _ in range(2)]
+    v = [torch.randn(16, 2, 32, generator=gen).to(torch.bfloat16) for _ in range(2)]  # v_head_dim != head_dim
+    pages = torch.arange(4)
+    assert torch.equal(PageChecksummer(k + v, 4, block=32)(pages), page_checksums_reference(k + v, pages, 4))
+
+
+def test_every_single_bit_of_a_page_is_detected():
+    """Exhaustive over one fp8 MLA page of 2 layers x 4 rows x 72 bytes: all 4,608 single-bit flips."""
+    gen = torch.Generator().manual_seed(3)
+    buffers = [x[:8].contiguous() for x in pool_like("mla", torch.float8_e4m3fn, 8, gen)[:2]]
+    page = torch.tensor([1])
+    clean = int(page_checksums_reference(buffers, page, 4))
+    flips = 0
+    for buf in buffers:
+        flat = buf.view(-1)
+        for byte in range(4 * 72, 8 * 72):
+            for bit in range(8):
+                flat[byte] ^= 1 << bit
+                assert int(page_checksums_reference(buffers, page, 4)) != clean
+                flat[byte] ^= 1 << bit
+                flips += 1
+    assert flips == 2 * 4 * 72 * 8
+    assert int(page_checksums_reference(buffers, page, 4)) == clean
+
+
+def test_swapped_words_and_other_pages_do_not_disturb():
+    gen = torch.Generator().manual_seed(4)
+    buffers = pool_like("mha", torch.bfloat16, 8, gen)
+    pages = torch.tensor([0, 1])
+    before = page_checksums_reference(buffers, pages, 4)
+    words = paged_words(buffers[1], 4)
+    a, b = words[1, 3].clone(), words[1, 9].clone()
+    assert not torch.equal(a, b)
+    words[1, 3], words[1, 9] = b, a  # same bytes, moved within page 1
+    after = page_checksums_reference(buffers, pages, 4)
+    assert after[0] == before[0] and after[1] != before[1]
+
+
+def test_random_multiword_corruption_is_detected():
+    rng = random.Random(5)
+    gen = torch.Generator().manual_seed(5)
+    buffers = pool_like("mla", torch.bfloat16, 8, gen)
+    pages = torch.tensor([0, 1])
+    clean = page_checksums_reference(buffers, pages, 4)
+    for _ in range(200):
+        buf = rng.choice(buffers)
+        flat = buf.view(-1).view(torch.uint8)
+        idx = torch.randint(0, flat.numel(), (rng.randint(2, 40),), generator=gen)
+        saved = flat[idx].clone()
+        flat[idx] ^= torch.randint(1, 256, (len(idx),), generator=gen, dtype=torch.uint8)
+        assert not torch.equal(page_checksums_reference(buffers, pages, 4), clean)
+        flat[idx] = saved
