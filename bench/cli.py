@@ -322,6 +322,25 @@ def quantize_int4(
     print_report(report, out)
 
 
+@app.command()
+def drift(
+    target: list[str] = typer.Option(..., help="Two servers, A then B: URLs or twin:SPEC (e.g. twin:glm-4.6@h200x8)."),
+    prompts: list[str] = typer.Option(None, help="JSONL prompt files (default: data/prompts/drift.jsonl)."),
+    db: str = typer.Option("data/capbench.duckdb", help="Results DB."),
+    label: str = typer.Option("", help="A label for the run."),
+    model: str = typer.Option(None, help="Model name to send (default: each server's /v1/models)."),
+    api_key_env: str = typer.Option(None, help="Environment variable holding the API key."),
+    concurrency: int = typer.Option(8, help="Prompts in flight at once."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+) -> None:
+    """Quality drift: the same prompts sent greedily with top logprobs to two servers, compared token by token."""
+    from pathlib import Path
+
+    from bench.drift import drift_command
+
+    drift_command(target, [Path(p) for p in prompts or []], Path(db), label, model, api_key_env, concurrency, as_json)
+
+
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] in ("run", "worker"):  # Locust's gevent wants to patch before the rest
         from gevent import monkey
