@@ -250,7 +250,10 @@ class Store:
             con.execute("COMMIT")
 
     def writer(self, run_id: str, flush_interval_s: float = 1.0):
+        """A BatchedWriter for this run: add_request(s), add_gpu_sample, ..., close()."""
         from bench.writer import BatchedWriter
+
+        self.run(run_id)  # an unknown run id fails here, not a second later in the writer thread
 
         return BatchedWriter(self, run_id, flush_interval_s=flush_interval_s)
 
@@ -261,8 +264,8 @@ class Store:
                 SELECT r.run_id, r.label, r.target, r.profile, r.status, r.started_at, r.finished_at,
                        coalesce(q.n, 0) AS requests, coalesce(q.errors, 0) AS errors, r.capbench_version, r.config
                 FROM runs r LEFT JOIN (
-                    SELECT run_id, count(*) AS n, count(*) FILTER (WHERE status = 'error') AS errors
-                    FROM requests GROUP BY run_id) q USING (run_id)
+                    SELECT run_id, sum(n)::BIGINT AS n, (sum(n) FILTER (WHERE status <> 'ok'))::BIGINT AS errors
+                    FROM request_stats GROUP BY run_id) q USING (run_id)
                 ORDER BY r.started_at DESC""").df()
 
     def run(self, run_id: str) -> dict:

@@ -16,6 +16,7 @@ from bench.store import (
     GPU_SCHEMA,
     INTEGRITY_SCHEMA,
     REQUESTS_SCHEMA,
+    RUN_TABLES,
     SCHEMA_VERSION,
     SERVER_SCHEMA,
     Store,
@@ -263,9 +264,8 @@ def test_export_writes_every_table_of_one_run(tmp_db, tmp_path):
             w.add_gpu_sample({"t": 1.0, "gpu": 0})
         ids.append(run_id)
     files = export_run(store, ids[1], "parquet", tmp_path / "pq")
-    assert sorted(p.name for p in files) == sorted(f"{t}.parquet" for t in
-                                                   ("runs", "requests", "gpu_samples", "server_samples",
-                                                    "integrity_events"))
+    assert sorted(p.name for p in files) == sorted(f"{t}.parquet" for t in RUN_TABLES)
+    assert {"runs", "requests", "gpu_samples", "server_samples", "integrity_events"} <= set(RUN_TABLES)
     req = pq.read_table(tmp_path / "pq" / "requests.parquet")
     assert req.num_rows == 7 and set(req["run_id"].to_pylist()) == {ids[1]}
     assert len(req["itl_s"][0].as_py()) == 10
