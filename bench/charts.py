@@ -116,4 +116,7 @@ def to_svg(chart: alt.TopLevelMixin) -> str:
     """Static SVG of a chart, made offline by vl-convert (no scripts, no CDN)."""
     import vl_convert as vlc
 
-    return vlc.vegalite_to_svg(chart.to_dict())
+    spec = chart.to_dict()
+    # text is measured with vl-convert's fonts but drawn with the reader's: leave room for wider ones
+    spec["padding"] = {"left": 40, "right": 60, "top": 5, "bottom": 5}
+    return vlc.vegalite_to_svg(spec)

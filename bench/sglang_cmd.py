@@ -18,8 +18,10 @@ def model_path(model_id: str, weights: str) -> tuple[str, str | None]:
     if weights == "native":
         return m.hf_repo, None
     if weights.startswith("int4"):
-        return f"./{model_id}-{weights}", (f"INT4 experts ({weights}, compressed-tensors W4A16) converted from "
-                                           f"{m.hf_repo} with capbench's engine_patches/int4_moe")
+        group = weights.removeprefix("int4-g")
+        return f"./{model_id}-{weights}", (f"INT4 experts ({weights}, compressed-tensors W4A16) made from {m.hf_repo} "
+                                           f"by `capbench quantize-int4 --in <{m.hf_repo} download> --out "
+                                           f"./{model_id}-{weights} --group-size {group}`")
     return f"./{model_id}-{weights}", f"{weights} checkpoint of {m.hf_repo} (not the published format)"
 
 
