@@ -45,6 +45,7 @@ TINY_MOE = {"glm-4.6": {"experts": 4, "hidden": 128, "inter": 64, "top_k": 2},
             "kimi-k2": {"experts": 4, "hidden": 128, "inter": 128, "top_k": 2}}
 GROUP = 32
 E4M3_MAX = 448.0
+PEAK_HBM_TBPS = {"H200": 4.8, "H100": 3.35}  # data/gpus.yaml; this script must run where PyYAML may be absent
 
 
 def timed(fn, iters: int, device: torch.device) -> float:
@@ -171,6 +172,23 @@ def speedups(rows: list[dict], key: str, fast: str, slow: str, group_keys: tuple
     return out
 
 
+def factors(gpu: str, attention: list[dict], moe: list[dict]) -> dict | None:
+    """Efficiency factors in the flat form bench/perfmodel.py reads with --calibration (`jq .factors FILE`):
+    hbm_eff = median decode-attention bandwidth at the largest batch x context / datasheet peak;
+    int4_dequant_factor = INT4 / BF16 MoE time at the largest M measured (the model applies it to expert compute)."""
+    peak = next((v for k, v in PEAK_HBM_TBPS.items() if k in gpu), None)
+    if peak is None or not attention or not moe:
+        return None
+    biggest = max(r["ctx"] * r["bs"] for r in attention)
+    gbps = [r["gbps"] for r in attention if r["ctx"] * r["bs"] == biggest]
+    top_m = max(r["m"] for r in moe)
+    ratios = [r["ms"] / next(b["ms"] for b in moe if b["model"] == r["model"] and b["m"] == top_m
+                             and b["weights"] == "bf16")
+              for r in moe if r["m"] == top_m and r["weights"] == "int4"]
+    return {"hbm_eff": statistics.median(gbps) / (peak * 1e3), "int4_dequant_factor": statistics.median(ratios),
+            "source": f"engine_patches/quant_gpu_check.py on {gpu}"}
+
+
 def run_check(tiny: bool, out_path: Path | None = None) -> dict:
     cuda = torch.cuda.is_available() and not tiny
     if not cuda:  # before any Triton kernel module is imported: triton.jit reads it at decoration
@@ -213,6 +231,7 @@ def run_check(tiny: bool, out_path: Path | None = None) -> dict:
         "moe_gemm": moe,
         "fp8_kv_speedup": speedups(attention, "kv", "fp8", "bf16", ("model", "ctx", "bs")),
         "int4_moe_speedup": speedups(moe, "weights", "int4", "bf16", ("model", "m")),
+        "factors": factors(torch.cuda.get_device_name(0), attention, moe) if cuda else None,
         "wall_s": round(time.time() - t0, 1),
     }
     if out_path:

@@ -33,7 +33,7 @@ def test_tiny_run_writes_the_documented_json(tmp_path):
     out = tmp_path / "quant_gpu_cpu.json"
     gc.run_check(tiny=True, out_path=out)
     doc = json.loads(out.read_text())
-    assert doc["pending"] is True and doc["gpu"].startswith("none")
+    assert doc["pending"] is True and doc["gpu"].startswith("none") and doc["factors"] is None
     assert {"measured_at", "versions", "dtype", "note"} <= set(doc)
     attn = doc["decode_attention"]
     assert {(r["model"], r["kv"]) for r in attn} == {(m, k) for m in ("glm-4.6", "kimi-k2") for k in ("bf16", "fp8")}
@@ -50,3 +50,14 @@ def test_tiny_run_writes_the_documented_json(tmp_path):
             assert r["speedup"] > 0 and r["rel_err"] < 0.3  # INT4 g32 of gaussian weights: ~0.1-0.15
     for key in ("fp8_kv_speedup", "int4_moe_speedup"):
         assert set(doc[key]) == {"glm-4.6", "kimi-k2", "overall"} and math.isfinite(doc[key]["overall"])
+
+
+def test_factors_for_the_performance_model():
+    attn = [{"ctx": 4096, "bs": 8, "gbps": 3000.0}, {"ctx": 131072, "bs": 32, "gbps": 3600.0},
+            {"ctx": 131072, "bs": 32, "gbps": 4000.0}]
+    moe = [{"model": "kimi-k2", "m": 256, "weights": "bf16", "ms": 2.0},
+           {"model": "kimi-k2", "m": 256, "weights": "int4", "ms": 2.5},
+           {"model": "kimi-k2", "m": 1, "weights": "int4", "ms": 0.1}]
+    f = gc.factors("NVIDIA H200", attn, moe)
+    assert f["hbm_eff"] == 3800.0 / 4800.0 and f["int4_dequant_factor"] == 1.25
+    assert gc.factors("NVIDIA L4", attn, moe) is None
