@@ -239,13 +239,14 @@ def _histograms(run_id: str, requests: pa.Table) -> pa.Table:
     ok = measured & pc.equal(requests["status"], "ok").to_numpy(zero_copy_only=False)
     itl = requests["itl_s"].combine_chunks() if requests.num_rows else pa.array([], REQUESTS_SCHEMA.field("itl_s").type)
     gaps = pc.list_flatten(itl).to_numpy(zero_copy_only=False)
-    gap_ok = ok[pc.list_parent_indices(itl).to_numpy(zero_copy_only=False)] if gaps.size else ok[:0]
+    if not ok.all():
+        gaps = gaps[ok[pc.list_parent_indices(itl).to_numpy(zero_copy_only=False)]]
 
     def col(name: str) -> np.ndarray:
         return requests[name].to_numpy(zero_copy_only=False).astype(np.float64, copy=False)
 
     values = {"ttft": col("ttft_s")[ok], "tpot": col("tpot_s")[ok], "e2e": col("e2e_s")[ok],
-              "itl": gaps[gap_ok], "dispatch_lag": col("dispatch_lag_s")[measured]}
+              "itl": gaps, "dispatch_lag": col("dispatch_lag_s")[measured]}
     metrics, buckets, counts = [], [], []
     for metric, v in values.items():
         b, n = to_buckets(v)
