@@ -42,6 +42,8 @@ except ImportError:
 
 CONFIG_OPTION = "capbench"  # environment.parsed_options.capbench: the run's config as JSON (reaches workers too)
 ERROR_TEXT_MAX = 300
+SERVER_ID_HEADER = "X-Capbench-Request-Id"  # the twin's id of a request: its server-side timestamps are at
+# GET /capbench/requests/{id}; travels in the Locust event's context, not in the record
 
 
 class RequestFailed(Exception):
@@ -171,6 +173,7 @@ class OpenAIUser(FastHttpUser):
             with gevent.Timeout(plan.timeout_s, _Deadline):
                 resp = plan.http.request("POST", path, body=payload, headers=plan.headers)
                 got_headers = True
+                stream.server_id = resp.get(SERVER_ID_HEADER)
                 status = resp.status_code
                 if status != 200:
                     text = resp.read()[:ERROR_TEXT_MAX].decode("utf-8", "replace")
@@ -233,7 +236,8 @@ class OpenAIUser(FastHttpUser):
         self.plan.recorded += 1
         self.environment.events.request.fire(
             request_type="POST", name=f"{spec.kind}:{spec.api}", response_time=rec["e2e_s"] * 1000.0,
-            response_length=stream.nbytes, exception=exc, context={"capbench": rec})
+            response_length=stream.nbytes, exception=exc,
+            context={"capbench": rec, "server_request_id": stream.server_id})
         return rec
 
 
@@ -275,7 +279,7 @@ class OpenLoopUser(OpenAIUser):
 class _Stream:
     """What the response said: first/last token times (perf_counter), gaps, chunk count, usage, stream errors."""
 
-    __slots__ = ("start", "first", "last", "gaps", "chunks", "usage", "nbytes", "error")
+    __slots__ = ("start", "first", "last", "gaps", "chunks", "usage", "nbytes", "error", "server_id")
 
     def __init__(self, start: float):
         self.start = start
@@ -286,6 +290,7 @@ class _Stream:
         self.usage: dict | None = None
         self.nbytes = 0
         self.error: RequestFailed | None = None
+        self.server_id: str | None = None
 
     def _token(self) -> None:
         now = time.perf_counter()

@@ -51,15 +51,25 @@ def plan_config(url: str, profile: dict, workload: dict | None = None, **kw) -> 
     return cfg
 
 
-def drive(user_class, cfg: dict, users: int, seconds: float) -> list[dict]:
+class Records(list):
+    """The records fired, in order; `contexts` holds each Locust event's whole context."""
+
+    contexts: list
+
+
+def drive(user_class, cfg: dict, users: int, seconds: float) -> Records:
     """Run Locust users of this config for `seconds` after t0 (then kill them); the records they fired."""
     env = Environment(user_classes=[user_class], parsed_options=locust_options(cfg), stop_timeout=0.0)
     env.create_local_runner()
-    records: list[dict] = []
-    env.events.request.add_listener(lambda context=None, **kw: records.append(context["capbench"]))
+    records = Records()
+    records.contexts = []
+
+    def on_request(context=None, **_kw):
+        records.append(context["capbench"])
+        records.contexts.append(context)
+
+    env.events.request.add_listener(on_request)
     env.runner.start(users, spawn_rate=users)
     gevent.sleep(max(0.0, cfg["t0"] - time.time()) + seconds)
     env.runner.quit()
-    env.locust_stats = env.runner.stats.total
-    drive.last_env = env
     return records

@@ -1,0 +1,60 @@
+"""`capbench run` against the twin (in its own process): rate accuracy over a minute, the store against Locust's
+own counts, and the client's TTFT against the twin's server-side timestamps."""
+
+import json
+
+import httpx
+import numpy as np
+import pytest
+
+from bench.runner import RunOptions, Target, run
+from loadgen.users import OpenLoopUser
+from tests.bench.test_runner import rows
+from tests.loadgen.conftest import drive, plan_config
+
+TWIN = "twin:kimi-k2-thinking@h200x8,kv=fp8_e4m3,time_scale=10"
+LIGHT = {"name": "light", "type": "synthetic", "input": {"dist": "uniform", "min": 64, "max": 256},
+         "output": {"dist": "uniform", "min": 8, "max": 24}}
+
+
+def test_poisson_50_rps_for_60_s_hits_the_rate_and_the_store_matches_locust(tmp_db, tmp_path):
+    wl = tmp_path / "light.yaml"
+    wl.write_text(json.dumps(LIGHT))
+    [res] = run(RunOptions(target=TWIN, profile="poisson", overrides={"rate": 50, "duration": 60}, workload=str(wl),
+                           db=tmp_db, live=False, seed=7))
+    assert res.status == "completed"
+    stored = rows(tmp_db, res.run_id)
+    assert len(stored) == 3000 == res.locust_requests == res.records == res.rows_written
+    assert res.locust_failures == sum(r["status"] != "ok" for r in stored) == 0
+    assert res.summary["achieved_rate_rps"] == pytest.approx(50, rel=0.02)
+    assert res.summary["throughput_rps"] == pytest.approx(50, rel=0.02)
+    assert all(r["tokens_from"] == "usage" for r in stored)
+
+
+def _first_token_delivery_ms(rate: float) -> np.ndarray:
+    """Client first-token time minus the twin's first-token time, both time.time(), for one short run."""
+    target = Target(TWIN)
+    try:
+        cfg = plan_config(target.url, {"name": "p", "type": "poisson", "params": {"rate": rate, "duration": 3}},
+                          LIGHT, model="moonshotai/Kimi-K2-Thinking", duration_s=3.0, connections=400)
+        records = drive(OpenLoopUser, cfg, 300, 3.5)
+        assert len(records) == 3 * rate and all(r["status"] == "ok" for r in records)
+        with httpx.Client(base_url=target.url) as http:
+            server = [http.get(f"/capbench/requests/{ctx['server_request_id']}").json() for ctx in records.contexts]
+    finally:
+        target.close()
+    return np.array([r["first_token_at"] - s["first_token"] for r, s in zip(records, server, strict=True)]) * 1000
+
+
+def test_client_first_token_time_matches_the_twins():
+    """At 100 req/s the client's first-token timestamp is within 1 ms (p99) of the twin's own. The machines this
+    runs on are shared: the best of three short runs counts, and every run's figures are printed."""
+    p99s = []
+    for _ in range(3):
+        d = _first_token_delivery_ms(100)
+        assert d.min() > -0.05  # the client never sees a token before the server made it: one clock
+        p99s.append(float(np.percentile(d, 99)))
+        print(f"first-token delivery, client - twin: p50 {np.percentile(d, 50):.3f} ms, p99 {p99s[-1]:.3f} ms")
+        if p99s[-1] < 1.0:
+            break
+    assert min(p99s) < 1.0, f"p99 per run: {p99s}"
