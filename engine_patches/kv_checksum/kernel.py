@@ -56,12 +56,13 @@ def _page_checksum_kernel(
 class PageChecksummer:
     """Holds one pool's pointer table so each call is a single launch over the requested pages."""
 
-    def __init__(self, buffers: list[torch.Tensor], page_size: int, block: int = BLOCK):
+    def __init__(self, buffers: list[torch.Tensor], page_size: int, block: int = BLOCK, num_warps: int = 4):
         words = [paged_words(buf, page_size).shape[1] for buf in buffers]
         device = buffers[0].device
         self.buffers = buffers  # keep the storage alive while the pointers are in use
         self.page_size = page_size
         self.block = block
+        self.num_warps = num_warps
         self.ptrs = torch.tensor([buf.data_ptr() for buf in buffers], dtype=torch.int64, device=device)
         self.words = torch.tensor(words, dtype=torch.int64, device=device)
 
@@ -73,7 +74,7 @@ class PageChecksummer:
         if n:
             _page_checksum_kernel[(n, nb)](
                 self.ptrs, self.words, pages, partial, nb,
-                GOLDEN=GOLDEN, SEED=SEED, MIX1=MIX1, MIX2=MIX2, BLOCK=self.block,
+                GOLDEN=GOLDEN, SEED=SEED, MIX1=MIX1, MIX2=MIX2, BLOCK=self.block, num_warps=self.num_warps,
             )  # fmt: skip
         return partial
 
