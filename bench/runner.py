@@ -271,7 +271,7 @@ def _run_one(store: Store, opts: RunOptions, prof: profiles.Profile, wl: workloa
         env.parsed_options = locust_options(config)
         _install_signals(env, state)
         env.runner.start_shape()
-        live = Live(opts.live, prof, config, collector, env)
+        live = Live(opts.live, prof, config, collector, env, sent_total)
         with live:
             while True:
                 gevent.sleep(0.5)

@@ -60,6 +60,7 @@ def drive(user_class, cfg: dict, users: int, settle_s: float) -> tuple[list[dict
     cpu1, wall = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter() - wall0
     env.runner.quit()
     cpu = (cpu1.ru_utime - cpu0.ru_utime) + (cpu1.ru_stime - cpu0.ru_stime)
+    drive.kernel_share = (cpu1.ru_stime - cpu0.ru_stime) / max(cpu, 1e-9)
     return records, wall, cpu
 
 
@@ -71,7 +72,7 @@ def throughput(url: str, duration: float, users: int, tokens: int) -> dict:
     ok = [r for r in records if r["status"] == "ok" and t0 <= r["finished_at"] <= t1]
     bad = [r for r in records if r["status"] != "ok" and r["error_kind"] != "aborted"]
     return {"streamed_rps": len(ok) / duration, "errors": len(bad), "client_cpu_per_s": cpu / wall,
-            "rps_per_client_core": len(ok) / duration / max(cpu / wall, 1e-9),
+            "rps_per_client_core": len(ok) / duration / max(cpu / wall, 1e-9), "kernel_share": drive.kernel_share,
             "tokens_per_response": tokens, "users": users}
 
 
@@ -106,7 +107,8 @@ def main() -> None:
     print(f"machine: {os.cpu_count()} CPUs, load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
     print(f"streamed req/s, one process, {a.users} users, {a.tokens} tokens a response, median of {a.repeat}: "
           f"{best['streamed_rps']:.0f}  (runs: {', '.join(format(r['streamed_rps'], '.0f') for r in runs)}; "
-          f"client CPU {best['client_cpu_per_s']:.2f} s/s, {best['rps_per_client_core']:.0f} req/s per client core; "
+          f"client CPU {best['client_cpu_per_s']:.2f} s/s ({best['kernel_share']:.0%} in the kernel), "
+          f"{best['rps_per_client_core']:.0f} req/s per client core; "
           f"errors {best['errors']})  goal >= 3000: {'met' if best['streamed_rps'] >= 3000 else 'MISSED'}")
     print(f"dispatch lag at {lg['rate']:.0f} req/s Poisson, {lg['requests']} requests: p50 {lg['lag_p50_ms']:.3f} ms, "
           f"p90 {lg['lag_p90_ms']:.3f} ms, p99 {lg['lag_p99_ms']:.3f} ms, p99.9 {lg['lag_p99.9_ms']:.3f} ms, "
