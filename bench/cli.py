@@ -76,6 +76,10 @@ def sglang_launch(
                                     "| strict (abort the request). Sealed on radix insert, verified on match_prefix."),
     kv_scrub_pages_per_s: float = typer.Option(0.0, help="Re-verify idle cached pages at this rate (0: no scrub)."),
     integrity_log: str = typer.Option(None, help="Append integrity events (kind, layer, page, detail) as JSON lines."),
+    kv_scales: str = typer.Option(None, help="Per-layer FP8 KV scales (from calibrate-kv-scales) for GLM-4.x / Kimi "
+                                  "K2; needs --kv-cache-dtype fp8_e4m3."),
+    record_kv_amax: str = typer.Option(None, help="Calibration run (BF16 KV): dump per-layer K/V maxima to "
+                                       "PATH.rank<R>.json for calibrate-kv-scales."),
     dry_run: bool = typer.Option(False, help="Print the command and environment instead of starting SGLang."),
 ) -> None:
     """Start SGLang (python -m sglang.launch_server) with capbench's patches in every SGLang process.
@@ -87,7 +91,8 @@ def sglang_launch(
 
     args = list(ctx.args)
     try:
-        launch(PatchOptions(kv_checksum, kv_scrub_pages_per_s, integrity_log), args, dry_run=dry_run)
+        options = PatchOptions(kv_checksum, kv_scrub_pages_per_s, integrity_log, kv_scales, record_kv_amax)
+        launch(options, args, dry_run=dry_run)
     except BadLaunch as e:
         raise BadInput(str(e)) from None
 

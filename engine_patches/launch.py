@@ -33,6 +33,8 @@ class PatchOptions:
     kv_checksum: str = "off"
     kv_scrub_pages_per_s: float = 0.0
     integrity_log: str | None = None
+    kv_scales: str | None = None  # FP8 KV scales file (engine_patches/fp8_scales)
+    record_kv_amax: str | None = None  # calibration run: dump per-layer K/V maxima to PATH.rank<R>.json
 
 
 @dataclass(frozen=True)
@@ -62,6 +64,20 @@ PATCHES: list[Patch] = [
         trigger_module="sglang.srt.mem_cache.registry",
         apply="engine_patches.launch:_apply_kv_checksum",
     ),
+    Patch(
+        name="fp8_kv_scales",
+        enabled=lambda o: bool(o.kv_scales),
+        server_args=lambda o: ["--quantization-param-path", str(Path(o.kv_scales).expanduser().resolve())],
+        trigger_module="sglang.srt.model_executor.model_runner",
+        apply="engine_patches.fp8_scales.patch:apply_load",
+    ),
+    Patch(
+        name="kv_amax_recorder",
+        enabled=lambda o: bool(o.record_kv_amax),
+        server_args=lambda o: [],
+        trigger_module="sglang.srt.mem_cache.memory_pool",
+        apply="engine_patches.fp8_scales.patch:apply_record",
+    ),
 ]
 
 
@@ -89,10 +105,39 @@ def validate(o: PatchOptions, sglang_args: list[str]) -> None:
             raise BadLaunch("--kv-checksum checks pages reused from the radix cache; drop --disable-radix-cache")
         if "--enable-hierarchical-cache" in sglang_args or "--enable-hicache" in sglang_args:
             raise BadLaunch("--kv-checksum does not cover HiCache host tiers; drop --enable-hierarchical-cache")
+    _validate_fp8_scales(o, sglang_args)
     if o.integrity_log:
         parent = Path(o.integrity_log).expanduser().resolve().parent
         if not parent.is_dir():
             raise BadLaunch(f"--integrity-log directory does not exist: {parent}")
+
+
+def _server_arg(sglang_args: list[str], flag: str, default: str) -> str:
+    """The value of `--flag V` or `--flag=V` among SGLang's arguments."""
+    for i, a in enumerate(sglang_args):
+        if a.startswith(flag + "="):
+            return a.split("=", 1)[1]
+        if a == flag and i + 1 < len(sglang_args):
+            return sglang_args[i + 1]
+    return default
+
+
+def _validate_fp8_scales(o: PatchOptions, sglang_args: list[str]) -> None:
+    kv_dtype = _server_arg(sglang_args, "--kv-cache-dtype", "auto")
+    if o.kv_scales and o.record_kv_amax:
+        raise BadLaunch("--record-kv-amax (a BF16-KV calibration run) and --kv-scales (an FP8 run) exclude each other")
+    if o.kv_scales:
+        if not Path(o.kv_scales).expanduser().is_file():
+            raise BadLaunch(f"--kv-scales file not found: {o.kv_scales}")
+        if kv_dtype != "fp8_e4m3":
+            raise BadLaunch("--kv-scales needs --kv-cache-dtype fp8_e4m3 (SGLang loads KV scales for e4m3 only)")
+        if any(a.split("=", 1)[0] == "--quantization-param-path" for a in sglang_args):
+            raise BadLaunch("--kv-scales passes its own --quantization-param-path; drop yours")
+    if o.record_kv_amax:
+        if kv_dtype.startswith("fp8"):
+            raise BadLaunch("--record-kv-amax calibrates on a BF16 KV cache; drop --kv-cache-dtype " + kv_dtype)
+        if not Path(o.record_kv_amax).expanduser().resolve().parent.is_dir():
+            raise BadLaunch(f"--record-kv-amax directory does not exist: {Path(o.record_kv_amax).parent}")
 
 
 def active_patches(o: PatchOptions) -> list[Patch]:
@@ -110,6 +155,10 @@ def describe(o: PatchOptions) -> list[str]:
         lines.append(f"{p.name}: {state}")
     if o.integrity_log:
         lines.append(f"integrity log: {o.integrity_log}")
+    if o.kv_scales:
+        lines.append(f"FP8 KV scales: {o.kv_scales}")
+    if o.record_kv_amax:
+        lines.append(f"K/V maxima: {o.record_kv_amax}.rank<R>.json (decode tokens only with --disable-cuda-graph)")
     return lines
 
 

@@ -72,3 +72,13 @@ def apply_from_env() -> None:
         kv_scales = os.environ.get(ENV_SCALES)
 
     apply(_Args)
+
+
+def apply_record(options) -> None:
+    """engine_patches/launch.py's hook for --record-kv-amax (runs in each SGLang process)."""
+    apply_recording(os.path.abspath(options.record_kv_amax), float(os.environ.get(ENV_INTERVAL, "2.0")))
+
+
+def apply_load(options) -> None:
+    """engine_patches/launch.py's hook for --kv-scales (runs in each SGLang process)."""
+    apply_loading()

@@ -106,7 +106,8 @@ def test_dry_run_prints_active_patches_and_the_sglang_command(tmp_path):
            "--radix-cache-backend capbench_kv_checksum" in r.stdout
     line = next(x for x in r.stdout.splitlines() if x.startswith("CAPBENCH_PATCHES="))
     assert json.loads(line.split("=", 1)[1]) == {"kv_checksum": "strict", "kv_scrub_pages_per_s": 50.0,
-                                                 "integrity_log": str(log)}
+                                                 "integrity_log": str(log), "kv_scales": None,
+                                                 "record_kv_amax": None}
 
 
 def test_off_adds_nothing():
