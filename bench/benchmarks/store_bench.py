@@ -10,6 +10,7 @@ Synthetic requests carry `--gaps` inter-token gaps each (default 8, so 80M gaps 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import tempfile
 import time
@@ -73,13 +74,14 @@ def main() -> None:
 
         run_id = store.start_run(label="bench", target="synthetic", profile="10k-rps")
         task = progress.add_task("ingesting", total=args.rows)
-        started = time.perf_counter()
+        load_before = os.getloadavg()[0]
+        started, cpu_started = time.perf_counter(), time.process_time()
         w = store.writer(run_id)
         for b in batches:
             w.add_requests(b)
             progress.advance(task, b.num_rows)
         w.close()
-        ingest_s = time.perf_counter() - started
+        ingest_s, ingest_cpu_s = time.perf_counter() - started, time.process_time() - cpu_started
         store.finish_run(run_id)
         del batches
 
@@ -112,6 +114,9 @@ def main() -> None:
     console.print(f"ingest (Arrow batches of {BATCH:,} via BatchedWriter, incl. final flush): "
                   f"{rows_per_s:,.0f} rows/s ({ingest_s:.2f} s)  goal >= 1,000,000: "
                   f"{'PASS' if rows_per_s >= 1e6 else 'FAIL'}")
+    console.print(f"ingest CPU: {ingest_cpu_s:.2f} s over all threads = {args.rows / ingest_cpu_s:,.0f} rows per "
+                  f"CPU-second; machine: {os.cpu_count()} cores, load average {load_before:.1f} when ingest began "
+                  "(other processes share these cores)")
     console.print(f"ingest (one dict per add_request, {dict_rows:,} rows): {dict_rate:,.0f} rows/s")
     console.print(f"summary query, median of {args.repeats}: {q:.0f} ms (min {min(query_ms):.0f}, "
                   f"max {max(query_ms):.0f}); with connection open/close: {statistics.median(open_query_ms):.0f} ms"
