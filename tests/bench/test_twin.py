@@ -265,3 +265,21 @@ def test_capbench_twin_serves_sglang_bench_serving(tmp_path):
         printed = twin.communicate(timeout=10)[0]
     assert "KV pool tokens (max_total_num_tokens)" in printed and "1,606,143" in printed
     assert f"http://127.0.0.1:{port}" in printed
+
+
+def test_a_client_that_goes_away_frees_its_request():
+    with serve_in_thread(TwinConfig(time_scale=10)) as handle:
+        with httpx.stream("POST", handle.url + "/v1/completions", json={
+                "prompt": "long story", "max_tokens": 100_000, "ignore_eos": True, "stream": True}) as r:
+            rid = r.headers["x-capbench-request-id"]
+            for i, _ in enumerate(r.iter_lines()):
+                if i == 6:
+                    break
+        for _ in range(50):
+            record = httpx.get(f"{handle.url}/capbench/requests/{rid}").json()
+            if record["state"] == "aborted":
+                break
+            time.sleep(0.1)
+        info = httpx.get(handle.url + "/server_info").json()["internal_states"][0]
+    assert record["state"] == "aborted" and 3 <= record["completion_tokens"] < 1000
+    assert info["num_running_reqs"] == 0 and info["token_usage"] == 0
