@@ -109,3 +109,33 @@ def test_a_reader_reads_while_a_writer_writes(tmp_db):
     final = Store(tmp_db, read_only=True).runs()
     assert final.requests[0] == written and final.status[0] == "completed"
     print(f"reads: {len(seen)}, writer flushes put off by readers: {busy}")
+
+
+def test_a_writer_locked_out_keeps_its_rows_until_it_gets_in(tmp_db):
+    import pytest
+
+    from bench.store import StoreBusy
+
+    store = Store(tmp_db)
+    run_id = store.start_run(label="locked out")
+    w = store.writer(run_id, flush_interval_s=3600)  # flushes only when asked
+    for i in range(10):
+        w.add_request({"request_id": str(i)})
+    holder = subprocess.Popen([sys.executable, "-c", "import duckdb, sys, time\n"
+                               "con = duckdb.connect(sys.argv[1], read_only=True)\n"
+                               "print('holding', flush=True)\n"
+                               "sys.stdin.readline()\n", str(tmp_db)],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "holding"
+        with pytest.raises(StoreBusy):
+            w.flush(lock_timeout_s=0.2)
+        assert w.pending() == 10
+        w.add_request({"request_id": "10"})
+        holder.stdin.write("\n")
+        holder.stdin.flush()
+        holder.wait(timeout=10)
+        w.close()
+    finally:
+        holder.kill()
+    assert store.runs().requests[0] == 11
