@@ -1,21 +1,19 @@
-"""Entry points the launcher calls in every SGLang process: `apply(args)` or, in spawned children, `apply_from_env()`.
+"""Entry points that apply the FP8-scales patches inside an SGLang process.
 
     --record-kv-amax PATH   calibration run (BF16 KV): dump per-layer K/V maxima to PATH.rank<R>.json
-    --kv-scales PATH        serving run (fp8_e4m3 KV): load per-layer scales from PATH (also passed to SGLang as
-                            --quantization-param-path, which is what makes SGLang call the loader)
+    --kv-scales PATH        serving run (fp8_e4m3 KV): let GLM-4.x / Kimi K2 load per-layer scales; the launcher also
+                            passes PATH to SGLang as --quantization-param-path, which is what makes SGLang call them
 
-SGLang starts its schedulers with multiprocessing "spawn", so a patch applied in the launcher process does not
-reach them. `environ(args)` gives the variables that carry the choice into children, where `apply_from_env()`
-re-applies it (the launcher runs that in each child).
+engine_patches/launch.py reaches every SGLang process (they are spawned) through its boot sitecustomize and calls
+`apply_record` when `sglang.srt.mem_cache.memory_pool` is imported and `apply_load` when
+`sglang.srt.model_executor.model_runner` is. `apply(args)` does either from any object with the two attributes.
 """
 
 from __future__ import annotations
 
 import os
 
-ENV_RECORD = "CAPBENCH_RECORD_KV_AMAX"
-ENV_SCALES = "CAPBENCH_KV_SCALES"
-ENV_INTERVAL = "CAPBENCH_KV_AMAX_INTERVAL_S"
+ENV_INTERVAL = "CAPBENCH_KV_AMAX_INTERVAL_S"  # seconds between amax dumps (default 2)
 
 _applied: set[str] = set()
 
@@ -39,46 +37,22 @@ def apply_loading() -> None:
 
 
 def apply(args) -> None:
-    """`args` is any object with optional attributes `record_kv_amax` and `kv_scales` (argparse namespace)."""
+    """`args`: any object with optional attributes `record_kv_amax` and `kv_scales` (e.g. launch.PatchOptions)."""
     record = getattr(args, "record_kv_amax", None)
     scales = getattr(args, "kv_scales", None)
     if record and scales:
         raise ValueError("--record-kv-amax (a BF16 calibration run) and --kv-scales (an FP8 run) exclude each other")
     if record:
-        apply_recording(record, float(os.environ.get(ENV_INTERVAL, "2.0")))
+        apply_record(args)
     if scales:
-        apply_loading()
-
-
-def environ(args) -> dict[str, str]:
-    env = {}
-    if getattr(args, "record_kv_amax", None):
-        env[ENV_RECORD] = os.path.abspath(args.record_kv_amax)
-    if getattr(args, "kv_scales", None):
-        env[ENV_SCALES] = os.path.abspath(args.kv_scales)
-    return env
-
-
-def sglang_args(args) -> list[str]:
-    """Extra SGLang server arguments the choice implies."""
-    if getattr(args, "kv_scales", None):
-        return ["--quantization-param-path", os.path.abspath(args.kv_scales)]
-    return []
-
-
-def apply_from_env() -> None:
-    class _Args:
-        record_kv_amax = os.environ.get(ENV_RECORD)
-        kv_scales = os.environ.get(ENV_SCALES)
-
-    apply(_Args)
+        apply_load(args)
 
 
 def apply_record(options) -> None:
-    """engine_patches/launch.py's hook for --record-kv-amax (runs in each SGLang process)."""
+    """engine_patches/launch.py's hook for --record-kv-amax."""
     apply_recording(os.path.abspath(options.record_kv_amax), float(os.environ.get(ENV_INTERVAL, "2.0")))
 
 
 def apply_load(options) -> None:
-    """engine_patches/launch.py's hook for --kv-scales (runs in each SGLang process)."""
+    """engine_patches/launch.py's hook for --kv-scales."""
     apply_loading()
