@@ -80,6 +80,14 @@ class GpuSampler:
         return self
 
     def _tick(self) -> None:
+        try:
+            self._sample()
+        except Exception as e:  # e.g. the sink's writer already closed: say so once, keep the load test alive
+            self.read_errors += 1
+            if self.read_errors == 1:
+                log.warning("GPU sampler: %r", e)
+
+    def _sample(self) -> None:
         import pynvml
 
         t = time.time()

@@ -171,3 +171,21 @@ def test_sampler_rates_must_be_positive():
         GpuSampler(print, hz=0)
     with pytest.raises(ValueError):
         ServerSampler("http://127.0.0.1:1", print, interval_ms=-5)
+
+
+def test_a_sink_that_fails_does_not_kill_the_server_sampler(caplog):
+    server = Server()
+    calls = []
+
+    def sink(row):
+        calls.append(row)
+        raise RuntimeError("writer for run x is closed")
+
+    sampler = ServerSampler(server.url, sink, interval_ms=50).start()
+    try:
+        _wait(lambda: sampler.failures["sampler:error"] >= 3)
+        assert sampler._thread.is_alive()
+    finally:
+        sampler.stop()
+        server.close()
+    assert len(calls) >= 3
