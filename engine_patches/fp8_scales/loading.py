@@ -54,19 +54,29 @@ def _device(model) -> torch.device:
     return p.device if p is not None else torch.device("cpu")
 
 
-def _decoder_layers(model):
-    for layer in model.model.layers:
-        if hasattr(layer, "self_attn"):  # PPMissingLayer on other pipeline ranks has none
-            yield layer
+def _attention_modules(model, scales: dict, attr: str):
+    """(layer_id, attention module) of each decoder layer this rank holds that has a scale. The MTP draft models
+    (Glm4MoeForCausalLMNextN, DeepseekV3ForCausalLMNextN) inherit the loader: their one `model.decoder` layer sits
+    past the calibrated layers and keeps scale 1.0, which only costs draft acceptance."""
+    inner = model.model
+    layers = list(getattr(inner, "layers", None) or [getattr(inner, "decoder", None)])
+    for layer in layers:
+        if not hasattr(layer, "self_attn"):  # PPMissingLayer on other pipeline ranks
+            continue
+        attn = getattr(layer.self_attn, attr)
+        if attn.layer_id in scales:
+            yield attn.layer_id, attn
+        else:
+            logger.warning("capbench: no FP8 KV scale for layer %d; it keeps scale 1.0", attn.layer_id)
 
 
 def glm4_moe_load_kv_cache_scales(self, quantization_param_path: str) -> None:
     tp_rank, tp_size = _tp_layout(self)
     scales = read_kv_scales(quantization_param_path, tp_rank, tp_size, self.config.num_hidden_layers, None)
     device = _device(self)
-    for layer in _decoder_layers(self):
-        k, v = scales[layer.self_attn.attn.layer_id]
-        set_attention_scales(layer.self_attn.attn, k, v, device)
+    for layer_id, attn in _attention_modules(self, scales, "attn"):
+        k, v = scales[layer_id]
+        set_attention_scales(attn, k, v, device)
     logger.info("capbench: loaded FP8 KV scales for %d MHA layers from %s", len(scales), quantization_param_path)
 
 
@@ -74,12 +84,10 @@ def deepseek_v2_load_kv_cache_scales(self, quantization_param_path: str) -> None
     tp_rank, tp_size = _tp_layout(self)
     scales = read_kv_scales(quantization_param_path, tp_rank, tp_size, self.config.num_hidden_layers, None)
     device = _device(self)
-    for layer in _decoder_layers(self):
-        attn = layer.self_attn.attn_mqa
-        k, v = scales[attn.layer_id]
-        s = max(k, v)  # one cached row (latent | rope), one descale in the kernels
+    for layer_id, attn in _attention_modules(self, scales, "attn_mqa"):
+        s = max(scales[layer_id])  # one cached row (latent | rope), one descale in the kernels
         set_attention_scales(attn, s, s, device)
-        MLA_SCALES[attn.layer_id] = s
+        MLA_SCALES[layer_id] = s
     logger.info("capbench: loaded FP8 KV scales for %d MLA layers from %s", len(scales), quantization_param_path)
 
 

@@ -168,3 +168,38 @@ def test_mla_scaled_fp8_writes_and_reads(tmp_path, restore_pools):
         assert report[i]["latent_cal"] < 0.05
     for i in (1, 2):
         assert report[i]["latent_one"] > 5 * report[i]["latent_cal"]
+
+
+def test_mtp_draft_layer_past_the_calibrated_ones_keeps_scale_one(tmp_path, restore_pools):
+    """The NextN draft models inherit the loader; their single `model.decoder` layer has id num_hidden_layers."""
+    path = write_scales(build_scales("mla", {i: (900.0, 10.0) for i in range(LAYERS)}, LAYERS, 1), tmp_path / "s.json")
+    draft = TinyDecoder(1, mla=True)
+    decoder = draft.model.layers[0]
+    del draft.model.layers
+    draft.model.decoder = decoder
+    decoder.self_attn.attn_mqa.layer_id = LAYERS
+    draft.config.num_hidden_layers = LAYERS
+    loading.deepseek_v2_load_kv_cache_scales(draft, str(path))
+    assert decoder.self_attn.attn_mqa.k_scale is None and LAYERS not in loading.MLA_SCALES
+
+
+def test_patched_sglang_signatures_are_the_ones_the_wrappers_expect():
+    """SGLang moves fast: the wrappers pass these parameters by name and position (pinned to 0.5.23)."""
+    import inspect
+
+    from sglang.srt.models.deepseek_v2 import DeepseekV2ForCausalLM
+    from sglang.srt.models.glm4_moe import Glm4MoeForCausalLM
+
+    def params(f):
+        return list(inspect.signature(f).parameters)
+
+    assert params(MHATokenToKVPool.set_kv_buffer)[:5] == ["self", "layer", "loc_info", "cache_k", "cache_v"]
+    assert "layer_id_override" in params(MHATokenToKVPool.set_kv_buffer)
+    assert params(MLATokenToKVPool.set_kv_buffer) == ["self", "layer", "loc_info", "cache_k", "cache_v",
+                                                      "layer_id_override"]
+    assert params(MLATokenToKVPool.set_mla_kv_buffer) == ["self", "layer", "loc_info", "cache_k_nope",
+                                                          "cache_k_rope", "layer_id_override"]
+    assert params(MLATokenToKVPool.get_mla_kv_buffer) == ["self", "layer", "loc", "dst_dtype"]
+    for cls in (Glm4MoeForCausalLM, DeepseekV2ForCausalLM):  # the loaders we add must not shadow SGLang's own
+        assert "load_kv_cache_scales" not in cls.__dict__ or cls.__dict__["load_kv_cache_scales"].__module__ == \
+            "engine_patches.fp8_scales.loading"
