@@ -108,7 +108,7 @@ class BatchedWriter:
 
     def pending(self) -> int:
         with self._lock:
-            return sum(len(r) for r in self._rows.values()) + sum(b.num_rows for b in self._batches)
+            return sum(len(r) for r in self._rows.values()) + sum(b.num_rows for b, _ in self._batches)
 
     def flush(self, lock_timeout_s: float | None = None) -> int:
         """Write everything buffered now; returns rows written. On StoreBusy the rows stay buffered."""

@@ -119,8 +119,9 @@ def test_a_writer_locked_out_keeps_its_rows_until_it_gets_in(tmp_db):
     store = Store(tmp_db)
     run_id = store.start_run(label="locked out")
     w = store.writer(run_id, flush_interval_s=3600)  # flushes only when asked
-    for i in range(10):
+    for i in range(5):
         w.add_request({"request_id": str(i)})
+    w.add_requests({"request_id": [str(i) for i in range(5, 10)]})
     holder = subprocess.Popen([sys.executable, "-c", "import duckdb, sys, time\n"
                                "con = duckdb.connect(sys.argv[1], read_only=True)\n"
                                "print('holding', flush=True)\n"
