@@ -92,5 +92,34 @@ def summary_table(s: dict) -> Table:
     return t
 
 
+LAG_WARN_S = 0.010
+
+
 def print_summary(s: dict, to_stderr: bool = False) -> None:
-    Console(stderr=to_stderr).print(summary_table(s))
+    console = Console(stderr=to_stderr)
+    console.print(summary_table(s))
+    lag = s.get("dispatch_lag_p99")
+    if lag is not None and lag > LAG_WARN_S:
+        console.print(f"note: dispatch lag p99 {lag * 1000:.1f} ms: the client fell behind its schedule (latencies "
+                      "count from the due time, so they include it); more --workers or a quieter machine help.")
+
+
+def print_sweep(stages: list[tuple[float | None, dict]], min_attainment: float) -> None:
+    """One row per sweep stage, and the highest offered rate whose SLO attainment held."""
+    t = Table(title="sweep")
+    for col in ("stage", "offered req/s", "done req/s", "goodput req/s", "SLO met", "TTFT p50", "E2E p50",
+                "errors"):
+        t.add_column(col, justify="right")
+    best = None
+    for k, (offered, s) in enumerate(stages):
+        att = s.get("slo_attainment")
+        if offered is not None and att is not None and att >= min_attainment and not s.get("saturated"):
+            best = offered
+        t.add_row(str(k), "1 user" if offered is None else f"{offered:g}",
+                  f"{s.get('throughput_rps') or 0:.2f}", f"{s.get('goodput_rps') or 0:.2f}",
+                  "-" if att is None else f"{att:.0%}", _ms(s.get("ttft_p50")), _ms(s.get("e2e_p50")),
+                  str(s.get("errors", 0)))
+    console = Console()
+    console.print(t)
+    console.print(f"highest offered rate with >= {min_attainment:.0%} of requests within the SLO: "
+                  + ("none" if best is None else f"{best:g} req/s"))

@@ -27,7 +27,7 @@ from locust.env import Environment
 
 from bench import queries
 from bench.errors import BadInput
-from bench.live import Live, print_summary
+from bench.live import Live, print_summary, print_sweep
 from bench.store import Store
 from loadgen import profiles, workloads
 from loadgen.users import ClosedLoopUser, OpenLoopUser
@@ -185,7 +185,8 @@ def _sweep(store: Store, opts: RunOptions, prof: profiles.Profile, wl, model: st
     s0 = results[0].summary
     if results[0].status != "completed" or not s0.get("throughput_rps"):
         return results
-    base_lat = s0.get("e2e_p50")
+    base_e2e = s0.get("e2e_p50") or 0.0
+    rows: list[tuple[float | None, dict]] = [(None, s0)]
     for k, rate in enumerate(prof.sweep_rates(s0["throughput_rps"]), 1):
         stage = profiles.Profile(f"sweep-{rate:g}rps", prof.params.get("arrival", "poisson"),
                                  {"rate": rate, "duration": stage_s})
@@ -193,12 +194,25 @@ def _sweep(store: Store, opts: RunOptions, prof: profiles.Profile, wl, model: st
                        warmup_s=0.0)
         results.append(res)
         s = res.summary
-        why = profiles.saturated(rate, s.get("throughput_rps") or 0.0, s.get("e2e_p50"), base_lat,
-                                 1 - (s.get("success_rate") or 0.0), prof.params)
+        # throughput: answers done within the stage plus one normal service time, per second of stage
+        done = _finished_within(store, res.run_id, stage_s + base_e2e) / stage_s
+        why = profiles.saturated(rate, done, s.get("e2e_p50"), base_e2e, 1 - (s.get("success_rate") or 0.0),
+                                 prof.params)
+        rows.append((rate, {**s, "throughput_rps": done, "saturated": bool(why)}))
         if res.status != "completed" or why:
             print(f"sweep stops at {rate:g} req/s: {why or res.status}")
             break
+    print_sweep(rows, float(prof.params.get("min_slo_attainment", 0.9)))
     return results
+
+
+def _finished_within(store: Store, run_id: str, window_s: float) -> int:
+    """Successful measured requests that finished within window_s of the first one's due time."""
+    with store.connect() as con:
+        return con.execute(
+            "SELECT count(*) FROM requests WHERE run_id = ? AND phase = 'measured' AND status = 'ok' AND "
+            "finished_at <= (SELECT min(scheduled_at) FROM requests WHERE run_id = ?) + ?",
+            [run_id, run_id, window_s]).fetchone()[0]
 
 
 def _run_one(store: Store, opts: RunOptions, prof: profiles.Profile, wl: workloads.Workload, model: str,

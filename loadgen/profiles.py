@@ -164,7 +164,7 @@ class Profile:
             return [float(r) for r in self.params["rates"]]
         factors = self.params.get("factors", [1.5, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64])
         cap = float(self.params.get("max_rate", 1e9))
-        return [round(baseline_rps * f, 3) for f in factors if baseline_rps * f <= cap]
+        return [float(f"{baseline_rps * f:.3g}") for f in factors if baseline_rps * f <= cap]
 
 
 def saturated(offered: float, achieved: float, latency: float | None, base_latency: float | None,

@@ -13,6 +13,7 @@ import duckdb
 import pytest
 
 from bench import runner
+from bench.errors import BadInput
 from bench.runner import RunOptions, parse_slo, run
 from tests.loadgen.conftest import ROOT, StubServer
 
@@ -158,21 +159,23 @@ def test_sigterm_marks_the_run_aborted_and_keeps_what_was_measured(stub_server, 
     assert status == "aborted" and n >= 15 and aborted >= 15  # ~3 s at 10 req/s, all cut off mid-answer
 
 
-@pytest.mark.parametrize("args,message", [
-    (["--profile", "nope"], "unknown profile"),
-    (["--slo", "ttft=fast"], "not a duration"),
-    (["--workload", "nope"], "unknown workload"),
-    (["--api-key-env", "CAPBENCH_NO_SUCH_VAR"], "is not set"),
+@pytest.mark.parametrize("kw,message", [
+    ({"profile": "nope"}, "unknown profile"),
+    ({"workload": "nope"}, "unknown workload"),
+    ({"api_key_env": "CAPBENCH_NO_SUCH_VAR"}, "is not set"),
+    ({"target": "localhost:1"}, "--target is a URL"),
+    ({"target": "twin:no-such-model@h200x8"}, "no-such-model"),
 ])
-def test_bad_input_is_one_line_and_exit_2(stub_server, tmp_db, args, message):
+def test_bad_input_raises_bad_input_before_anything_is_stored(stub_server, tmp_db, kw, message):
     srv = stub_server()
-    proc = subprocess.run([CAPBENCH, "run", "--target", srv.url, "--db", str(tmp_db),
-                           "--no-live", *args], cwd=ROOT, capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 2
-    assert message in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    with pytest.raises(BadInput, match=message):
+        run(opts(srv.url, tmp_db, **kw))
+    assert not tmp_db.exists()
 
 
-def test_bad_target_is_one_line():
-    proc = subprocess.run([CAPBENCH, "run", "--target", "localhost:1", "--no-live"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 2 and "--target is a URL" in proc.stderr
+def test_bad_input_on_the_command_line_is_one_line_and_exit_2(tmp_db):
+    for args, message in ((["--profile", "nope"], "unknown profile"), (["--slo", "ttft=fast"], "not a duration")):
+        proc = subprocess.run([CAPBENCH, "run", "--target", "http://127.0.0.1:9", "--db", str(tmp_db), "--no-live",
+                               "--model", "m", *args], cwd=ROOT, capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 2
+        assert message in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
