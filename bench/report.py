@@ -97,7 +97,7 @@ def build(q: Question, db: str | Path | None = None, run_ids: list[str] | None =
                                          mvp["summary"], mvp, runinfo.integrity(con, row.run_id)))
                 if progress:
                     progress()
-            drift = runinfo.drift(con, list(runs.run_id)) if not runs.empty else None
+            drift = runinfo.drift(con)
     plan = make_plan(q, progress=progress)
     return Report(plan, str(db) if db else None, why, measured, drift)
 

@@ -54,6 +54,13 @@ def _md_table(head: list[str], rows: list[list[str]]) -> str:
     return "\n".join([line(head), "|" + "---|" * len(head), *(line(r) for r in rows)])
 
 
+def _drift_rows(r: Report) -> tuple[list[str], list[list[str]]]:
+    def cell(v: object) -> str:
+        return f"{v:.3f}" if isinstance(v, float) else str(v)
+
+    return list(map(str, r.drift.columns)), [[cell(v) for v in row] for row in r.drift.itertuples(index=False)]
+
+
 def _howto(r: Report) -> list[str]:
     q, o = r.plan.question, r.plan.chosen
     return [c.format(model=q.model, gpu=q.gpu, tp=q.tp, kv=o.kv_dtype, rate=max(q.target_rate_rps / 4, 0.5),
@@ -114,8 +121,7 @@ def to_html(r: Report) -> str:
     for note in plan.notes:
         parts.append(f"<p class='warn'>{_e(note)}</p>")
     if r.drift is not None and not r.drift.empty:
-        parts += ["<h2>Quality drift</h2>", _html_table(list(map(str, r.drift.columns)),
-                                                         [[str(v) for v in row] for row in r.drift.values])]
+        parts += ["<h2>Quality drift (capbench drift runs)</h2>", _html_table(*_drift_rows(r))]
     parts += ["<h2>Launch commands (SGLang 0.5.23 with capbench's patches)</h2>", "<p>One node:</p>",
               f"<pre>{_e(single)}</pre>", "<p>One instance over several nodes (run one line on each node):</p>",
               "<pre>" + _e("\n".join(multi)) + "</pre>", "<ul>" + "".join(f"<li>{_e(n)}</li>" for n in notes)
@@ -142,6 +148,8 @@ def to_markdown(r: Report) -> str:
         if key in t:
             out += [f"## {title}", "", _md_table(*t[key]), ""]
     out += [f"> {n}" for n in plan.notes]
+    if r.drift is not None and not r.drift.empty:
+        out += ["## Quality drift (capbench drift runs)", "", _md_table(*_drift_rows(r)), ""]
     out += ["## Launch commands (SGLang 0.5.23 with capbench's patches)", "", "One node:", "", "```bash", single,
             "```", "", "One instance over several nodes (one line on each node):", "", "```bash", *multi, "```", ""]
     out += [f"- {n}" for n in notes] + ["", "## How these numbers were made", ""] + [f"- {m}" for m in _method(r)]

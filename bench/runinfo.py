@@ -117,14 +117,25 @@ def has_table(con: duckdb.DuckDBPyConnection, name: str) -> bool:
     return con.execute("SELECT count(*) FROM information_schema.tables WHERE table_name = ?", [name]).fetchone()[0] > 0
 
 
-def drift(con: duckdb.DuckDBPyConnection, run_ids: list[str] | None = None) -> pd.DataFrame | None:
-    """Quality-drift results, when a `drift` table exists (another part of capbench adds it); None otherwise."""
+DRIFT_COLUMNS = {"run_id", "target_a", "target_b", "token_agreement", "exact_match", "mean_kl", "first_divergence"}
+
+
+def drift(con: duckdb.DuckDBPyConnection) -> pd.DataFrame | None:
+    """Quality drift per drift run (`capbench drift` compares two servers prompt by prompt): None when the DB has
+    no `drift` table, else one row per drift run (empty when none ran)."""
     if not has_table(con, "drift"):
         return None
-    df = con.execute("SELECT * FROM drift").df()
-    if run_ids and "run_id" in df.columns:
-        df = df[df["run_id"].isin(run_ids)]
-    return df
+    cols = {r[0] for r in con.execute("SELECT column_name FROM information_schema.columns WHERE table_name = 'drift'"
+                                      ).fetchall()}
+    if not DRIFT_COLUMNS <= cols:  # a layout this reader does not know: show the rows as they are
+        return con.execute("SELECT * FROM drift LIMIT 1000").df()
+    return con.execute("""
+        SELECT d.run_id, any_value(r.label) AS label, any_value(d.target_a) AS target_a,
+               any_value(d.target_b) AS target_b, count(*) AS prompts, avg(d.token_agreement) AS token_agreement,
+               avg(CAST(d.exact_match AS DOUBLE)) AS exact_match_rate, avg(d.mean_kl) AS mean_kl,
+               median(d.first_divergence) AS first_divergence_median
+        FROM drift d LEFT JOIN runs r USING (run_id)
+        GROUP BY d.run_id ORDER BY min(r.started_at) DESC NULLS LAST""").df()
 
 
 def measured_vs_predicted(con: duckdb.DuckDBPyConnection, run_id: str, slo: queries.SLO | None = None,

@@ -1,5 +1,6 @@
 """A results DB filled through the store's own writer, for the dashboard, browser and report tests: four runs of
-known shape (Kimi K2 Thinking BF16 KV, FP8 KV, FP8 KV with KV checksums and one mismatch; GLM-4.6 FP8 KV), each
+known shape (Kimi K2 Thinking BF16 KV, FP8 KV, FP8 KV with KV checksums and one mismatch; GLM-4.6 FP8 KV with
+KV checksums and no mismatch), each
 with requests, GPU samples and server samples; the checksum run also with capbench_kv_* counters and integrity
 events. Latencies are seeded, and chosen so the FP8 runs are faster (the tests assert on what the pages show)."""
 
@@ -19,8 +20,8 @@ RUNS = [
                      "weights": "native", "rate": 4.0}, 0.030, 0.25, False),
     ("kimi fp8-kv checksum", {"model": "kimi-k2-thinking", "gpu": "h200", "tp": 8, "kv_dtype": "fp8_e4m3",
                               "weights": "native", "rate": 4.0, "kv_checksum": "verify"}, 0.0302, 0.25, True),
-    ("glm fp8-kv", {"model": "glm-4.6", "gpu": "h200", "tp": 8, "kv_dtype": "fp8_e4m3", "weights": "native",
-                    "rate": 4.0}, 0.028, 0.20, False),
+    ("glm fp8-kv checksum", {"model": "glm-4.6", "gpu": "h200", "tp": 8, "kv_dtype": "fp8_e4m3",
+                             "weights": "native", "rate": 4.0, "kv_checksum": "verify"}, 0.028, 0.20, "clean"),
 ]
 DURATION_S = 30.0
 GPUS = 8
@@ -81,8 +82,9 @@ def _samples(w, rng, t0: float, checksum: bool) -> None:
                                   ("capbench_kv_checksum_seconds_total", 0.002 * k)):
                 w.add_server_sample({"t": float(t), "metric": metric, "labels": "", "value": value})
             w.add_server_sample({"t": float(t), "metric": "capbench_kv_checksum_mismatch_total",
-                                 "labels": '{"source": "reuse"}', "value": 1.0 if t - t0 > 12 else 0.0})
-    if checksum:
+                                 "labels": '{"source": "reuse"}',
+                                 "value": 1.0 if t - t0 > 12 and checksum != "clean" else 0.0})
+    if checksum is True:
         w.add_integrity_event({"t": t0 + 12.2, "kind": "kv_checksum_mismatch", "layer": 17, "page": 4242,
                                "detail": '{"part": "latent", "node": 9, "source": "reuse"}'})
         w.add_integrity_event({"t": t0 + 12.2, "kind": "kv_checksum_action", "layer": None, "page": None,

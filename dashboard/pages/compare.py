@@ -103,10 +103,11 @@ if not pred_rows.empty:
     st.caption("Prediction: the roofline model's steady state at the run's achieved rate and measured mean "
                "input/output tokens; error = predicted / measured - 1.")
 
-drift = common.read(runinfo.drift, chosen)
-if drift is not None:
-    st.subheader("Quality drift")
+drift = common.read(runinfo.drift)
+if drift is not None:  # the drift table exists (capbench drift); quality next to speed
+    st.subheader("Quality drift (capbench drift runs)")
     if drift.empty:
-        st.caption("The drift table has no rows for these runs.")
+        st.caption("No drift runs yet: `capbench drift --target URL_A --target URL_B` compares two servers' answers "
+                   "token by token (e.g. BF16 KV against FP8 KV).")
     else:
         st.dataframe(drift, hide_index=True, key="drift_table")
