@@ -323,7 +323,8 @@ def quantize_int4(
     except (ValueError, OSError) as e:
         raise BadInput(str(e)) from None
     except (ImportError, RuntimeError) as e:  # e.g. a torchvision built for another torch, pulled by transformers
-        raise BadInput(f"quantize-int4 could not load compressed-tensors: {str(e).splitlines()[0]}") from None
+        raise BadInput(f"quantize-int4 could not load compressed-tensors ({str(e).splitlines()[0]}); "
+                       "is torchvision built for this torch? transformers imports it") from None
     print_report(report, out)
 
 

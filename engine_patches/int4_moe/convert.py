@@ -172,6 +172,7 @@ def _check_dirs(src: Path, dst: Path, group_size: int) -> None:
 def convert(src: str | Path, dst: str | Path, group_size: int = 32, show_progress: bool = True) -> ConversionReport:
     src, dst = Path(src), Path(dst)
     _check_dirs(src, dst, group_size)
+    quant_args(group_size)  # import compressed-tensors now: fail before anything is written
     ckpt = Checkpoint(src)
     names = ckpt.weight_map
     experts = [n for n in names if EXPERT_WEIGHT.match(n)]
