@@ -307,22 +307,26 @@ class Store:
 
 
 def migrate(con: duckdb.DuckDBPyConnection, path: Path | str = "") -> int:
-    """Bring the schema up to SCHEMA_VERSION, one transaction per migration; returns the version."""
-    con.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL, applied_at DOUBLE NOT NULL, "
-                "note VARCHAR)")
-    version = _schema_version(con)
-    if version > SCHEMA_VERSION:
-        raise BadInput(f"{path} has schema version {version}, newer than this capbench ({SCHEMA_VERSION}); "
-                       "upgrade capbench")
-    for v, note, statements in MIGRATIONS:
-        if v <= version:
-            continue
-        con.execute("BEGIN")
-        for sql in statements:
-            con.execute(sql)
-        con.execute("INSERT INTO schema_version VALUES (?, ?, ?)", [v, time.time(), note])
-        con.execute("COMMIT")
-        version = v
+    """Bring the schema up to SCHEMA_VERSION in one transaction (a reader never sees half a schema, and a failed
+    migration leaves the file as it was); returns the version."""
+    con.execute("BEGIN")
+    try:
+        con.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL, "
+                    "applied_at DOUBLE NOT NULL, note VARCHAR)")
+        version = _schema_version(con)
+        if version > SCHEMA_VERSION:
+            raise BadInput(f"{path} has schema version {version}, newer than this capbench ({SCHEMA_VERSION}); "
+                           "upgrade capbench")
+        for v, note, statements in MIGRATIONS:
+            if v > version:
+                for sql in statements:
+                    con.execute(sql)
+                con.execute("INSERT INTO schema_version VALUES (?, ?, ?)", [v, time.time(), note])
+                version = v
+    except BaseException:
+        con.execute("ROLLBACK")
+        raise
+    con.execute("COMMIT")
     return version
 
 

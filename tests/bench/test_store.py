@@ -299,3 +299,20 @@ def test_a_version_1_file_is_migrated_with_its_request_stats_backfilled(tmp_db):
         s = queries.summary(con, "old")
     assert (s["measured"], s["ok"], s["errors"], s["input_tokens"]) == (10, 8, 2, 80)
     assert s["duration_s"] == 10.0
+
+
+def test_a_failing_migration_leaves_the_file_as_it_was(tmp_db, monkeypatch):
+    import bench.store as store_module
+
+    Store(tmp_db)
+    broken = (SCHEMA_VERSION + 1, "broken", ["CREATE TABLE half_done (a INTEGER)", "SELECT * FROM no_such_table"])
+    monkeypatch.setattr(store_module, "MIGRATIONS", [*store_module.MIGRATIONS, broken])
+    monkeypatch.setattr(store_module, "SCHEMA_VERSION", SCHEMA_VERSION + 1)
+    with pytest.raises(duckdb.CatalogException):
+        Store(tmp_db)
+    monkeypatch.undo()
+    con = duckdb.connect(str(tmp_db), read_only=True)
+    assert con.execute("SELECT max(version) FROM schema_version").fetchall()[0][0] == SCHEMA_VERSION
+    assert con.execute("SELECT count(*) FROM information_schema.tables WHERE table_name = 'half_done'"
+                       ).fetchall()[0][0] == 0
+    con.close()
