@@ -200,6 +200,8 @@ def runs_table(runs: pd.DataFrame):
                   Column("started (UTC)", no_wrap=True), Column("duration", justify="right", no_wrap=True),
                   Column("requests", justify="right", no_wrap=True), Column("errors", justify="right", no_wrap=True),
                   box=box.SIMPLE_HEAD, pad_edge=False)
+    if runs.empty:
+        table.caption = "no runs yet"
     for r in runs.itertuples():
         duration = "" if pd.isna(r.finished_at) else f"{r.finished_at - r.started_at:,.0f} s"
         table.add_row(r.run_id, r.label or "", r.status, when(r.started_at), duration, f"{r.requests:,}",

@@ -27,6 +27,12 @@ def _db(path):
     return run_id
 
 
+def test_runs_on_an_empty_db_says_so(tmp_db):
+    Store(tmp_db)
+    out = capbench("runs", "--db", str(tmp_db))
+    assert out.returncode == 0 and "no runs yet" in out.stdout
+
+
 def test_runs_lists_the_run(tmp_db):
     run_id = _db(tmp_db)
     out = capbench("runs", "--db", str(tmp_db))
