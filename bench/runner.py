@@ -227,8 +227,9 @@ def _run_one(store: Store, opts: RunOptions, prof: profiles.Profile, wl: workloa
               "read_timeout_s": opts.read_timeout_s, "think_s": float(params.get("think_s", 0.0)),
               "slo": {k: v for k, v in vars(opts.slo).items() if v is not None}, **opts.run_config, **(extra or {})}
     if prof.open_loop:
-        total = len(prof.arrivals(opts.seed, warmup))
-        last_offset = float(prof.arrivals(opts.seed, warmup)[-1]) if total else 0.0
+        offsets = prof.arrivals(opts.seed, warmup)
+        total = len(offsets)
+        last_offset = float(offsets[-1]) if total else 0.0
         pool = opts.max_inflight or int(min(4096, max(32, prof.peak_rate() * 20)))
         config.update(duration_s=last_offset, connections=pool // n_workers + 1)
     else:

@@ -64,6 +64,7 @@ class Plan:
 
     config: dict
     worker_index: int = 0
+    raw: str = ""  # the config's JSON, as it came
     workload: workloads.Workload = field(init=False)
     offsets: list[float] = field(init=False, default_factory=list)
     trace_rows: list[dict] | None = field(init=False, default=None)
@@ -131,8 +132,7 @@ def plan_of(environment) -> Plan:
     if plan is None or plan.raw != raw:
         runner = environment.runner
         index = max(0, getattr(runner, "worker_index", 0) or 0)
-        plan = Plan(json.loads(raw), worker_index=index)
-        plan.raw = raw
+        plan = Plan(json.loads(raw), worker_index=index, raw=raw)
         environment.capbench_plan = plan
     return plan
 

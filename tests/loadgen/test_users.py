@@ -106,3 +106,21 @@ def test_closed_loop_waits_for_each_answer(stub_server):
     for a, b in zip(ok, ok[1:], strict=False):
         assert b["sent_at"] >= a["finished_at"] - 1e-3
     assert all(r["dispatch_lag_s"] == 0 for r in ok)
+
+
+def test_plain_locustfile(stub_server):
+    """loadgen stays usable as a plain locustfile: `locust -f loadgen/locustfile.py ...`."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from tests.loadgen.conftest import ROOT
+
+    srv = stub_server()
+    locust = str(Path(sys.executable).parent / "locust")
+    proc = subprocess.run([locust, "-f", "loadgen/locustfile.py", "--headless", "--host", srv.url, "--model", "m",
+                           "--cb-profile", "constant", "--cb-rate", "10", "--cb-duration", "1", "-u", "10", "-r",
+                           "10", "-t", "6s", "--only-summary", "OpenLoopUser"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    line = next(x for x in proc.stdout.splitlines() + proc.stderr.splitlines() if "synthetic:chat" in x)
+    assert line.split()[2] == "10" and line.split()[3].startswith("0")  # 10 requests, 0 failures
