@@ -16,9 +16,10 @@ from sglang.srt.managers.schedule_batch import Req
 from sglang.srt.mem_cache.allocator.paged import PagedTokenToKVPoolAllocator
 from sglang.srt.mem_cache.base_prefix_cache import EvictParams, InsertParams, MatchPrefixParams
 from sglang.srt.mem_cache.cache_init_params import CacheInitParams
+from sglang.srt.mem_cache.common import match_kv_cache, release_kv_cache
 from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, MLATokenToKVPool, ReqToTokenPool
 from sglang.srt.mem_cache.radix_cache import RadixCache, RadixKey
-from sglang.srt.runtime_context import get_parallel
+from sglang.srt.runtime_context import get_context, get_parallel
 from sglang.srt.sampling.sampling_params import SamplingParams
 
 from engine_patches.kv_checksum.checksum import pool_buffers
@@ -284,3 +285,78 @@ def test_scrub_finds_idle_corruption_at_its_rate():
         s.match([999_999] * g.page_size)
     assert metric("capbench_kv_checksum_mismatch_total", source="scrub") == mismatch0 + 1
     assert not s.cache._in_tree(victim)
+
+
+def serve(s: KVSetup, rid: str, prompt: list[int], output: list[int]) -> Req:
+    """One request through SGLang's own scheduler-side cache calls: match_kv_cache (reuse, verified), its KV
+    computed into fresh pages, then release_kv_cache(checkpoint=True) (checkpoint -> _insert_cache -> insert:
+    the seal)."""
+    req = Req(rid, "", array("q", prompt), SamplingParams(max_new_tokens=len(output)))
+    match_kv_cache(req, s.cache)
+    if req.to_finish is not None:
+        return req  # strict mode aborted it: the scheduler finishes it without running it
+    req.lock = s.cache.lock(req.last_node)
+    s.req_pool.alloc([req])
+    prefix = s.cache.path_device_indices(req.last_node)
+    req.kv.cache_protected_len = len(prefix)
+    total = len(prompt) + len(output)
+    loc = s.allocator.alloc(total - len(prefix))
+    s.write(loc)
+    s.req_pool.write((req.kv.req_pool_idx, slice(0, total)), torch.cat([prefix, loc]).to(torch.int32))
+    req.output_ids = array("q", output)
+    req.kv.kv_allocated_len = req.kv.kv_committed_len = total
+    req.finished_len = len(output)
+    release_kv_cache(req, s.cache, checkpoint=True)
+    return req
+
+
+@pytest.fixture
+def scheduler_context():
+    override = get_context().override_server_args()
+    override.install()
+    with get_parallel().override(tp_rank=0):
+        yield
+    override.restore()
+
+
+@pytest.mark.parametrize("kind", ["mha", "mla"])
+def test_request_lifecycle_seals_on_release_and_verifies_on_match(kind, scheduler_context):
+    g = Geometry(kind, "fp8", pages=32)
+    s = KVSetup(g)
+    rng = random.Random(19)
+    P = g.page_size
+    prompt = [rng.randrange(1, 999) for _ in range(3 * P)]
+    sealed0, verified0 = metric("capbench_kv_pages_checksummed_total"), metric("capbench_kv_pages_verified_total")
+    a = serve(s, "a", prompt, [rng.randrange(1, 999) for _ in range(2 * P)])
+    assert a.prefix_len == 0
+    assert metric("capbench_kv_pages_checksummed_total") - sealed0 == 5  # prompt + output pages, at release
+    b = serve(s, "b", prompt + [7] * P, [rng.randrange(1, 999) for _ in range(P)])
+    assert b.prefix_len == 3 * P and metric("capbench_kv_pages_verified_total") - verified0 == 3
+
+    # A bit flips in the cached prompt's second page: the next request recomputes from there, and the page
+    # is never part of any request's row.
+    first = s.cache._path(s.lookup(prompt).last_device_node)[0]
+    bad_page = int(s.cache._pages(first)[1])
+    flip_in_page(s.buffers()[-1], bad_page, P, 5, 3)
+    mismatch0 = metric("capbench_kv_checksum_mismatch_total", source="match")
+    c = serve(s, "c", prompt, [rng.randrange(1, 999) for _ in range(P)])
+    assert c.prefix_len == 0  # it got none of the cached pages (the bad one sits in the first node)
+    assert metric("capbench_kv_checksum_mismatch_total", source="match") == mismatch0 + 1
+    # c's recomputed pages were sealed fresh (the freed page id may be among them, rewritten): clean reuse again.
+    assert serve(s, "d", prompt, [3] * P).prefix_len == 3 * P
+    assert metric("capbench_kv_checksum_mismatch_total", source="match") == mismatch0 + 1
+    # Nothing leaked: every slot is either free or owned by the tree.
+    assert s.allocator.available_size() + s.cache.total_size() == g.pages * P
+
+
+def test_strict_mode_aborts_a_real_request_at_admission(scheduler_context):
+    g = Geometry("mla", "bf16", pages=32)
+    s = KVSetup(g, mode="strict")
+    rng = random.Random(23)
+    prompt = [rng.randrange(1, 999) for _ in range(2 * g.page_size)]
+    serve(s, "a", prompt, [1] * g.page_size)
+    page = int(s.cache._pages(s.cache._path(s.lookup(prompt).last_device_node)[0])[0])
+    flip_in_page(s.buffers()[0], page, g.page_size, 0, 7)
+    b = serve(s, "b", prompt, [2] * g.page_size)
+    assert b.to_finish is not None and b.prefix_len == 0
+    assert list(b.origin_input_ids) == [0]  # SGLang's abort stub: the long prefill is skipped
