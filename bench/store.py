@@ -85,6 +85,12 @@ MIGRATIONS: list[tuple[int, str, list[str]]] = [
                    count(dispatch_lag_s), max(dispatch_lag_s)
             FROM requests GROUP BY run_id, phase, status, error_kind""",
     ]),
+    (3, "drift: quality drift between two servers, one row per prompt (bench/drift.py)", [
+        """CREATE TABLE drift (
+            run_id VARCHAR NOT NULL, target_a VARCHAR, target_b VARCHAR, prompt_id VARCHAR, kind VARCHAR,
+            tokens_a INTEGER, tokens_b INTEGER, token_agreement DOUBLE, first_divergence INTEGER, mean_kl DOUBLE,
+            exact_match BOOLEAN, tool_calls_match BOOLEAN, error VARCHAR)""",
+    ]),
 ]
 # What the writer appends to request_stats for each flushed batch (the batch is registered as capbench_batch).
 STATS_FROM_BATCH = """INSERT INTO request_stats
@@ -94,7 +100,7 @@ STATS_FROM_BATCH = """INSERT INTO request_stats
     FROM capbench_batch GROUP BY run_id, phase, status, error_kind"""
 
 SCHEMA_VERSION = MIGRATIONS[-1][0]
-RUN_TABLES = ("runs", "requests", "gpu_samples", "server_samples", "integrity_events")
+RUN_TABLES = ("runs", "requests", "gpu_samples", "server_samples", "integrity_events", "drift")
 
 # Arrow schemas of what the writer appends; tests check they match the tables column for column.
 REQUESTS_SCHEMA = pa.schema([
@@ -271,6 +277,14 @@ class Store:
                     SELECT run_id, sum(n)::BIGINT AS n, (sum(n) FILTER (WHERE status <> 'ok'))::BIGINT AS errors
                     FROM request_stats GROUP BY run_id) q USING (run_id)
                 ORDER BY r.started_at DESC""").df()
+
+    def add_drift(self, rows: list[dict]) -> None:
+        """Quality-drift rows (bench/drift.py rows_for_store): a few per prompt, written in one transaction."""
+        cols = ("run_id", "target_a", "target_b", "prompt_id", "kind", "tokens_a", "tokens_b", "token_agreement",
+                "first_divergence", "mean_kl", "exact_match", "tool_calls_match", "error")
+        with self.connect() as con:
+            con.executemany(f"INSERT INTO drift ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})",
+                            [[row[c] for c in cols] for row in rows])
 
     def run(self, run_id: str) -> dict:
         with self.connect() as con:
