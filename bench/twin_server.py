@@ -112,7 +112,8 @@ class Twin:
             for req in running:
                 self.metrics.itl.observe(now - req.last_token_wall)
                 req.last_token_wall = now
-                req.event.set()
+                if req.params.stream:  # a non-streamed request only needs its finish
+                    req.event.set()
             for req in first:
                 req.first_token_wall = req.last_token_wall = now
                 self.metrics.ttft.observe(now - req.arrival_wall)
@@ -231,12 +232,13 @@ class Twin:
                 out.append(chunk(p, req.rid, created, self.name, " " + word, req.finish_reason if last else None,
                                  lp, first=i == 0))
             sent = max(sent, upto)
+            if sent >= req.max_new:  # the last tokens, usage and [DONE] go out in one write
+                if p.include_usage:
+                    u = usage(req.prompt_len, req.max_new, req.cached_tokens)
+                    out.append(usage_chunk(p, req.rid, created, self.name, u))
+                out.append(b"data: [DONE]\n\n")
             if out:
                 await resp.write(b"".join(out))
-        tail = b""
-        if p.include_usage:
-            tail = usage_chunk(p, req.rid, created, self.name, usage(req.prompt_len, req.max_new, req.cached_tokens))
-        await resp.write(tail + b"data: [DONE]\n\n")
         await resp.write_eof()
         return resp
 
