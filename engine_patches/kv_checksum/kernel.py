@@ -61,7 +61,8 @@ class PageChecksummer:
         device = buffers[0].device
         self.buffers = buffers  # keep the storage alive while the pointers are in use
         self.page_size = page_size
-        self.block = block
+        # Small pages (page_size 1: 32..144 words a buffer) would leave most of a large block masked off.
+        self.block = min(block, triton.next_power_of_2(max(words)))
         self.num_warps = num_warps
         self.ptrs = torch.tensor([buf.data_ptr() for buf in buffers], dtype=torch.int64, device=device)
         self.words = torch.tensor(words, dtype=torch.int64, device=device)

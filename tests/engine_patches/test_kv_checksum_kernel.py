@@ -79,6 +79,9 @@ def test_kernel_handles_buffers_of_different_widths():
     v = [torch.randn(16, 2, 32, generator=gen).to(torch.bfloat16) for _ in range(2)]  # v_head_dim != head_dim
     pages = torch.arange(4)
     assert torch.equal(PageChecksummer(k + v, 4, block=32)(pages), page_checksums_reference(k + v, pages, 4))
+    tokens = torch.arange(16)  # page_size 1 (SGLang's default): the block shrinks to the page's 32 words
+    ck = PageChecksummer(k + v, 1)
+    assert ck.block == 32 and torch.equal(ck(tokens), page_checksums_reference(k + v, tokens, 1))
 
 
 def test_every_single_bit_of_a_page_is_detected():
