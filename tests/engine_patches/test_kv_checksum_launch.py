@@ -176,3 +176,16 @@ def test_boot_runs_the_sitecustomize_it_shadows(tmp_path):
     code = "import os, sys; print(os.environ.get('OTHER_SITECUSTOMIZE_RAN'), 'sglang' in sys.modules)"
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
     assert r.stdout.split() == ["1", "False"]  # the other one ran, and nothing heavy was imported
+
+
+def test_sglangs_own_parser_accepts_the_launch_arguments():
+    import argparse
+
+    from sglang.srt.server_args import ServerArgs
+
+    argv, _ = build_command(PatchOptions("verify"), ["--model-path", "moonshotai/Kimi-K2-Thinking", "--tp", "8",
+                                                     "--page-size", "64"])
+    parser = argparse.ArgumentParser()
+    ServerArgs.add_cli_args(parser)
+    ns = parser.parse_args(argv[argv.index("sglang.launch_server") + 1:])
+    assert (ns.radix_cache_backend, ns.tp_size, ns.page_size) == ("capbench_kv_checksum", 8, 64)
