@@ -4,6 +4,7 @@ predicted, and a quality-drift section only when the DB has a drift table."""
 from __future__ import annotations
 
 import duckdb
+import streamlit as st
 
 from bench import queries, runinfo
 from bench.store import Store
@@ -63,6 +64,7 @@ def test_drift_section_only_when_the_table_exists(db_copy):
                     "mean_kl, exact_match) VALUES (?, 'bf16', 'fp8', ?, ?, ?, 0.01, ?)",
                     [[ids[0], "p1", 1.0, None, True], [ids[0], "p2", 0.5, 7, False]])
     con.close()
+    st.cache_data.clear()  # the page caches reads for a few seconds
     at = page("compare")
     no_exception(at)
     assert any("Quality drift" in h.value for h in at.subheader)

@@ -77,7 +77,7 @@ def test_every_page_renders_charts_without_exceptions(dashboard_url):
             page.wait_for_function(
                 f"document.querySelectorAll('[data-testid=\"stVegaLiteChart\"] canvas, "
                 f"[data-testid=\"stVegaLiteChart\"] svg.marks').length >= {min_charts}", timeout=60_000)
-            page.wait_for_timeout(500)
+            page.wait_for_timeout(300)
             charts = page.locator('[data-testid="stVegaLiteChart"]').count()
             assert charts >= min_charts, f"/{path}: {charts} charts, expected at least {min_charts}"
             assert page.locator('[data-testid="stException"]').count() == 0, f"/{path} shows an exception"
@@ -85,7 +85,7 @@ def test_every_page_renders_charts_without_exceptions(dashboard_url):
             height = page.evaluate("Math.max(...[...document.querySelectorAll('[data-testid=\"stMain\"], "
                                    "[data-testid=\"stMainBlockContainer\"]')].map(e => e.scrollHeight))")
             page.set_viewport_size({"width": 1400, "height": min(int(height) + 80, 9000)})
-            page.wait_for_timeout(800)
+            page.wait_for_timeout(500)
             page.screenshot(path=str(SHOTS / f"{path or 'planner'}.png"))
             page.set_viewport_size({"width": 1400, "height": 1000})
         browser.close()
