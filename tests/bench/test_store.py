@@ -9,6 +9,8 @@ import duckdb
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from bench import queries
 from bench.errors import BadInput
@@ -316,3 +318,15 @@ def test_a_failing_migration_leaves_the_file_as_it_was(tmp_db, monkeypatch):
     assert con.execute("SELECT count(*) FROM information_schema.tables WHERE table_name = 'half_done'"
                        ).fetchall()[0][0] == 0
     con.close()
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.floats(min_value=1e-6, max_value=1e4, allow_nan=False), min_size=1, max_size=300),
+       st.sampled_from([50, 90, 95, 99]), st.booleans())
+def test_any_percentile_from_the_buckets_is_within_0_4_percent(values, q, as_float32):
+    v = np.array(values, dtype=np.float32 if as_float32 else np.float64)
+    buckets, counts = to_buckets(v)
+    cum = np.cumsum(counts)
+    got = bucket_value(buckets[np.searchsorted(cum, q / 100 * cum[-1])])
+    exact = float(np.percentile(v.astype(np.float64), q, method="inverted_cdf"))
+    assert abs(got - exact) <= 0.0040 * exact
