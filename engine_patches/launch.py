@@ -194,10 +194,10 @@ def launch(o: PatchOptions, sglang_args: list[str], dry_run: bool = False) -> No
 
 
 class _AfterImport(importlib.abc.MetaPathFinder):
-    """Runs a callback right after a given module has been executed, in whatever process imports it."""
+    """Runs callbacks right after a given module has been executed, in whatever process imports it."""
 
-    def __init__(self, module: str, callback):
-        self.module, self.callback = module, callback
+    def __init__(self, module: str, callbacks: list):
+        self.module, self.callbacks = module, callbacks
 
     def find_spec(self, fullname, path, target=None):
         if fullname != self.module:
@@ -206,11 +206,12 @@ class _AfterImport(importlib.abc.MetaPathFinder):
         spec = importlib.machinery.PathFinder.find_spec(fullname, path)
         if spec is None or spec.loader is None:
             return spec
-        exec_module, callback = spec.loader.exec_module, self.callback
+        exec_module, callbacks = spec.loader.exec_module, self.callbacks
 
         def exec_then_patch(module):
             exec_module(module)
-            callback()
+            for callback in callbacks:
+                callback()
 
         spec.loader.exec_module = exec_then_patch
         return spec
@@ -222,16 +223,18 @@ def install_hooks() -> list[str]:
     if not raw:
         return []
     o = PatchOptions(**json.loads(raw))
-    hooked = []
+    by_module: dict[str, list] = {}
     for p in active_patches(o):
         module_name, func_name = p.apply.split(":")
 
         def callback(module_name=module_name, func_name=func_name):
             getattr(importlib.import_module(module_name), func_name)(o)
 
-        if p.trigger_module in sys.modules:
-            callback()
+        by_module.setdefault(p.trigger_module, []).append(callback)
+    for module, callbacks in by_module.items():
+        if module in sys.modules:
+            for callback in callbacks:
+                callback()
         else:
-            sys.meta_path.insert(0, _AfterImport(p.trigger_module, callback))
-        hooked.append(p.name)
-    return hooked
+            sys.meta_path.insert(0, _AfterImport(module, callbacks))
+    return [p.name for p in active_patches(o)]

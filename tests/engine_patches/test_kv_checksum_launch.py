@@ -189,3 +189,16 @@ def test_sglangs_own_parser_accepts_the_launch_arguments():
     ServerArgs.add_cli_args(parser)
     ns = parser.parse_args(argv[argv.index("sglang.launch_server") + 1:])
     assert (ns.radix_cache_backend, ns.tp_size, ns.page_size) == ("capbench_kv_checksum", 8, 64)
+
+
+def test_every_patch_on_one_trigger_module_is_applied(monkeypatch, capsys):
+    import engine_patches.launch as launch
+
+    sys.modules.pop("colorsys", None)
+    two = [launch.Patch(name, lambda o: True, lambda o: [], "colorsys", "builtins:print") for name in ("p1", "p2")]
+    monkeypatch.setattr(launch, "PATCHES", two)
+    monkeypatch.setenv(launch.ENV, json.dumps({"kv_checksum": "verify"}))
+    assert launch.install_hooks() == ["p1", "p2"]
+    assert capsys.readouterr().out == ""  # nothing runs before the trigger module is imported
+    importlib.import_module("colorsys")
+    assert capsys.readouterr().out.count("PatchOptions(kv_checksum='verify'") == 2
