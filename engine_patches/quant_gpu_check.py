@@ -37,8 +37,8 @@ MOE_MODELS = {  # local experts at EP8, hidden, moe_intermediate, top-k
     "kimi-k2": {"experts": 48, "hidden": 7168, "inter": 2048, "top_k": 8},
 }
 FULL = {"ctx": [4096, 16384, 65536, 131072], "bs": [1, 8, 32, 64], "max_tokens": 1 << 22, "moe_m": [1, 16, 64, 256],
-        "iters": 10, "kv_splits": 16}
-TINY = {"ctx": [64, 128], "bs": [1, 2], "max_tokens": 128, "moe_m": [4], "iters": 1, "kv_splits": 2}
+        "warmup": 2, "iters": 10, "kv_splits": 16}
+TINY = {"ctx": [32, 64], "bs": [1, 2], "max_tokens": 64, "moe_m": [4], "warmup": 0, "iters": 1, "kv_splits": 2}
 TINY_ATTN = {"glm-4.6": {"q_heads": 4, "kv_heads": 1, "k_dim": 64, "v_dim": 64, "mla": False},
              "kimi-k2": {"q_heads": 2, "kv_heads": 1, "k_dim": 288, "v_dim": 256, "mla": True}}
 TINY_MOE = {"glm-4.6": {"experts": 4, "hidden": 128, "inter": 64, "top_k": 2},
@@ -48,9 +48,10 @@ E4M3_MAX = 448.0
 PEAK_HBM_TBPS = {"H200": 4.8, "H100": 3.35}  # data/gpus.yaml; this script must run where PyYAML may be absent
 
 
-def timed(fn, iters: int, device: torch.device) -> float:
-    """Median milliseconds of `iters` calls after two warm-up calls (which also compile the kernels)."""
-    for _ in range(2):
+def timed(fn, sizes: dict, device: torch.device) -> float:
+    """Median milliseconds of `iters` calls after `warmup` calls (which also compile the kernels)."""
+    iters = sizes["iters"]
+    for _ in range(sizes["warmup"]):
         fn()
     times = []
     for _ in range(iters):
@@ -104,7 +105,7 @@ def decode(inp: dict) -> torch.Tensor:
 
 def decode_case(shape: dict, ctx: int, bs: int, kv: str, dtype, device, sizes: dict, bf16_out=None):
     inp = decode_inputs(shape, ctx, bs, kv, dtype, device, sizes["kv_splits"])
-    ms = timed(lambda: decode(inp), sizes["iters"], device)
+    ms = timed(lambda: decode(inp), sizes, device)
     k_buf, v_buf = inp["k_buffer"], inp["v_buffer"]
     kv_bytes = k_buf.numel() * k_buf.element_size() + (0 if shape["mla"] else v_buf.numel() * v_buf.element_size())
     row = {"ctx": ctx, "bs": bs, "kv": kv, "ms": ms, "gbps": kv_bytes / ms / 1e6}
@@ -150,7 +151,7 @@ def moe_cases(name: str, shape: dict, dtype, device, sizes: dict) -> list[dict]:
             def run(kind=kind, args=args, x=x, topk_w=topk_w, topk_ids=topk_ids, cfg=cfg, out=out):
                 out[kind] = fused_moe(x, args[0], args[1], topk_w, topk_ids, args[2], args[3], args[4], cfg)
 
-            ms = timed(run, sizes["iters"], device)
+            ms = timed(run, sizes, device)
             wbytes = sum(t.numel() * t.element_size() for t in args[:4] if t is not None)
             rows.append({"model": name, "m": m, "experts": e, "hidden": k, "inter": n, "top_k": shape["top_k"],
                          "weights": kind, "ms": ms, "gbps": wbytes / ms / 1e6})

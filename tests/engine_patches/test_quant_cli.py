@@ -19,6 +19,7 @@ from sglang.srt.model_loader.weight_utils import kv_cache_scales_loader
 from typer.testing import CliRunner
 
 from bench.cli import app
+from bench.errors import BadInput
 from engine_patches.fp8_scales import patch
 from tests.engine_patches.int4_checkpoints import make_checkpoint
 
@@ -97,9 +98,9 @@ def test_calibrate_kv_scales_bad_input_is_one_line(tmp_path):
                    "--out", str(tmp_path / "s.json"))
     assert out.returncode == 2 and out.stderr.startswith("error: cannot reach http://127.0.0.1:9")
     assert len(out.stderr.strip().splitlines()) == 1
-    out = capbench("calibrate-kv-scales", "--target", "http://127.0.0.1:9", "--amax", "a", "--out", "b",
-                   "--prompts", str(tmp_path / "missing.jsonl"))
-    assert out.returncode == 2 and "prompt file not found" in out.stderr
+    with pytest.raises(BadInput, match="prompt file not found"):
+        CliRunner().invoke(app, ["calibrate-kv-scales", "--target", "http://127.0.0.1:9", "--amax", "a", "--out", "b",
+                                 "--prompts", str(tmp_path / "missing.jsonl")], catch_exceptions=False)
 
 
 def test_quantize_int4_command(tmp_path):
@@ -116,5 +117,6 @@ def test_quantize_int4_bad_input_is_one_line(tmp_path):
     out = capbench("quantize-int4", "--in", str(tmp_path), "--out", str(tmp_path / "o"), "--group-size", "64")
     assert out.returncode == 2 and out.stderr.strip() == (
         "error: --group-size must be 32 or 128 (what SGLang's WNA16 MoE kernels take), got 64")
-    out = capbench("quantize-int4", "--in", str(tmp_path / "nope"), "--out", str(tmp_path / "o"))
-    assert out.returncode == 2 and "no config.json" in out.stderr
+    with pytest.raises(BadInput, match="no config.json"):
+        CliRunner().invoke(app, ["quantize-int4", "--in", str(tmp_path / "nope"), "--out", str(tmp_path / "o")],
+                           catch_exceptions=False)
