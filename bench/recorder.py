@@ -2,6 +2,7 @@
 samplers (bench/telemetry.py). The load generator only packs its result records (msgpack) into this process's
 stdin, so no DuckDB write, Arrow conversion, Prometheus parse or NVML call ever holds its event loop or its GIL.
 
+    Recorder(db, run_id, url)                      the runner's handle: send(rows), close() -> rows written
     python -m bench.recorder DB RUN_ID [SERVER_URL]   stdin: frames of <u32 length><msgpack list of request rows>
     stdout at the end: {"requests": rows written, ...}
 """
@@ -11,11 +12,35 @@ from __future__ import annotations
 import json
 import struct
 import sys
+from pathlib import Path
 
 import msgpack
 
 from bench.store import Store
 from bench.telemetry import GpuSampler, ServerSampler
+
+
+class Recorder:
+    """bench/recorder.py for the run's length: the store's writer and the samplers, in their own process."""
+
+    def __init__(self, db: Path, run_id: str, target: str):
+        from gevent import subprocess as gsub  # cooperative pipes: the caller's event loop keeps running
+
+        self.proc = gsub.Popen([sys.executable, "-m", "bench.recorder", str(db), run_id, target],
+                               stdin=gsub.PIPE, stdout=gsub.PIPE, cwd=Path(__file__).resolve().parent.parent)
+
+    def send(self, rows: list[dict]) -> None:
+        data = msgpack.packb(rows)
+        self.proc.stdin.write(struct.pack("<I", len(data)) + data)
+        self.proc.stdin.flush()
+
+    def close(self) -> dict:
+        """Ends the recorder: it writes what is left and says how many rows it wrote."""
+        self.proc.stdin.close()
+        out = self.proc.stdout.read()
+        if self.proc.wait() != 0:
+            raise RuntimeError(f"the recorder process failed (exit {self.proc.returncode}); see its error above")
+        return json.loads(out)
 
 
 def main() -> None:

@@ -11,10 +11,8 @@ aborted, everything measured is kept.
 
 from __future__ import annotations
 
-import json
 import logging
 import signal
-import struct
 import subprocess
 import sys
 import time
@@ -22,13 +20,14 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import gevent
-import msgpack
 from locust.env import Environment
 
 from bench import queries
 from bench.errors import BadInput
 from bench.live import Live, print_summary, print_sweep
+from bench.recorder import Recorder
 from bench.store import Store
+from bench.twin_proc import Target
 from loadgen import profiles, workloads
 from loadgen.users import ClosedLoopUser, OpenLoopUser
 from loadgen.worker import RECORDS_MSG, locust_options
@@ -103,29 +102,6 @@ class Collector:
         rows, self.pending = self.pending, []
         if rows:
             self.recorder.send(rows)
-
-
-class Recorder:
-    """bench/recorder.py for the run's length: the store's writer and the samplers, in their own process."""
-
-    def __init__(self, db: Path, run_id: str, target: str):
-        from gevent import subprocess as gsub
-
-        self.proc = gsub.Popen([sys.executable, "-m", "bench.recorder", str(db), run_id, target],
-                               stdin=gsub.PIPE, stdout=gsub.PIPE, cwd=Path(__file__).resolve().parent.parent)
-
-    def send(self, rows: list[dict]) -> None:
-        data = msgpack.packb(rows)
-        self.proc.stdin.write(struct.pack("<I", len(data)) + data)
-        self.proc.stdin.flush()
-
-    def close(self) -> dict:
-        """Ends the recorder: it writes what is left and says how many rows it wrote."""
-        self.proc.stdin.close()
-        out = self.proc.stdout.read()
-        if self.proc.wait() != 0:
-            raise RuntimeError(f"the recorder process failed (exit {self.proc.returncode}); see its error above")
-        return json.loads(out)
 
 
 def discover_model(target: str, api_key_env: str | None) -> str:
@@ -218,7 +194,6 @@ def _finished_within(store: Store, run_id: str, window_s: float) -> int:
 def _run_one(store: Store, opts: RunOptions, prof: profiles.Profile, wl: workloads.Workload, model: str,
              extra: dict | None = None, warmup_s: float | None = None) -> RunResult:
     warmup = opts.warmup_s if warmup_s is None else warmup_s
-    distributed = opts.workers + opts.expect_workers > 0
     n_workers = max(1, opts.workers + opts.expect_workers)
     params = {k: v for k, v in prof.params.items() if not k.startswith("_")}
     config = {"target": opts.target, "model": model, "api_key_env": opts.api_key_env, "stream": opts.stream,
@@ -226,6 +201,7 @@ def _run_one(store: Store, opts: RunOptions, prof: profiles.Profile, wl: workloa
               "seed": opts.seed, "warmup_s": warmup, "workers": n_workers, "timeout_s": opts.timeout_s,
               "read_timeout_s": opts.read_timeout_s, "think_s": float(params.get("think_s", 0.0)),
               "slo": {k: v for k, v in vars(opts.slo).items() if v is not None}, **opts.run_config, **(extra or {})}
+    stages = None
     if prof.open_loop:
         offsets = prof.arrivals(opts.seed, warmup)
         total = len(offsets)
@@ -243,9 +219,31 @@ def _run_one(store: Store, opts: RunOptions, prof: profiles.Profile, wl: workloa
                              config={**config, "locust_workers": opts.workers, "expected_workers": n_workers})
     print(f"capbench run {run_id}: {prof.name} against {opts.target}, into {store.path}", file=sys.stderr,
           flush=True)
+    state = {"aborted": False, "t0": None}
+    try:
+        env, collector, written = _drive(opts, prof, config, run_id, store, total, pool, stages, state)
+    except BaseException as e:  # the run still ends in the DB: aborted on Ctrl-C, failed otherwise
+        store.finish_run(run_id, "aborted" if isinstance(e, KeyboardInterrupt) or state["aborted"] else "failed")
+        raise
+    status = "aborted" if state["aborted"] else "completed"
+    store.finish_run(run_id, status)
+    with store.connect() as con:
+        summary = queries.summary(con, run_id, opts.slo)
+    stats = env.runner.stats.total
+    print_summary(summary)
+    return RunResult(run_id, status, summary, stats.num_requests, stats.num_failures, collector.records,
+                     written.get("requests", 0))
+
+
+def _drive(opts: RunOptions, prof: profiles.Profile, config: dict, run_id: str, store: Store, total: int | None,
+           pool: int, stages: list | None, state: dict) -> tuple[Environment, Collector, dict]:
+    """Locust for one run, from the recorder's start to its last row; returns the environment, the collector and
+    the recorder's row counts."""
+    distributed = opts.workers + opts.expect_workers > 0
+    n_workers = config["workers"]
+    params = config["profile"]["params"]
     recorder = Recorder(store.path, run_id, opts.target)
     collector = Collector(recorder)
-    state = {"aborted": False, "t0": None}
 
     env = Environment(user_classes=[OpenLoopUser if prof.open_loop else ClosedLoopUser], stop_timeout=0.0)
     if distributed:
@@ -299,14 +297,7 @@ def _run_one(store: Store, opts: RunOptions, prof: profiles.Profile, wl: workloa
         _reap(procs)
         collector.flush()
         written = recorder.close()
-    status = "aborted" if state["aborted"] else "completed"
-    store.finish_run(run_id, status)
-    with store.connect() as con:
-        summary = queries.summary(con, run_id, opts.slo)
-    stats = env.runner.stats.total
-    print_summary(summary)
-    return RunResult(run_id, status, summary, stats.num_requests, stats.num_failures, collector.records,
-                     written.get("requests", 0))
+    return env, collector, written
 
 
 def _install_signals(env: Environment, state: dict) -> None:
@@ -355,39 +346,6 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-class Target:
-    """The server a run talks to: a URL, or `twin:SPEC`, a twin started (in its own process) for the run."""
-
-    def __init__(self, target: str):
-        self.spec, self.proc = None, None
-        if not target.startswith("twin:"):
-            if not target.startswith(("http://", "https://")):
-                raise BadInput(f"--target is a URL (http://HOST:PORT) or twin:SPEC, not {target!r}")
-            self.url = target.rstrip("/")
-            return
-        self.spec = target
-        self.proc = subprocess.Popen([sys.executable, "-m", "bench.twin_proc", target], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, cwd=Path(__file__).resolve().parent.parent, text=True)
-        line = self.proc.stdout.readline()
-        try:
-            msg = json.loads(line)
-        except ValueError:
-            msg = {"error": "the twin did not start"}
-        if "url" not in msg:
-            self.close()
-            raise BadInput(msg.get("error", "the twin did not start"))
-        self.url = msg["url"].rstrip("/")
-
-    def close(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.stdin.close()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
 
 
 def parse_slo(text: str | None) -> queries.SLO:

@@ -1,12 +1,48 @@
-"""A twin for one load-test run, in a process of its own (the load generator's event loop stays the load
-generator's): `python -m bench.twin_proc SPEC` prints {"url": ...} and serves until its stdin closes."""
+"""A run's target: a URL, or a twin for one load-test run in a process of its own (the load generator's event
+loop stays the load generator's): `python -m bench.twin_proc SPEC` prints {"url": ...} and serves until its
+stdin closes."""
 
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
+from pathlib import Path
 
 from bench.errors import BadInput
+
+
+class Target:
+    """The server a run talks to: a URL, or `twin:SPEC`, a twin started (in its own process) for the run."""
+
+    def __init__(self, target: str):
+        self.spec, self.proc = None, None
+        if not target.startswith("twin:"):
+            if not target.startswith(("http://", "https://")):
+                raise BadInput(f"--target is a URL (http://HOST:PORT) or twin:SPEC, not {target!r}")
+            self.url = target.rstrip("/")
+            return
+        self.spec = target
+        self.proc = subprocess.Popen([sys.executable, "-m", "bench.twin_proc", target], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, cwd=Path(__file__).resolve().parent.parent, text=True)
+        line = self.proc.stdout.readline()
+        try:
+            msg = json.loads(line)
+        except ValueError:
+            msg = {"error": "the twin did not start"}
+        if "url" not in msg:
+            self.close()
+            raise BadInput(msg.get("error", "the twin did not start"))
+        self.url = msg["url"].rstrip("/")
+
+    def close(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.stdin.close()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
 
 
 def main() -> None:

@@ -7,7 +7,8 @@ import httpx
 import numpy as np
 import pytest
 
-from bench.runner import RunOptions, Target, run
+from bench.runner import RunOptions, run
+from bench.twin_proc import Target
 from loadgen.users import OpenLoopUser
 from tests.bench.test_runner import rows
 from tests.loadgen.conftest import drive, plan_config
