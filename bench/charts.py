@@ -65,8 +65,8 @@ def timeseries(df: pd.DataFrame, y: str, title: str, domain: tuple[float, float]
     """A line over elapsed_s; `domain` fixes the x axis so stacked charts share one time axis."""
     x = alt.X("elapsed_s:Q", title="seconds since the run started",
               scale=alt.Scale(domain=list(domain)) if domain else alt.Undefined)
-    enc = {"x": x, "y": alt.Y(f"{y}:Q", title=y_title or y), "tooltip": ["elapsed_s", alt.Tooltip(f"{y}:Q",
-                                                                                                    format=",.2f")]}
+    enc = {"x": x, "y": alt.Y(f"{y}:Q", title=y_title or y, axis=alt.Axis(format=",.4~g")),
+           "tooltip": ["elapsed_s", alt.Tooltip(f"{y}:Q", format=",.2f")]}
     if color:
         enc["color"] = alt.Color(f"{color}:N", scale=CONFIG_COLORS, legend=alt.Legend(orient="top", title=None))
     return _base(df).mark_line(point=len(df) < 40).encode(**enc).properties(title=title, width=WIDTH, height=160)

@@ -100,8 +100,8 @@ if not pred_rows.empty:
     shown = pred_rows[["run", "figure", "measured", "predicted", "error"]].copy()
     shown["error"] = shown["error"].map(lambda e: "n/a" if pd.isna(e) else f"{e:+.1%}")
     st.dataframe(shown, hide_index=True, key="prediction_table")
-    st.caption("Prediction: the roofline model's steady state at the run's achieved rate and measured mean "
-               "input/output tokens; error = predicted / measured - 1.")
+    st.caption("Prediction: capbench simulate's scheduler and roofline model at the run's achieved rate with its "
+               "measured mean input/output tokens; error = predicted / measured - 1.")
 
 drift = common.read(runinfo.drift)
 if drift is not None:  # the drift table exists (capbench drift); quality next to speed

@@ -12,7 +12,8 @@ from bench.plan import Plan, Question, make_plan, workload_names
 from dashboard.common import fmt
 
 st.title("Planner")
-st.caption("SGLang 0.5.23's memory arithmetic and capbench's roofline performance model: no GPU, no runs needed.")
+st.caption("SGLang 0.5.23's memory arithmetic and capbench simulate's scheduler on the roofline performance model: "
+           "no GPU, no runs needed.")
 
 models, gpus = catalog.models(), catalog.gpus()
 c1, c2, c3, c4 = st.columns(4)
