@@ -174,8 +174,8 @@ COMPARED = ("measured", "success_rate", "achieved_rate_rps", "throughput_rps", "
 
 def compare(con: duckdb.DuckDBPyConnection, run_ids: list[str], slo: SLO | None = None) -> pd.DataFrame:
     """Runs side by side: one row per metric, one column per run, and `<run> / <first run>` ratio columns."""
-    if len(run_ids) < 2:
-        raise BadInput("compare needs at least two run ids")
+    if len(set(run_ids)) < 2 or len(set(run_ids)) != len(run_ids):
+        raise BadInput("compare needs at least two different run ids, each once")
     sums = [summary(con, r, slo) for r in run_ids]
     table = pd.DataFrame({s["run_id"]: [s[m] for m in COMPARED] for s in sums}, index=list(COMPARED), dtype=float)
     base = run_ids[0]

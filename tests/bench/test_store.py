@@ -227,6 +227,10 @@ def test_series_and_compare(tmp_db):
         cmp = queries.compare(con, ids)
         with pytest.raises(BadInput, match="resolution"):
             queries.series(con, ids[0], resolution_s=0)
+        with pytest.raises(BadInput, match="two different run ids"):
+            queries.compare(con, [ids[0], ids[0]])
+        with pytest.raises(BadInput, match="unknown run id"):
+            queries.compare(con, [ids[0], "nope"])
     assert ser.completed.sum() == 300 and (ser.elapsed_s.diff().dropna() % 5 == 0).all()
     assert list(gpu.power_w) == [104.5, 114.5, 124.5]
     assert list(srv.value) == [4.5, 14.5, 24.5]
