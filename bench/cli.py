@@ -401,8 +401,36 @@ def report(
     print(f"wrote {path} ({'measured: ' + str(len(r.runs)) + ' run(s)' if r.measured else 'nothing measured'})")
 
 
+@app.command()
+def calibrate(
+    runs: str = typer.Option(..., help="Comma-separated run ids to fit (see capbench runs)."),
+    db: str = typer.Option("data/capbench.duckdb", help="Results DB."),
+    deployment: str = typer.Option(None, help="For runs against a real server: what it ran, as a twin spec "
+                                   "(e.g. kimi-k2-thinking@h200x8,kv=fp8_e4m3). Twin runs carry their own."),
+    out: str = typer.Option(None, help="Calibration file to write (default: data/calibration/fitted.json, "
+                            "which the twin, simulate, the planner and reports read)."),
+) -> None:
+    """Fit the performance model's efficiency factors to measured runs; prints the error before and after."""
+    from pathlib import Path
+
+    from rich.progress import Progress
+
+    from bench import calibrate as cal
+    from bench.perfmodel import FITTED_CALIBRATION
+    from bench.store import Store
+
+    ids = [r.strip() for r in runs.split(",") if r.strip()]
+    if not ids:
+        raise BadInput("--runs needs at least one run id")
+    target = Path(out) if out else FITTED_CALIBRATION
+    with Progress(transient=True) as bar:
+        task = bar.add_task("fitting", total=None)
+        result = cal.calibrate(Store(db), ids, deployment, target, lambda: bar.advance(task))
+    cal.print_result(*result, target)
+
+
 def main() -> None:
-    if len(sys.argv) > 1 and sys.argv[1] in ("run", "worker"):  # Locust's gevent wants to patch before the rest
+    if len(sys.argv) > 1 and sys.argv[1] in ("run", "worker", "demo"):  # Locust's gevent wants to patch before the rest
         from gevent import monkey
 
         monkey.patch_all()

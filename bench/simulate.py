@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, replace
 from bench.capacity import Deployment, capacity, memory_tier
 from bench.errors import BadInput
 from bench.perfmodel import Efficiency, PerfModel, cost_per_million_tokens
-from bench.scheduler import Scheduler
+from bench.scheduler import Request, Scheduler
 from bench.workload import Workload, make_requests
 
 BLOCK = 32  # prefix-cache block: hits are rounded down to whole blocks (SGLang's radix: to tokens)
@@ -104,16 +104,10 @@ def _overlap(a: float, b: float, lo: float, hi: float) -> float:
     return max(0.0, min(b, hi) - max(a, lo)) / (b - a)
 
 
-def run(dep: Deployment, wl: Workload, rate: float, n: int = 1000, seed: int = 0,
-        eff: Efficiency | None = None, min_seconds: float = MIN_SECONDS) -> Point:
-    """Offer max(n, rate * min_seconds) requests at `rate` per second (math.inf: n, all at once). Latencies are
-    of the requests that arrive after the warm-up; throughput is what the server delivered between the end of
-    the warm-up and the last arrival (so an overloaded server shows its capacity, not the offered rate)."""
-    sched = make_scheduler(dep, eff)
-    if 0 < rate < math.inf:
-        n = max(n, math.ceil(rate * min_seconds))
-    reqs = make_requests(wl, rate, n, seed, BLOCK, dep.context_len)
-    t, i, running_time, busy = 0.0, 0, 0.0, 0.0
+def play(sched: Scheduler, reqs: list[Request]) -> tuple[float, float]:
+    """Run requests (sorted by arrival) through the scheduler in virtual time until all are done.
+    Returns (sum over steps of running requests x step time, busy time)."""
+    t, i, n, running_time, busy = 0.0, 0, len(reqs), 0.0, 0.0
     while True:
         while i < n and reqs[i].arrival <= t:
             sched.submit(reqs[i])
@@ -123,11 +117,23 @@ def run(dep: Deployment, wl: Workload, rate: float, n: int = 1000, seed: int = 0
             if i < n:
                 t = reqs[i].arrival
                 continue
-            break
+            return running_time, busy
         running_time += sched.num_running * step.duration
         busy += step.duration
         t += step.duration
         sched.commit(step, t)
+
+
+def run(dep: Deployment, wl: Workload, rate: float, n: int = 1000, seed: int = 0,
+        eff: Efficiency | None = None, min_seconds: float = MIN_SECONDS) -> Point:
+    """Offer max(n, rate * min_seconds) requests at `rate` per second (math.inf: n, all at once). Latencies are
+    of the requests that arrive after the warm-up; throughput is what the server delivered between the end of
+    the warm-up and the last arrival (so an overloaded server shows its capacity, not the offered rate)."""
+    sched = make_scheduler(dep, eff)
+    if 0 < rate < math.inf:
+        n = max(n, math.ceil(rate * min_seconds))
+    reqs = make_requests(wl, rate, n, seed, BLOCK, dep.context_len)
+    running_time, busy = play(sched, reqs)
     done = [r for r in reqs if r.state == "done"]
     last = max((r.arrival for r in reqs), default=0.0)
     if last > 0:  # steady state: the first WARMUP of the arrival window warms up, tails drain outside it
