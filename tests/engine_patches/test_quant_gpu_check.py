@@ -34,7 +34,7 @@ def test_tiny_run_writes_the_documented_json(tmp_path):
     gc.run_check(tiny=True, out_path=out)
     doc = json.loads(out.read_text())
     assert doc["pending"] is True and doc["gpu"].startswith("none") and doc["factors"] is None
-    assert {"measured_at", "versions", "dtype", "note"} <= set(doc)
+    assert {"measured_at", "versions", "dtype", "note"} <= set(doc) and doc["skipped_for_time"] == []
     attn = doc["decode_attention"]
     assert {(r["model"], r["kv"]) for r in attn} == {(m, k) for m in ("glm-4.6", "kimi-k2") for k in ("bf16", "fp8")}
     for r in attn:
