@@ -167,3 +167,16 @@ def test_percentile_and_slo_parsing():
     for bad in ("ttft=fast", "tpot=1,p=95", "x=1"):
         with pytest.raises(BadInput):
             parse_slo(bad)
+
+
+def test_mixed_chunk_keeps_decoding_through_a_long_prefill():
+    def tpot_of_short(mixed: bool) -> float:
+        cap = capacity(kimi(), with_ratios=False)
+        sched = Scheduler(PerfModel(kimi()), cap.kv_pool_tokens_total, 64, 8192, 16, mixed_chunk=mixed)
+        short = Request(rid="s", prompt_len=100, max_new=200, arrival=0.0)
+        long = Request(rid="l", prompt_len=60_000, max_new=5, arrival=0.5)
+        drive(sched, [short, long])
+        assert sched.generated(short) == 200 and sched.generated(long) == 5 and sched.used_tokens == 0
+        return (short.finish - short.first_token) / 199
+
+    assert tpot_of_short(mixed=True) < tpot_of_short(mixed=False)
