@@ -302,29 +302,35 @@ class _Stream:
         self.chunks += 1
 
     def read_sse(self, resp) -> None:
-        done = False
+        """Events are read whole (one readline per event, up to the blank line that ends it): the separator is
+        \n\n, or \r\n\r\n when the first line ends in \r\n. (readline() without a separator waits for \r\n.)"""
         readline = resp.readline
-        for line in iter(lambda: readline(b"\n"), b""):  # readline() alone waits for \r\n: SSE uses \n
-            self.nbytes += len(line)
-            if not line.startswith(b"data:"):
-                continue  # blank separators, comments, event: lines
-            data = line[5:].strip()
-            if data == b"[DONE]":
-                done = True
-                break
-            try:
-                obj = _loads(data)
-            except ValueError:
-                raise RequestFailed("malformed_stream", f"not JSON: {data[:80]!r}") from None
-            if not isinstance(obj, dict):
-                raise RequestFailed("malformed_stream", f"not a JSON object: {data[:80]!r}")
-            if obj.get("error"):
-                err = obj["error"]
-                msg = err.get("message", err) if isinstance(err, dict) else err
-                raise RequestFailed("stream_error", str(msg))
-            self._chunk(obj)
-        if not done:
-            raise RequestFailed("early_close", "stream ended before [DONE]")
+        chunk = readline(b"\n")
+        sep = b"\r\n\r\n" if chunk.endswith(b"\r\n") else b"\n\n"
+        while chunk:
+            self.nbytes += len(chunk)
+            for line in chunk.split(b"\n"):
+                if not line.startswith(b"data:"):
+                    continue  # blank separators, comments, event: lines
+                data = line[5:].strip()
+                if data == b"[DONE]":
+                    return
+                self._data(data)
+            chunk = readline(sep)
+        raise RequestFailed("early_close", "stream ended before [DONE]")
+
+    def _data(self, data: bytes) -> None:
+        try:
+            obj = _loads(data)
+        except ValueError:
+            raise RequestFailed("malformed_stream", f"not JSON: {data[:80]!r}") from None
+        if not isinstance(obj, dict):
+            raise RequestFailed("malformed_stream", f"not a JSON object: {data[:80]!r}")
+        if obj.get("error"):
+            err = obj["error"]
+            msg = err.get("message", err) if isinstance(err, dict) else err
+            raise RequestFailed("stream_error", str(msg))
+        self._chunk(obj)
 
     def _chunk(self, obj: dict) -> None:
         choices = obj.get("choices")

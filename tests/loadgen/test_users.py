@@ -2,6 +2,8 @@
 
 import time
 
+import pytest
+
 from loadgen.users import ClosedLoopUser, OpenLoopUser
 from tests.loadgen.conftest import drive, plan_config
 
@@ -120,7 +122,51 @@ def test_plain_locustfile(stub_server):
     locust = str(Path(sys.executable).parent / "locust")
     proc = subprocess.run([locust, "-f", "loadgen/locustfile.py", "--headless", "--host", srv.url, "--model", "m",
                            "--cb-profile", "constant", "--cb-rate", "10", "--cb-duration", "1", "-u", "10", "-r",
-                           "10", "-t", "6s", "--only-summary", "OpenLoopUser"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+                           "10", "-t", "6s", "--only-summary", "OpenLoopUser"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr[-2000:]
     line = next(x for x in proc.stdout.splitlines() + proc.stderr.splitlines() if "synthetic:chat" in x)
     assert line.split()[2] == "10" and line.split()[3].startswith("0")  # 10 requests, 0 failures
+
+
+class _Buffered:
+    """Just enough of a geventhttpclient response: readline(sep) over bytes."""
+
+    def __init__(self, data: bytes):
+        self.data = data
+
+    def readline(self, sep: bytes) -> bytes:
+        i = self.data.find(sep)
+        n = len(self.data) if i < 0 else i + len(sep)
+        line, self.data = self.data[:n], self.data[n:]
+        return line
+
+
+def _sse(sep: bytes, *events: str) -> bytes:
+    return b"".join(e.encode().replace(b"\n", sep[: len(sep) // 2]) + sep for e in events)
+
+
+@pytest.mark.parametrize("sep", [b"\n\n", b"\r\n\r\n"])
+def test_sse_parsing_line_endings_comments_and_usage(sep):
+    from loadgen.users import _Stream
+
+    s = _Stream(time.perf_counter())
+    s.read_sse(_Buffered(_sse(sep, ": keep-alive", 'event: message\ndata: {"choices":[{"delta":{"role":"assistant"}}]}',
+                              'data: {"choices":[{"delta":{"reasoning_content":"hm"}}]}',
+                              'data: {"choices":[{"delta":{"content":"a"}}]}',
+                              'data: {"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":2}}',
+                              "data: [DONE]")))
+    assert s.chunks == 2 and len(s.gaps) == 1 and s.usage["completion_tokens"] == 2
+
+
+@pytest.mark.parametrize("events,kind", [
+    (['data: {"choices":[{"delta":{"content":"a"}}]}'], "early_close"),
+    (["data: {nope"], "malformed_stream"),
+    (['data: {"error":{"message":"overloaded"}}'], "stream_error"),
+])
+def test_sse_failures(events, kind):
+    from loadgen.users import RequestFailed, _Stream
+
+    with pytest.raises(RequestFailed) as e:
+        _Stream(time.perf_counter()).read_sse(_Buffered(_sse(b"\n\n", *events)))
+    assert e.value.kind == kind
