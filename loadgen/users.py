@@ -80,7 +80,7 @@ class Plan:
         self.warmup_s = float(c.get("warmup_s", 0.0))
         self.end_at = self.t0 + float(c.get("duration_s", 0.0))  # closed loop: no new request after this
         self.workload = workloads.from_dict(c["workload"])
-        workloads._words()  # the prompt corpus, built now rather than inside the first timed request
+        workloads.corpus()  # the prompt corpus, built now rather than inside the first timed request
         prof = profiles.Profile(c["profile"]["name"], c["profile"]["type"], dict(c["profile"]["params"]))
         self.open_loop = prof.open_loop
         if self.open_loop:

@@ -100,7 +100,7 @@ _CORPUS_WORDS = 1 << 18
 _corpus: tuple[str, list[int]] | None = None
 
 
-def _words() -> tuple[str, list[int]]:
+def corpus() -> tuple[str, list[int]]:
     """A fixed seeded stream of words and each word's start offset; prompts are slices of it. Built once a process
     (about 0.1 s): Plan builds it before a run starts, not inside the first request."""
     global _corpus
@@ -117,12 +117,12 @@ def _words() -> tuple[str, list[int]]:
 
 def text(rng: random.Random, tokens: int) -> str:
     """`tokens` words from a seeded offset of the corpus (a slice: cheap even for 256k-token prompts)."""
-    corpus, starts = _words()
+    words, starts = corpus()
     parts, left = [], max(1, tokens)
     while left > 0:
         n = min(left, _CORPUS_WORDS // 2)
         o = rng.randrange(_CORPUS_WORDS - n)
-        parts.append(corpus[starts[o] : starts[o + n] - 1])
+        parts.append(words[starts[o] : starts[o + n] - 1])
         left -= n
     return " ".join(parts)
 
