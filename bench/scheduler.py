@@ -307,6 +307,9 @@ class Scheduler:
         decode = bool(self.decoding) and (self.mixed_chunk or not prefill)
         if decode:
             self._make_room()
+            if self.free_tokens < len(self.decoding) and prefill:
+                decode = False  # mixed step with no room to decode: prefill alone (callers keep prompt +
+                # output of one request within the pool, so a lone request always fits)
         n = len(self.decoding) if decode else 0
         if not prefill and not n:
             return None

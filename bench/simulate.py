@@ -132,7 +132,7 @@ def run(dep: Deployment, wl: Workload, rate: float, n: int = 1000, seed: int = 0
     sched = make_scheduler(dep, eff)
     if 0 < rate < math.inf:
         n = max(n, math.ceil(rate * min_seconds))
-    reqs = make_requests(wl, rate, n, seed, BLOCK, dep.context_len)
+    reqs = make_requests(wl, rate, n, seed, BLOCK, min(dep.context_len, sched.pool))  # each must fit alone
     running_time, busy = play(sched, reqs)
     done = [r for r in reqs if r.state == "done"]
     last = max((r.arrival for r in reqs), default=0.0)
