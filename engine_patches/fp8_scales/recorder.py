@@ -45,7 +45,7 @@ class AmaxRecorder:
         self.tokens: dict[int, int] = {}
         self.last_dump = 0.0
         self.first_layer: int | None = None
-        atexit.register(self.dump)
+        atexit.register(self._dump_at_exit)
 
     def observe(self, layer_id: int, part: str, x: torch.Tensor | None) -> None:
         if x is None or x.numel() == 0 or _capturing():
@@ -72,6 +72,12 @@ class AmaxRecorder:
             layers[layer_id]["tokens"] = self.tokens.get(layer_id, 0)
         return {"rank": _rank(), "pid": os.getpid(), "layout": self.layout, "written_at": time.time(),
                 "layers": layers}
+
+    def _dump_at_exit(self) -> None:
+        try:
+            self.dump()
+        except Exception as e:  # noqa: BLE001 - the CUDA context may already be gone; the periodic dumps stand
+            print(f"capbench: final K/V amax dump failed in pid {os.getpid()}: {e!r}")
 
     def dump(self) -> Path | None:
         if not self.amax:
