@@ -15,10 +15,18 @@ def register_backend(mode: str, scrub_pages_per_s: float = 0.0, integrity_log: s
         return
 
     def factory(ctx):
+        import torch
+
         from engine_patches.kv_checksum.radix import ChecksummedRadixCache
 
+        runner = getattr(ctx.tp_worker, "model_runner", None)
+        stream = getattr(runner, "forward_stream", None)
         return ChecksummedRadixCache(
-            ctx.params, mode=mode, scrub_pages_per_s=scrub_pages_per_s, integrity_log=integrity_log
+            ctx.params,
+            mode=mode,
+            scrub_pages_per_s=scrub_pages_per_s,
+            integrity_log=integrity_log,
+            seal_stream=stream if isinstance(stream, torch.cuda.Stream) else None,
         )
 
     register_radix_cache_backend(BACKEND, factory)

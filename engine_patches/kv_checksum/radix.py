@@ -13,6 +13,11 @@ Covered paths (SGLang 0.5.23, plain RadixCache selected through --radix-cache-ba
   It runs on the scheduler thread at the start of `match_prefix`, so it needs no lock and advances while requests
   arrive (an idle server hands out nothing, and a page is verified again before it is handed out anyway).
 
+Overlap scheduling: the scheduler runs ahead of the GPU, so a chunked-prefill checkpoint may seal pages the
+forward in flight is still writing. The factory passes the model runner's forward stream: seals run there (ordered
+after the writes) and record an event; a verification waits only on seals that have not completed. (On CPU, as in
+the tests, there are no streams; this ordering is not exercised without a GPU.)
+
 Because checksums are taken over the pool's bytes when a page is sealed and when it is reused, they do not
 depend on how the KV was written: Python `set_kv_buffer`, fused FA3 / trtllm writers and CUDA-graph replays are
 all covered alike. Not covered: corruption of a page while a request that already holds it is running (its
@@ -80,6 +85,7 @@ class ChecksummedRadixCache(RadixCache):
         scrub_pages_per_s: float = 0.0,
         integrity_log: str | None = None,
         clock: Callable[[], float] = time.monotonic,
+        seal_stream: torch.cuda.Stream | None = None,
     ):
         if mode not in MODES:
             raise ValueError(f"kv checksum mode must be one of {MODES}, got {mode!r}")
@@ -95,6 +101,10 @@ class ChecksummedRadixCache(RadixCache):
         self._scrub_last = clock()
         self._scrub_budget = 0.0
         self._in_checkpoint = False
+        # With overlap scheduling the scheduler runs ahead of the GPU: a chunked-prefill checkpoint can seal pages
+        # that the forward in flight is still writing. Sealing on the forward stream orders the checksum after
+        # those writes; verification waits only for seals that have not run yet.
+        self.seal_stream = seal_stream
 
     def reset(self):
         super().reset()
@@ -119,7 +129,17 @@ class ChecksummedRadixCache(RadixCache):
     def _seal(self, node: TreeNode) -> None:
         t0 = time.perf_counter()
         pages = self._pages(node)
-        node.kv_sums = self.kv_partials(pages)
+        if self.seal_stream is None:
+            node.kv_sums = self.kv_partials(pages)
+        else:
+            here = torch.cuda.current_stream()
+            self.seal_stream.wait_stream(here)  # `pages` was computed here
+            with torch.cuda.stream(self.seal_stream):
+                node.kv_sums = self.kv_partials(pages)
+                node.kv_sealed = torch.cuda.Event()
+                node.kv_sealed.record(self.seal_stream)
+            pages.record_stream(self.seal_stream)
+            node.kv_sums.record_stream(here)  # read here later, by _verify
         self.kv_metrics.pages_checksummed.inc(len(pages))
         self.kv_metrics.seconds.inc(time.perf_counter() - t0)
 
@@ -129,6 +149,7 @@ class ChecksummedRadixCache(RadixCache):
         if sums is not None:
             k = split_len // self.page_size
             new_node.kv_sums, child.kv_sums = sums[:k], sums[k:]
+            new_node.kv_sealed = getattr(child, "kv_sealed", None)
         return new_node
 
     def checkpoint(self, req, *, up_to: int):
@@ -185,6 +206,10 @@ class ChecksummedRadixCache(RadixCache):
         if not sealed:
             return []
         t0 = time.perf_counter()
+        for n in sealed:
+            event = getattr(n, "kv_sealed", None)
+            if event is not None and not event.query():
+                torch.cuda.current_stream().wait_event(event)
         pages = torch.cat([self._pages(n) for n in sealed])
         expected = torch.cat([n.kv_sums for n in sealed])
         diff = self.kv_partials(pages) != expected
