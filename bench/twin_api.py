@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 from bench.twin_text import EOS, WORDS, Synth, Tokenizer
 
@@ -141,10 +142,25 @@ def usage(prompt: int, completion: int, cached: int) -> dict:
             "prompt_tokens_details": {"cached_tokens": cached}}
 
 
+@lru_cache(maxsize=64)
+def _quoted(text: str) -> str:
+    return json.dumps(text)
+
+
 def chunk(p: GenParams, rid: str, created: int, model: str, text: str | None, finish: str | None,
           logprobs: dict | None = None, first: bool = False) -> bytes:
     """One SSE event."""
     matched = EOS if finish == "stop" else None
+    if logprobs is None and not first:  # the common case, formatted without json.dumps (a twin's hot path)
+        end = ("null" if finish is None else f'"{finish}"', "null" if matched is None else str(matched))
+        if p.chat:
+            return (f'data: {{"id":"{rid}","object":"chat.completion.chunk","created":{created},"model":'
+                    f'{_quoted(model)},"choices":[{{"index":0,"delta":{{"content":{json.dumps(text)}}},'
+                    f'"logprobs":null,"finish_reason":{end[0]},"matched_stop":{end[1]}}}],"usage":null}}\n\n'
+                    ).encode()
+        return (f'data: {{"id":"{rid}","object":"text_completion","created":{created},"model":{_quoted(model)},'
+                f'"choices":[{{"index":0,"text":{json.dumps(text)},"logprobs":null,"finish_reason":{end[0]},'
+                f'"matched_stop":{end[1]}}}],"usage":null}}\n\n').encode()
     if p.chat:
         delta = {"role": "assistant", "content": text} if first else {"content": text}
         choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish, "matched_stop": matched}
