@@ -47,3 +47,8 @@ INSTANCE_ATTRS = {
     "MHATokenToKVPool": ["k_buffer", "v_buffer", "start_layer"],
     "MLATokenToKVPool": ["kv_buffer", "start_layer"],
 }
+
+# Instance attributes only visible in source: (module, class, "self.<attr> =").
+ASSIGNED_IN_SOURCE = [
+    ("sglang.srt.model_executor.model_runner", "ModelRunner", "self.forward_stream ="),  # the seal stream
+]

@@ -59,6 +59,13 @@ def test_touched_fields_exist_on_real_objects():
             assert hasattr(objects[name], attr), f"{name}.{attr} is gone"
 
 
+@pytest.mark.parametrize("module,cls,assignment", sglang_symbols.ASSIGNED_IN_SOURCE)
+def test_attributes_assigned_in_source_exist(module, cls, assignment):
+    import inspect
+
+    assert assignment in inspect.getsource(getattr(importlib.import_module(module), cls))
+
+
 def test_counters_appear_on_sglangs_metrics_endpoint(tmp_path, monkeypatch):
     """A scheduler-like process increments the counters; SGLang's own /metrics app (multiprocess collector)
     serves them."""
