@@ -86,6 +86,9 @@ def sglang_launch(
 
     Everything after `--` goes to sglang.launch_server, e.g.
     capbench sglang-launch --kv-checksum verify -- --model-path moonshotai/Kimi-K2-Thinking --tp 8
+
+    The patches reach SGLang's spawned scheduler processes through engine_patches/boot/sitecustomize.py, put first
+    on PYTHONPATH, with the options in the CAPBENCH_PATCHES environment variable.
     """
     from engine_patches.launch import BadLaunch, PatchOptions, launch
 
