@@ -4,6 +4,7 @@ the rows added since the last flush."""
 
 from __future__ import annotations
 
+import atexit
 import logging
 import threading
 import time
@@ -52,6 +53,7 @@ class BatchedWriter:
         self._closed = False
         self._thread = threading.Thread(target=self._loop, name=f"capbench-writer-{run_id}", daemon=True)
         self._thread.start()
+        atexit.register(self.close)  # an interpreter that exits without close() still writes its last rows
 
     # ---- appending (any thread) ----------------------------------------------------------------------------------
     def add_request(self, row: dict) -> None:
@@ -175,6 +177,7 @@ class BatchedWriter:
                     raise
         with self._lock:
             self._closed = True
+        atexit.unregister(self.close)
 
     def __enter__(self) -> BatchedWriter:
         return self

@@ -140,3 +140,16 @@ def test_a_writer_locked_out_keeps_its_rows_until_it_gets_in(tmp_db):
     finally:
         holder.kill()
     assert store.runs().requests[0] == 11
+
+
+def test_a_writer_never_closed_still_writes_its_rows_when_the_interpreter_exits(tmp_db):
+    script = textwrap.dedent("""
+        import sys
+        from bench.store import Store
+        store = Store(sys.argv[1])
+        w = store.writer(store.start_run(label="forgot close"), flush_interval_s=3600)
+        for i in range(25):
+            w.add_request({"request_id": str(i)})
+    """)
+    subprocess.run([sys.executable, "-c", script, str(tmp_db)], check=True, timeout=60)
+    assert Store(tmp_db).runs().requests[0] == 25
