@@ -3,6 +3,7 @@ own counts, and the client's TTFT against the twin's server-side timestamps."""
 
 import json
 
+import duckdb
 import httpx
 import numpy as np
 import pytest
@@ -30,6 +31,11 @@ def test_poisson_50_rps_for_60_s_hits_the_rate_and_the_store_matches_locust(tmp_
     assert res.summary["achieved_rate_rps"] == pytest.approx(50, rel=0.02)
     assert res.summary["throughput_rps"] == pytest.approx(50, rel=0.02)
     assert all(r["tokens_from"] == "usage" for r in stored)
+    con = duckdb.connect(str(tmp_db), read_only=True)  # the twin's /metrics, scraped by the recorder meanwhile
+    scrapes = con.execute("SELECT count(*) FROM server_samples WHERE run_id = ? AND metric = 'sglang:num_running_reqs'",
+                          [res.run_id]).fetchone()[0]
+    con.close()
+    assert scrapes >= 60  # every 500 ms for a minute
 
 
 def _first_token_delivery_ms(rate: float) -> np.ndarray:
