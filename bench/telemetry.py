@@ -135,8 +135,9 @@ class GpuSampler:
 
 class ServerSampler:
     """Scrapes <base_url>/metrics (Prometheus text) and /server_info (or the older /get_server_info) every
-    interval_ms. Keeps SGLANG_METRICS and capbench_kv_* samples; from server_info, its top-level numbers and the
-    numbers in internal_states[i] (labelled by i). Failures are counted by kind in `failures`, never raised."""
+    interval_ms. Keeps SGLANG_METRICS and capbench_kv_* samples; from server_info, the numbers in
+    internal_states[i] (labelled by i) every time, and its top-level numbers when first seen or changed. Failures
+    are counted by kind in `failures`, never raised."""
 
     def __init__(self, base_url: str, sink: Sink, interval_ms: float = 500, timeout_s: float | None = None,
                  headers: dict | None = None):
@@ -150,6 +151,7 @@ class ServerSampler:
         self.scrapes = 0
         self.samples = 0
         self.last_server_info: dict | None = None
+        self._top_level: dict[str, float] = {}
         self._info_path = "/server_info"
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -241,8 +243,12 @@ class ServerSampler:
             self._fail("server_info", "garbage", repr(e))
             return
         self.last_server_info = info
-        rows = [{"t": t, "metric": f"server_info:{k}", "labels": "{}", "value": float(v)}
-                for k, v in info.items() if _is_number(v)]
+        # Top-level numbers are mostly server arguments (port, tp_size, ...): kept when first seen or changed.
+        rows = []
+        for k, v in info.items():
+            if _is_number(v) and self._top_level.get(k) != v:
+                self._top_level[k] = v
+                rows.append({"t": t, "metric": f"server_info:{k}", "labels": "{}", "value": float(v)})
         for i, state in enumerate(info.get("internal_states") or []):
             for key, v in _flatten(state):
                 rows.append({"t": t, "metric": f"server_info:{key}", "labels": json.dumps({"dp": str(i)}),

@@ -100,6 +100,9 @@ def test_server_sampler_keeps_sglang_and_kv_metrics_and_falls_back_to_get_server
     kv = next(r for r in rows if r["metric"] == "server_info:memory_usage.kvcache")
     assert kv["value"] == 70.25 and json.loads(kv["labels"]) == {"dp": "0"}
     assert sampler.failures["server_info:http_404"] == 1  # asked once, then stayed on the old path
+    per_metric = {n: sum(r["metric"] == n for r in rows) for n in names}
+    assert per_metric["server_info:max_total_num_tokens"] == 1  # a server argument: stored once, not every scrape
+    assert per_metric["server_info:memory_usage.kvcache"] == sampler.scrapes  # a live reading: every scrape
     assert sampler.last_server_info["version"] == "0.5.23"
 
 
