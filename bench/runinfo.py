@@ -23,12 +23,16 @@ KV_COUNTERS = {
     "mismatches": "capbench_kv_checksum_mismatch_total",
     "checksum_seconds": "capbench_kv_checksum_seconds_total",
 }
+# Server metrics the Runs page charts by default (others can be added there); histograms are left out.
 SERVER_METRICS = ("sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:token_usage", "sglang:gen_throughput",
-                  "sglang:cache_hit_rate")
+                  "sglang:cache_hit_rate", "sglang:kv_cache_memory_usage_gb", "capbench_kv_checksum_mismatch_total")
 
 
 def run_config(config: str | dict | None) -> dict:
-    """The deployment a run measured: model, gpu, tp, kv_dtype, weights, rate, kv_checksum (None when unknown)."""
+    """The deployment a run measured, from its config JSON: model (catalog id), gpu, tp, kv_dtype, weights, rate,
+    kv_checksum, time_scale (None when unknown). A `twin:` target's spec gives all of them; for a real server the
+    model comes from the served name (a catalog id or Hugging Face repo) and `run_deployment` fills tp and gpu from
+    the run's samples."""
     if isinstance(config, str):
         try:
             config = json.loads(config) if config else {}
@@ -36,14 +40,63 @@ def run_config(config: str | dict | None) -> dict:
             config = {}
     c = config if isinstance(config, dict) else {}
     profile = c.get("profile") if isinstance(c.get("profile"), dict) else {}
-    tp = c.get("tp")
-    rate = c.get("rate", profile.get("rate"))
-    return {
-        "model": c.get("model"), "gpu": c.get("gpu"), "tp": int(tp) if tp is not None else None,
-        "kv_dtype": c.get("kv_dtype"), "weights": c.get("weights") or ("native" if c.get("model") else None),
-        "rate": float(rate) if rate is not None else None, "kv_checksum": c.get("kv_checksum") or "off",
-        "workload": c.get("workload"),
-    }
+    params = profile.get("params") if isinstance(profile.get("params"), dict) else {}
+    out = {"model": _catalog_model(c.get("model")), "gpu": c.get("gpu"), "tp": c.get("tp"),
+           "kv_dtype": c.get("kv_dtype"), "weights": c.get("weights"),
+           "rate": c.get("rate", params.get("rate", profile.get("rate"))),
+           "kv_checksum": c.get("kv_checksum") or "off", "time_scale": c.get("time_scale") or 1.0,
+           "workload": (c.get("workload") or {}).get("name") if isinstance(c.get("workload"), dict)
+           else c.get("workload")}
+    spec = c.get("twin") or (c.get("target") if str(c.get("target", "")).startswith("twin:") else None)
+    if spec:
+        try:
+            from bench.twin import parse_twin_spec
+
+            t = parse_twin_spec(spec)
+            out.update(model=t.model, gpu=t.gpu, tp=t.tp, kv_dtype=t.kv_dtype, weights=t.weights,
+                       time_scale=t.time_scale)
+        except BadInput:
+            pass
+    if out["model"] and not out["weights"]:
+        out["weights"] = "native"
+    out["tp"] = int(out["tp"]) if out["tp"] is not None else None
+    out["rate"] = float(out["rate"]) if out["rate"] is not None else None
+    return out
+
+
+def _catalog_model(name: object) -> str | None:
+    """A served model name (catalog id or Hugging Face repo, any case) as a catalog id; None when unknown."""
+    if not isinstance(name, str) or not name:
+        return None
+    from bench import catalog
+
+    lowered = name.lower().rstrip("/")
+    for model in catalog.models().values():
+        if lowered in (model.id, model.hf_repo.lower()) or lowered.endswith("/" + model.hf_repo.lower()):
+            return model.id
+    return None
+
+
+def run_deployment(con: duckdb.DuckDBPyConnection, run_id: str) -> dict:
+    """run_config, with tp from SGLang's /server_info samples and the GPU from the NVML samples' name when the
+    config does not say (a run against a real server). kv_dtype defaults to bf16 (SGLang's 'auto')."""
+    from bench import catalog
+
+    row = con.execute("SELECT config FROM runs WHERE run_id = ?", [run_id]).fetchone()
+    if row is None:
+        raise BadInput(f"unknown run id {run_id!r} (see `capbench runs`)")
+    cfg = run_config(row[0])
+    if cfg["tp"] is None:
+        tp = con.execute("SELECT max(value) FROM server_samples WHERE run_id = ? AND metric = 'server_info:tp_size'",
+                         [run_id]).fetchone()[0]
+        cfg["tp"] = int(tp) if tp else None
+    if cfg["gpu"] is None:
+        name = con.execute("SELECT any_value(name) FROM gpu_samples WHERE run_id = ?", [run_id]).fetchone()[0]
+        if name:
+            known = sorted(catalog.gpus(), key=len, reverse=True)
+            cfg["gpu"] = next((g for g in known if g.split("-")[0] in name.lower()), None)
+    cfg["kv_dtype"] = cfg["kv_dtype"] or "bf16"
+    return cfg
 
 
 def runs_table(runs: pd.DataFrame) -> pd.DataFrame:
@@ -71,8 +124,10 @@ def percentile_rows(summary: dict) -> pd.DataFrame:
 
 
 def server_metric_names(con: duckdb.DuckDBPyConnection, run_id: str) -> list[str]:
-    return [r[0] for r in con.execute("SELECT DISTINCT metric FROM server_samples WHERE run_id = ? ORDER BY 1",
-                                      [run_id]).fetchall()]
+    """The run's sampled server metrics, less Prometheus histogram parts (_bucket, _sum, _count)."""
+    return [r[0] for r in con.execute(
+        "SELECT DISTINCT metric FROM server_samples WHERE run_id = ? AND NOT regexp_matches(metric, "
+        "'_(bucket|sum|count)$') ORDER BY 1", [run_id]).fetchall()]
 
 
 def integrity(con: duckdb.DuckDBPyConnection, run_id: str) -> dict:
@@ -138,19 +193,43 @@ def drift(con: duckdb.DuckDBPyConnection) -> pd.DataFrame | None:
         GROUP BY d.run_id ORDER BY min(r.started_at) DESC NULLS LAST""").df()
 
 
+WARMUP_SHARE = 0.2  # as bench/simulate.py: the first 20 % of the arrival window is not counted
+
+
+def window_output_tps(con: duckdb.DuckDBPyConnection, run_id: str) -> float | None:
+    """Output tokens/s delivered inside the run's arrival window less its first WARMUP_SHARE, each request's
+    tokens spread evenly from its first token to its finish: the figure `capbench simulate` reports, so the two
+    compare like for like (a whole-run average also counts the drain after the last arrival)."""
+    row = con.execute("""
+        WITH w AS (SELECT min(scheduled_at) + ? * (max(scheduled_at) - min(scheduled_at)) AS lo,
+                          max(scheduled_at) AS hi
+                   FROM requests WHERE run_id = ? AND phase = 'measured')
+        SELECT sum(CASE WHEN r.finished_at > r.first_token_at
+                        THEN r.completion_tokens * greatest(0, least(r.finished_at, w.hi)
+                             - greatest(r.first_token_at, w.lo)) / (r.finished_at - r.first_token_at)
+                        WHEN r.finished_at BETWEEN w.lo AND w.hi THEN r.completion_tokens ELSE 0 END),
+               any_value(w.hi - w.lo)
+        FROM requests r, w
+        WHERE r.run_id = ? AND r.phase = 'measured' AND r.status = 'ok'""",
+                      [WARMUP_SHARE, run_id, run_id]).fetchone()
+    tokens, span = row
+    return tokens / span if tokens is not None and span else None
+
+
 def measured_vs_predicted(con: duckdb.DuckDBPyConnection, run_id: str, slo: queries.SLO | None = None,
                           requests: int = 300, min_seconds: float = 60.0) -> dict:
     """The run's measured throughput and latencies beside `capbench simulate`'s prediction for the same
-    deployment, its measured mean input/output tokens and its achieved rate; error = predicted / measured - 1."""
+    deployment, the run's workload (its named mix, else fixed lengths at its measured means) and its achieved
+    rate; error = predicted / measured - 1."""
     from bench import capacity as cap
     from bench import catalog, simulate
-    from bench.workload import fixed_workload
+    from bench.workload import WORKLOADS, fixed_workload, load_workload
 
     s = queries.summary(con, run_id, slo)
-    cfg = run_config(con.execute("SELECT config FROM runs WHERE run_id = ?", [run_id]).fetchone()[0])
+    cfg = run_deployment(con, run_id)
     out = {"run_id": run_id, "summary": s, "config": cfg, "predicted": None, "rows": []}
     if not (cfg["model"] and cfg["gpu"] and cfg["tp"] and s["ok"]):
-        out["why_not"] = "the run's config lacks model, gpu or tp, or it has no successful requests"
+        out["why_not"] = "the run does not say its model, GPU or tp, or it has no successful requests"
         return out
     rate = s["achieved_rate_rps"] or cfg["rate"]
     try:
@@ -161,14 +240,18 @@ def measured_vs_predicted(con: duckdb.DuckDBPyConnection, run_id: str, slo: quer
     except BadInput as e:
         out["why_not"] = str(e)
         return out
-    i_tok = max(1, round((s["input_tokens"] or 0) / s["ok"]))
-    o_tok = max(1, round((s["output_tokens"] or 0) / s["ok"]))
-    p = simulate.run(dep, fixed_workload(i_tok, o_tok), rate, requests, min_seconds=min_seconds)
-    out["predicted"] = p
+    if cfg["workload"] and (WORKLOADS / f"{cfg['workload']}.yaml").is_file():
+        wl = load_workload(cfg["workload"])
+    else:
+        wl = fixed_workload(max(1, round((s["input_tokens"] or 0) / s["ok"])),
+                            max(1, round((s["output_tokens"] or 0) / s["ok"])))
+    scale = float(cfg["time_scale"] or 1.0)  # a twin at time_scale k runs k times faster than the modelled GPUs
+    p = simulate.run(dep, wl, rate / scale, requests, min_seconds=min_seconds)
+    out["predicted"], out["workload"] = p, wl.name
     for name, measured, predicted in (
-        ("output tokens/s", s["output_tps"], p.output_tok_s),
-        ("TPOT p50 (ms)", _ms(s["tpot_p50"]), p.tpot_p50 * 1e3),
-        ("TTFT p50 (ms)", _ms(s["ttft_p50"]), p.ttft_p50 * 1e3),
+        ("output tokens/s", window_output_tps(con, run_id), p.output_tok_s * scale),
+        ("TPOT p50 (ms)", _ms(s["tpot_p50"]), p.tpot_p50 * 1e3 / scale),
+        ("TTFT p50 (ms)", _ms(s["ttft_p50"]), p.ttft_p50 * 1e3 / scale),
     ):
         err = predicted / measured - 1 if measured else None
         out["rows"].append({"run_id": run_id, "figure": name, "measured": measured, "predicted": predicted,

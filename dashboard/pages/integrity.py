@@ -42,8 +42,8 @@ for _, row in runs.iterrows():
                  "throughput overhead %": (1 - tps / base) * 100 if tps and base else None})
 if not rows:
     st.info("No run has KV checksum data. Launch SGLang with `capbench sglang-launch --kv-checksum verify -- "
-            "python -m sglang.launch_server ... --enable-metrics` and run a load test against it: the server "
-            "sampler records the capbench_kv_* counters.")
+            "--model-path ... --enable-metrics` and run a load test against it (`capbench run --target URL`): the "
+            "server sampler records the capbench_kv_* counters.")
     st.stop()
 table = pd.DataFrame(rows)
 m = st.columns(4)

@@ -49,7 +49,7 @@ m = st.columns(5)
 m[0].metric("Measured requests", fmt(s["measured"], ",d"))
 m[1].metric("Success rate", fmt(s["success_rate"] * 100 if s["success_rate"] is not None else None, ".1f", " %"))
 m[2].metric("Achieved rate (req/s)", fmt(s["achieved_rate_rps"], ",.2f"))
-m[3].metric("Output tokens/s", fmt(s["output_tps"], ",.0f"))
+m[3].metric("Output tokens/s (run average)", fmt(s["output_tps"], ",.0f"))
 m[4].metric("Goodput (req/s in SLO)", fmt(s["goodput_rps"], ",.2f"))
 m = st.columns(5)
 m[0].metric("SLO attainment", fmt(s["slo_attainment"] * 100 if s["slo_attainment"] is not None else None,
@@ -75,7 +75,10 @@ for col, metric, title in ((c1, "ttft", "TTFT distribution"), (c2, "itl", "Inter
 series = common.read(queries.series, run_id, res)
 gpu = common.read(queries.gpu_series, run_id, res)
 names = common.read(runinfo.server_metric_names, run_id)
-server = {n: common.read(queries.server_series, run_id, n, res) for n in names if not n.startswith("capbench_kv")}
+shown_metrics = st.multiselect("Server metrics to chart", names, key=f"metrics_{run_id}",
+                               default=[n for n in runinfo.SERVER_METRICS if n in names])
+server = {n: common.read(queries.server_series, run_id, n, res)
+          for n in dict.fromkeys(["sglang:num_running_reqs", "sglang:num_queue_reqs", *shown_metrics]) if n in names}
 spans = [df.elapsed_s for df in (series, gpu, *server.values()) if not df.empty]
 if not spans:
     st.info("No time series yet: the run has written no finished requests or samples.")
