@@ -192,3 +192,34 @@ def test_a_sink_that_fails_does_not_kill_the_server_sampler(caplog):
         sampler.stop()
         server.close()
     assert len(calls) >= 3
+
+
+def test_server_sampler_reads_the_twin():
+    """The twin (bench/twin.py) speaks SGLang's /metrics and /server_info: everything parses, nothing fails."""
+    import os
+    import re
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-c", "from bench.cli import main; main()", "twin", "--port", "0"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "COLUMNS": "200"})
+    rows = []
+    try:
+        url = None
+        deadline = time.monotonic() + 60
+        while url is None and time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            assert line, "the twin exited before serving"
+            if m := re.search(r"http://127\.0\.0\.1:\d+", line):
+                url = m.group(0)
+        sampler = ServerSampler(url, rows.append, interval_ms=100).start()
+        _wait(lambda: sampler.scrapes >= 3)
+        sampler.stop()
+    finally:
+        proc.kill()
+        proc.wait(timeout=10)
+    assert not sampler.failures, dict(sampler.failures)
+    names = {r["metric"] for r in rows}
+    assert {"sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:token_usage", "sglang:gen_throughput",
+            "sglang:time_to_first_token_seconds_bucket", "server_info:max_total_num_tokens"} <= names
