@@ -49,7 +49,8 @@ class GpuSampler:
         self.gpus = None if gpus is None else list(gpus)
         self.available: bool | None = None  # None until start() has asked NVML
         self.samples = 0
-        self.read_errors = 0
+        self.read_errors = 0  # readings this GPU does not support
+        self.sink_errors = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._handles: list[tuple[int, object, str]] = []
@@ -83,39 +84,40 @@ class GpuSampler:
         try:
             self._sample()
         except Exception as e:  # e.g. the sink's writer already closed: say so once, keep the load test alive
-            self.read_errors += 1
-            if self.read_errors == 1:
+            self.sink_errors += 1
+            if self.sink_errors == 1:
                 log.warning("GPU sampler: %r", e)
 
+    def _read(self, fn: Callable, *args) -> object | None:
+        """One NVML reading; None (a NULL in the table) where this GPU does not support it."""
+        try:
+            return fn(*args)
+        except Exception:
+            self.read_errors += 1
+            return None
+
     def _sample(self) -> None:
-        import pynvml
+        import pynvml as nv
 
         t = time.time()
         for index, h, name in self._handles:
-            row = {"t": t, "gpu": index, "name": name}
-            readings = {
-                "mem": lambda h=h: pynvml.nvmlDeviceGetMemoryInfo(h),
-                "util": lambda h=h: pynvml.nvmlDeviceGetUtilizationRates(h),
-                "power_w": lambda h=h: pynvml.nvmlDeviceGetPowerUsage(h) / 1000.0,
-                "sm_clock_mhz": lambda h=h: float(pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_SM)),
-                "mem_clock_mhz": lambda h=h: float(pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_MEM)),
-                "temp_c": lambda h=h: float(pynvml.nvmlDeviceGetTemperature(h, pynvml.NVML_TEMPERATURE_GPU)),
-            }
-            for key, read in readings.items():
-                try:
-                    value = read()
-                except Exception:  # a reading this GPU does not support stays NULL
-                    self.read_errors += 1
-                    continue
-                if key == "mem":
-                    row["mem_used_mib"] = value.used / 2**20
-                    row["mem_total_mib"] = value.total / 2**20
-                elif key == "util":
-                    row["gpu_util_pct"] = float(value.gpu)
-                    row["mem_util_pct"] = float(value.memory)
-                else:
-                    row[key] = value
-            self.sink(row)
+            mem = self._read(nv.nvmlDeviceGetMemoryInfo, h)
+            util = self._read(nv.nvmlDeviceGetUtilizationRates, h)
+            power_mw = self._read(nv.nvmlDeviceGetPowerUsage, h)
+            sm = self._read(nv.nvmlDeviceGetClockInfo, h, nv.NVML_CLOCK_SM)
+            memclk = self._read(nv.nvmlDeviceGetClockInfo, h, nv.NVML_CLOCK_MEM)
+            temp = self._read(nv.nvmlDeviceGetTemperature, h, nv.NVML_TEMPERATURE_GPU)
+            self.sink({
+                "t": t, "gpu": index, "name": name,
+                "mem_used_mib": None if mem is None else mem.used / 2**20,
+                "mem_total_mib": None if mem is None else mem.total / 2**20,
+                "gpu_util_pct": None if util is None else float(util.gpu),
+                "mem_util_pct": None if util is None else float(util.memory),
+                "power_w": None if power_mw is None else power_mw / 1000.0,
+                "sm_clock_mhz": None if sm is None else float(sm),
+                "mem_clock_mhz": None if memclk is None else float(memclk),
+                "temp_c": None if temp is None else float(temp),
+            })
             self.samples += 1
 
     def stop(self) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -197,7 +198,6 @@ def test_a_sink_that_fails_does_not_kill_the_server_sampler(caplog):
 def test_server_sampler_reads_the_twin():
     """The twin (bench/twin.py) speaks SGLang's /metrics and /server_info: everything parses, nothing fails."""
     import os
-    import re
     import subprocess
     import sys
 
@@ -223,3 +223,17 @@ def test_server_sampler_reads_the_twin():
     names = {r["metric"] for r in rows}
     assert {"sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:token_usage", "sglang:gen_throughput",
             "sglang:time_to_first_token_seconds_bucket", "server_info:max_total_num_tokens"} <= names
+
+
+def test_every_nvml_call_the_gpu_sampler_makes_exists_in_the_binding():
+    """No GPU here to call them on; at least the names the sampler uses must be in nvidia-ml-py's pynvml."""
+    import inspect
+
+    import pynvml
+
+    from bench import telemetry
+
+    source = inspect.getsource(telemetry.GpuSampler)
+    used = set(re.findall(r"\b(?:pynvml|nv)\.(\w+)", source))
+    assert {"nvmlInit", "nvmlDeviceGetMemoryInfo", "nvmlDeviceGetPowerUsage", "NVML_CLOCK_SM"} <= used
+    assert [name for name in used if not hasattr(pynvml, name)] == []
