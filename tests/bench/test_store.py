@@ -334,3 +334,28 @@ def test_any_percentile_from_the_buckets_is_within_0_4_percent(values, q, as_flo
     got = bucket_value(buckets[np.searchsorted(cum, q / 100 * cum[-1])])
     exact = float(np.percentile(v.astype(np.float64), q, method="inverted_cdf"))
     assert abs(got - exact) <= 0.0040 * exact
+
+
+def test_many_threads_adding_while_the_writer_flushes_lose_nothing(tmp_db):
+    import threading
+
+    store = Store(tmp_db)
+    run_id = store.start_run()
+    w = store.writer(run_id, flush_interval_s=0.02)
+
+    def add(k: int) -> None:
+        for i in range(500):
+            w.add_request({"request_id": f"{k}-{i}", "itl_s": [0.01, 0.02]})
+            w.add_server_sample({"t": float(i), "metric": "m", "labels": str(k), "value": 1.0})
+
+    threads = [threading.Thread(target=add, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    w.close()
+    assert w.flushes > 1
+    with store.connect() as con:
+        assert con.execute("SELECT count(DISTINCT request_id) FROM requests").fetchall()[0][0] == 2000
+        assert con.execute("SELECT count(*) FROM server_samples").fetchall()[0][0] == 2000
+        assert con.execute("SELECT sum(n) FROM latency_hist WHERE metric = 'itl'").fetchall()[0][0] == 4000
