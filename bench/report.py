@@ -93,8 +93,8 @@ def build(q: Question, db: str | Path | None = None, run_ids: list[str] | None =
         with store.connect() as con:
             for _, row in runs.iterrows():
                 mvp = runinfo.measured_vs_predicted(con, row.run_id, slo)
-                measured.append(Measured(row.run_id, row.label or row.run_id, runinfo.run_config(row.to_dict()),
-                                         mvp["summary"], mvp, runinfo.integrity(con, row.run_id)))
+                measured.append(Measured(row.run_id, row.label or row.run_id, mvp["config"], mvp["summary"], mvp,
+                                         runinfo.integrity(con, row.run_id)))
                 if progress:
                     progress()
             drift = runinfo.drift(con)
@@ -173,7 +173,13 @@ def answer_lines(r: Report) -> list[str]:
         errs = [row["error"] for m in r.runs for row in m.vs_predicted["rows"]
                 if row["figure"] == "output tokens/s" and row["error"] is not None]
         worst = f"; prediction error of output tokens/s up to {max(abs(e) for e in errs):.0%}" if errs else ""
-        lines.append(f"Measured: {len(r.runs)} run(s) in {r.db}{worst}. Treat the prediction as that uncertain.")
+        twins = sum(1 for m in r.runs if m.config.get("twin"))
+        against = (" against capbench's twin (simulated GPUs: this checks the load path and the model's consistency, "
+                   "not the hardware)" if twins == len(r.runs) else
+                   f" ({twins} against capbench's twin, the rest against real servers)" if twins else
+                   " against real servers")
+        lines.append(f"Measured: {len(r.runs)} run(s) in {r.db}{against}{worst}. Treat the prediction as that "
+                     "uncertain.")
     else:
         lines.append(f"Nothing was measured ({r.why_unmeasured}): every figure here is a prediction from the "
                      "capacity model and capbench simulate. Measure before buying: see 'How to measure'.")
@@ -242,7 +248,7 @@ def _ms(seconds) -> str:
 
 
 def _deployment(c: dict) -> str:
-    s = f"{c['model']} {c['gpu']} x{c['tp']} {c['kv_dtype']} KV {c['weights']}"
+    s = f"{c['model']} {c['gpu']} x{c['tp']} {c['kv_dtype']} KV {c['weights']}" + (" (twin)" if c.get("twin") else "")
     return s + (f", checksum {c['kv_checksum']}" if c.get("kv_checksum") not in (None, "off") else "")
 
 

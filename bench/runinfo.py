@@ -30,9 +30,9 @@ SERVER_METRICS = ("sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:to
 
 def run_config(config: str | dict | None) -> dict:
     """The deployment a run measured, from its config JSON: model (catalog id), gpu, tp, kv_dtype, weights, rate,
-    kv_checksum, time_scale (None when unknown). A `twin:` target's spec gives all of them; for a real server the
-    model comes from the served name (a catalog id or Hugging Face repo) and `run_deployment` fills tp and gpu from
-    the run's samples."""
+    kv_checksum, time_scale (None when unknown), and twin (True: measured against capbench's twin, not GPUs).
+    A `twin:` target's spec gives all of them; for a real server the model comes from the served name (a catalog
+    id or Hugging Face repo) and `run_deployment` fills tp and gpu from the run's samples."""
     if isinstance(config, str):
         try:
             config = json.loads(config) if config else {}
@@ -46,15 +46,15 @@ def run_config(config: str | dict | None) -> dict:
            "rate": c.get("rate", params.get("rate", profile.get("rate"))),
            "kv_checksum": c.get("kv_checksum") or "off", "time_scale": c.get("time_scale") or 1.0,
            "workload": (c.get("workload") or {}).get("name") if isinstance(c.get("workload"), dict)
-           else c.get("workload")}
+           else c.get("workload"), "twin": False}
     spec = c.get("twin") or (c.get("target") if str(c.get("target", "")).startswith("twin:") else None)
-    if spec:
+    if isinstance(spec, str) and spec:
         try:
             from bench.twin import parse_twin_spec
 
             t = parse_twin_spec(spec)
             out.update(model=t.model, gpu=t.gpu, tp=t.tp, kv_dtype=t.kv_dtype, weights=t.weights,
-                       time_scale=t.time_scale)
+                       time_scale=t.time_scale, twin=True)
         except BadInput:
             pass
     if out["model"] and not out["weights"]:

@@ -15,8 +15,9 @@ def test_run_config_from_a_twin_run_and_a_served_model_name():
     c = runinfo.run_config(twin)
     assert (c["model"], c["gpu"], c["tp"], c["kv_dtype"], c["weights"], c["rate"], c["time_scale"], c["workload"]) \
         == ("glm-4.6", "h100-sxm", 16, "fp8_e4m3", "native", 3.0, 4.0, "chat")
+    assert c["twin"] is True
     real = runinfo.run_config('{"model": "MOONSHOTAI/Kimi-K2-Thinking", "target": "http://10.0.0.1:30000"}')
-    assert (real["model"], real["gpu"], real["tp"]) == ("kimi-k2-thinking", None, None)
+    assert (real["model"], real["gpu"], real["tp"], real["twin"]) == ("kimi-k2-thinking", None, None, False)
     assert runinfo.run_config("not json")["model"] is None
 
 
