@@ -176,11 +176,11 @@ def test_summary_matches_numpy_on_the_raw_rows(tmp_db):
     batch["phase"] = ["warmup"] * 100 + ["measured"] * 1900
     batch["status"] = ["ok"] * 1950 + ["error"] * 50
     batch["error_kind"] = [None] * 1950 + ["timeout"] * 50
-    with store.writer(run_id, flush_interval_s=0.05) as w:  # many flushes, so many histogram slices
+    with store.writer(run_id, flush_interval_s=3600) as w:
         for i in range(0, 2000, 250):
             w.add_requests({k: v[i:i + 250] for k, v in batch.items()})
-            time.sleep(0.06)
-    assert w.flushes > 1
+            w.flush()  # eight flushes, so eight histogram and stats slices for finish_run to fold
+    assert w.flushes == 8
     store.finish_run(run_id)
     with store.connect() as con:
         raw = con.execute("SELECT * FROM requests WHERE phase = 'measured'").df()
@@ -347,14 +347,17 @@ def test_many_threads_adding_while_the_writer_flushes_lose_nothing(tmp_db):
         for i in range(500):
             w.add_request({"request_id": f"{k}-{i}", "itl_s": [0.01, 0.02]})
             w.add_server_sample({"t": float(i), "metric": "m", "labels": str(k), "value": 1.0})
+            if i % 25 == 0:
+                time.sleep(0.002)
 
     threads = [threading.Thread(target=add, args=(k,)) for k in range(4)]
     for t in threads:
         t.start()
+    while any(t.is_alive() for t in threads):
+        w.flush()  # a fifth thread flushing too, besides the writer's own
     for t in threads:
         t.join()
     w.close()
-    assert w.flushes > 1
     with store.connect() as con:
         assert con.execute("SELECT count(DISTINCT request_id) FROM requests").fetchall()[0][0] == 2000
         assert con.execute("SELECT count(*) FROM server_samples").fetchall()[0][0] == 2000
