@@ -51,6 +51,12 @@ class TwinRequest(Request):
     event: asyncio.Event | None = None
 
 
+class _SSEResponse(web.StreamResponse):
+    """Headers leave with the first token's chunk, one send instead of two (aiohttp's Response does the same)."""
+
+    _send_headers_immediately = False
+
+
 def _chain_keys(ids: list[int], n_blocks: int) -> list[int]:
     """Block keys chained over token ids: a block's key depends on every token before it."""
     keys, h = [], 0
@@ -215,7 +221,7 @@ class Twin:
                             headers=self.headers(req))
 
     async def _stream(self, request: web.Request, req: TwinRequest, created: int) -> web.StreamResponse:
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
+        resp = _SSEResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
                                            **self.headers(req)})
         await resp.prepare(request)
         p, sent, offset = req.params, 0, 0
@@ -232,14 +238,15 @@ class Twin:
                 out.append(chunk(p, req.rid, created, self.name, " " + word, req.finish_reason if last else None,
                                  lp, first=i == 0))
             sent = max(sent, upto)
-            if sent >= req.max_new:  # the last tokens, usage and [DONE] go out in one write
+            if sent >= req.max_new:  # the last tokens, usage, [DONE] and the end of the body in one send
                 if p.include_usage:
                     u = usage(req.prompt_len, req.max_new, req.cached_tokens)
                     out.append(usage_chunk(p, req.rid, created, self.name, u))
                 out.append(b"data: [DONE]\n\n")
+                await resp.write_eof(b"".join(out))
+                return resp
             if out:
                 await resp.write(b"".join(out))
-        await resp.write_eof()
         return resp
 
     # ---- the rest of SGLang's surface
