@@ -85,7 +85,7 @@ def _wait(cond, timeout=10.0):
 def test_server_sampler_keeps_sglang_and_kv_metrics_and_falls_back_to_get_server_info():
     server = Server()
     rows = []
-    sampler = ServerSampler(server.url, rows.append, interval_ms=50).start()
+    sampler = ServerSampler(server.url, rows.append, interval_ms=50, timeout_s=5).start()  # a busy CI box is slow
     try:
         _wait(lambda: sampler.scrapes >= 3)
     finally:
@@ -213,7 +213,7 @@ def test_server_sampler_reads_the_twin():
             assert line, "the twin exited before serving"
             if m := re.search(r"http://127\.0\.0\.1:\d+", line):
                 url = m.group(0)
-        sampler = ServerSampler(url, rows.append, interval_ms=100).start()
+        sampler = ServerSampler(url, rows.append, interval_ms=100, timeout_s=5).start()
         _wait(lambda: sampler.scrapes >= 3)
         sampler.stop()
     finally:
