@@ -4,6 +4,7 @@ text parser; plus its capacity behaviour over HTTP."""
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
 import threading
@@ -234,7 +235,9 @@ runpy.run_module("sglang.bench_serving", run_name="__main__")
 
 
 def test_capbench_twin_serves_sglang_bench_serving(tmp_path):
-    port = 30000 + os.getpid() % 20000
+    with socket.socket() as probe:  # a port nobody holds right now
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
     cmd = [str(Path(sys.executable).parent / "capbench"), "twin", "--port", str(port), "--time-scale", "50",
            "--kv-dtype", "fp8_e4m3"]
     twin = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
