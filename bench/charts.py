@@ -79,7 +79,7 @@ def compare_bars(df: pd.DataFrame, title: str) -> alt.Chart:
         x=alt.X("run:N", title=None, sort=order, axis=alt.Axis(labelAngle=-30, labelLimit=140)),
         y=alt.Y("value:Q", title=None),
         color=alt.Color("run:N", scale=CONFIG_COLORS, sort=order, legend=None),
-        column=alt.Column("figure:N", title=None),
+        column=alt.Column("figure:N", title=None, sort=list(dict.fromkeys(df["figure"]))),
         tooltip=["run", "figure", alt.Tooltip("value:Q", format=",.2f")],
     ).resolve_scale(y="independent").properties(title=title, width=130, height=180)
 
@@ -94,7 +94,7 @@ def measured_vs_predicted(df: pd.DataFrame, title: str = "") -> alt.Chart:
         xOffset="source:N",
         y=alt.Y("value:Q", title=None),
         color=alt.Color("source:N", scale=alt.Scale(domain=["measured", "predicted"], range=["#4c78a8", "#f58518"])),
-        column=alt.Column("figure:N", title=None),
+        column=alt.Column("figure:N", title=None, sort=list(dict.fromkeys(df["figure"]))),
         tooltip=["run", "figure", "source", alt.Tooltip("value:Q", format=",.1f"),
                  alt.Tooltip("error:Q", format="+.1%", title="prediction error")],
     ).resolve_scale(y="independent").properties(title=title, width=150, height=180)

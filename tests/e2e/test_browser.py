@@ -85,7 +85,7 @@ def test_every_page_renders_charts_without_exceptions(dashboard_url):
             height = page.evaluate("Math.max(...[...document.querySelectorAll('[data-testid=\"stMain\"], "
                                    "[data-testid=\"stMainBlockContainer\"]')].map(e => e.scrollHeight))")
             page.set_viewport_size({"width": 1400, "height": min(int(height) + 80, 9000)})
-            page.wait_for_timeout(500)
+            page.wait_for_timeout(1500)  # tables and code blocks draw once they are in view
             page.screenshot(path=str(SHOTS / f"{path or 'planner'}.png"))
             page.set_viewport_size({"width": 1400, "height": 1000})
         browser.close()
