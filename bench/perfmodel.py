@@ -150,6 +150,13 @@ class PerfModel:
         self.link_bytes_per_s = link_gbps * 1e9 * self.eff.allreduce_eff
         self.floor_s = m.layers * self.eff.layer_floor_us * 1e-6
         self.overhead_s = self.eff.step_overhead_ms * 1e-3
+        # step_time's constants: seconds per byte-group, per token, per context token, per attention pair
+        self._experts_s, self._other_s = self.expert_bytes / self.bytes_per_s, self.other_bytes / self.bytes_per_s
+        self._kv_s = self.cell / self.dp / self.bytes_per_s
+        self._linear_s = sum(self.flops_per_token[k] / self.flops_per_s[k] for k in ("bf16", "fp8"))
+        self._decode_attn_s = self.decode_attn_flops / self.dp / self.flops_per_s["bf16"]
+        self._prefill_attn_s = self.prefill_attn_flops / self.eff.prefill_eff / self.dp / self.flops_per_s["bf16"]
+        self._miss = 1.0 - self.top_k / self.experts
 
     def _add_flops(self, fmt: str, flops: float) -> None:
         if fmt.startswith("int4"):
@@ -186,8 +193,17 @@ class PerfModel:
 
     def step_time(self, decode_batch: int, decode_ctx: int, prefill_tokens: int = 0, prefill_attn: float = 0.0,
                   prefill_ctx: int = 0) -> float:
-        p = self.parts(decode_batch, decode_ctx, prefill_tokens, prefill_attn, prefill_ctx)
-        return max(p["memory"], p["compute"], p["floor"]) + p["allreduce"] + p["overhead"]
+        """parts() summed as the roofline sums them (inlined: the scheduler calls this every step)."""
+        tokens = decode_batch + prefill_tokens
+        if tokens <= 0:
+            return 0.0
+        mem = self._experts_s * (1.0 - self._miss ** tokens) + self._other_s + self._kv_s * (decode_ctx + prefill_ctx)
+        linear = tokens * self._linear_s
+        if prefill_tokens:
+            share = prefill_tokens / tokens
+            linear *= 1 - share + share / self.eff.prefill_eff
+        compute = linear + self._decode_attn_s * decode_ctx + self._prefill_attn_s * prefill_attn
+        return max(mem, compute, self.floor_s) + self.allreduce_s(tokens) + self.overhead_s
 
     def decode_step_time(self, ctx_lens: list[int]) -> float:
         """One decode step of a batch whose sequences have these context lengths."""

@@ -131,3 +131,19 @@ def test_bad_calibration_is_one_clear_error(tmp_path, text, message):
         load_efficiency("h200", path)
     with pytest.raises(BadInput, match="not readable"):
         load_efficiency("h200", tmp_path / "missing.json")
+
+
+def test_step_time_is_the_roofline_of_its_parts():
+    import random
+
+    rng = random.Random(0)
+    for dep in (kimi(), kimi(kv_dtype="fp8_e4m3", weights="fp8"),
+                Deployment(catalog.model("glm-4.6"), catalog.gpu("h200"), 8, dp=2)):
+        pm = PerfModel(dep)
+        for _ in range(200):
+            d, p = rng.choice([0, 1, 7, 300]), rng.choice([0, 5, 8192])
+            args = (d, d * rng.randint(1, 9000), p, prefill_pairs(p, rng.randint(0, 50000)), p + rng.randint(0, 9))
+            parts = pm.parts(*args)
+            expected = (max(parts["memory"], parts["compute"], parts["floor"]) + parts["allreduce"]
+                        + parts["overhead"]) if d + p else 0.0
+            assert pm.step_time(*args) == pytest.approx(expected, rel=1e-12)
