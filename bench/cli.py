@@ -381,7 +381,8 @@ def report(
 
     if (input_len is None) != (output_len is None):
         raise BadInput("give both --input-len and --output-len, or neither")
-    dep = rep.newest_deployment(db) if not (model and gpu and tp) else {}
+    run_ids = [r.strip() for r in runs.split(",") if r.strip()] if runs else None
+    dep = rep.newest_deployment(db, run_ids) if not (model and gpu and tp) else {}
     s = parse_slo(slo)
     q = Question(model=model or dep.get("model", "kimi-k2-thinking"), gpu=gpu or dep.get("gpu", "h200"),
                  tp=int(tp or dep.get("tp", 8)), kv_dtype=kv_dtype or dep.get("kv_dtype", "fp8_e4m3"),
@@ -390,7 +391,6 @@ def report(
                  output_tokens=output_len or 500, slo_ttft_s=s.ttft_s, slo_tpot_s=s.tpot_s,
                  slo_percentile=s.percentile, price_per_gpu_hour=price, target_rate_rps=target_rate,
                  fidelity=fidelity)
-    run_ids = [r.strip() for r in runs.split(",") if r.strip()] if runs else None
     if fmt not in ("html", "md"):
         raise BadInput(f"--format must be html or md, not {fmt!r}")
     from pathlib import Path

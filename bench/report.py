@@ -62,11 +62,14 @@ def select_runs(store: Store, run_ids: list[str] | None, model: str | None, gpu:
     return runs.head(limit)
 
 
-def newest_deployment(db: str | Path | None) -> dict:
-    """model, gpu, tp, kv_dtype, weights of the newest run in the DB that names them ({} when none)."""
+def newest_deployment(db: str | Path | None, run_ids: list[str] | None = None) -> dict:
+    """model, gpu, tp, kv_dtype, weights of the newest run in the DB (of run_ids, if given) that names them ({}
+    when none)."""
     if db is None or not Path(db).is_file():
         return {}
     runs = runinfo.runs_table(Store(db, read_only=True).runs())
+    if run_ids:
+        runs = runs[runs.run_id.isin(run_ids)]
     runs = runs.dropna(subset=["model", "gpu", "tp"])
     if runs.empty:
         return {}

@@ -151,6 +151,13 @@ def integrity(con: duckdb.DuckDBPyConnection, run_id: str) -> dict:
     return out
 
 
+def runs_with_integrity(con: duckdb.DuckDBPyConnection) -> list[str]:
+    """Runs that recorded capbench_kv_* counters or integrity events."""
+    return [r[0] for r in con.execute(
+        "SELECT DISTINCT run_id FROM server_samples WHERE metric LIKE 'capbench_kv%' "
+        "UNION SELECT DISTINCT run_id FROM integrity_events").fetchall()]
+
+
 def integrity_events(con: duckdb.DuckDBPyConnection, run_id: str, limit: int = 200) -> pd.DataFrame:
     return con.execute("SELECT t, kind, layer, page, detail FROM integrity_events WHERE run_id = ? ORDER BY t "
                        "LIMIT ?", [run_id, limit]).df()

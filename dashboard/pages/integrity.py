@@ -28,11 +28,10 @@ def baseline_tps(row: pd.Series) -> float | None:
     return sum(values) / len(values) if values else None
 
 
+with_data = set(common.read(runinfo.runs_with_integrity))
 rows = []
-for _, row in runs.iterrows():
+for _, row in runs[runs.run_id.isin(with_data) | (runs.kv_checksum != "off")].iterrows():
     info = common.read(runinfo.integrity, row.run_id)
-    if not info["has_data"] and row.kv_checksum == "off":
-        continue
     tps = common.read(queries.summary, row.run_id)["output_tps"]
     base = baseline_tps(row)
     rows.append({"run": labels[row.run_id], "run_id": row.run_id, "mode": row.kv_checksum,
