@@ -60,6 +60,7 @@ class RunOptions:
     drain_s: float = 60.0
     max_inflight: int | None = None
     live: bool = True
+    quiet: bool = False  # no start line, no summary table (the demo prints its own)
     run_config: dict = field(default_factory=dict)  # extra facts to keep with the run (e.g. the twin spec)
 
 
@@ -217,8 +218,9 @@ def _run_one(store: Store, opts: RunOptions, prof: profiles.Profile, wl: workloa
         config.update(duration_s=sum(d for _, d in stages), connections=pool // n_workers + 1)
     run_id = store.start_run(label=opts.label, target=opts.run_config.get("twin", opts.target), profile=prof.name,
                              config={**config, "locust_workers": opts.workers, "expected_workers": n_workers})
-    print(f"capbench run {run_id}: {prof.name} against {opts.target}, into {store.path}", file=sys.stderr,
-          flush=True)
+    if not opts.quiet:
+        print(f"capbench run {run_id}: {prof.name} against {opts.target}, into {store.path}", file=sys.stderr,
+              flush=True)
     state = {"aborted": False, "t0": None}
     try:
         env, collector, written = _drive(opts, prof, config, run_id, store, total, pool, stages, state)
@@ -230,7 +232,8 @@ def _run_one(store: Store, opts: RunOptions, prof: profiles.Profile, wl: workloa
     with store.connect() as con:
         summary = queries.summary(con, run_id, opts.slo)
     stats = env.runner.stats.total
-    print_summary(summary)
+    if not opts.quiet:
+        print_summary(summary)
     return RunResult(run_id, status, summary, stats.num_requests, stats.num_failures, collector.records,
                      written.get("requests", 0))
 
@@ -279,7 +282,8 @@ def _drive(opts: RunOptions, prof: profiles.Profile, config: dict, run_id: str, 
     try:
         if distributed:
             _wait_for_workers(env, n_workers, procs)
-        lead = (2.0 if distributed else 0.5) if prof.open_loop else 0.0  # time to spawn the pool
+        # time to spawn the pool (about 10k users/s here; 2000/s counted) before the first request is due
+        lead = ((2.0 if distributed else 0.5) + pool / 2000 / n_workers) if prof.open_loop else 0.0
         state["t0"] = config["t0"] = time.time() + lead
         env.parsed_options = locust_options(config)
         _install_signals(env, state)

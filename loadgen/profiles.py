@@ -81,9 +81,9 @@ class Profile:
         raise ProfileError(f"profile type {kind} has no rate function")
 
     def peak_rate(self) -> float:
-        if self.type == "trace":
+        if self.type == "trace":  # the busiest second of the trace
             off = self.trace_offsets()
-            return max(1.0, len(off) / max(off[-1], 1e-9)) * 4 if len(off) else 1.0
+            return float(max(1, np.max(np.searchsorted(off, off + 1.0) - np.arange(len(off))))) if len(off) else 1.0
         grid = np.linspace(0, self.duration, 2001)
         return float(self.rate(grid).max())
 
