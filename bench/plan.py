@@ -275,15 +275,21 @@ def make_plan(q: Question, progress=None) -> Plan:
     q.check()
     dep = q.deployment()
     q.request_mix()  # a bad workload name fails here, before any simulation
+    model = catalog.model(q.model)
+
+    def same(c: cap.Capacity) -> bool:  # 'native' and the format it names are one choice (Kimi K2 Thinking: int4)
+        return c.kv_dtype == q.kv_dtype and cap.weight_formats(model, c.weights) == cap.weight_formats(model,
+                                                                                                        q.weights)
+
     caps = cap.compare(dep)
-    if not any(c.kv_dtype == q.kv_dtype and c.weights == q.weights for c in caps):
+    if not any(same(c) for c in caps):
         caps.append(cap.capacity(dep))  # a choice outside the four-way (e.g. fp8_e5m2, int4-g128): shown too
     options = []
     for c in caps:
         pred = _search_cached(replace(q, kv_dtype=c.kv_dtype, weights=c.weights, gpus=None, price_per_gpu_hour=None,
                                       target_rate_rps=1.0))
         options.append(Option(c.kv_dtype, c.weights, c, pred, q.price, q.tp, q.target_rate_rps, q.gpus_on_hand,
-                              chosen=(c.kv_dtype == q.kv_dtype and c.weights == q.weights)))
+                              chosen=same(c)))
         if progress:
             progress()
     plan = Plan(q, options, dep.context_len)
