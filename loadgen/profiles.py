@@ -26,6 +26,19 @@ from locust import LoadTestShape
 DATA = Path(__file__).resolve().parent.parent / "data" / "profiles"
 OPEN_TYPES = ("constant", "poisson", "gamma", "ramp", "steps", "spike", "diurnal", "trace")
 TYPES = ("users", *OPEN_TYPES, "sweep")
+PARAMS = {  # what each type reads: anything else is a typo, said so rather than ignored
+    "users": {"users", "duration", "spawn_rate", "think_s", "stages"},
+    "constant": {"rate", "duration"},
+    "poisson": {"rate", "duration"},
+    "gamma": {"rate", "duration", "burstiness"},
+    "ramp": {"start_rate", "end_rate", "duration", "arrival"},
+    "steps": {"rates", "step_duration", "arrival"},
+    "spike": {"rate", "spike_rate", "spike_at", "spike_duration", "duration", "arrival"},
+    "diurnal": {"min_rate", "max_rate", "period", "duration", "arrival"},
+    "sweep": {"stage_duration", "arrival", "rates", "factors", "max_rate", "min_achieved_ratio", "max_latency_ratio",
+              "max_error_rate", "min_slo_attainment", "burstiness"},
+    "trace": {"path", "speedup", "max_requests"},
+}
 
 
 class ProfileError(ValueError):
@@ -243,6 +256,10 @@ def load(name_or_path: str, overrides: dict | None = None) -> Profile:
 
 
 def _check(prof: Profile) -> None:
+    unknown = sorted(set(prof.params) - PARAMS[prof.type])
+    if unknown:
+        raise ProfileError(f"profile {prof.name} ({prof.type}) has no parameter {', '.join(unknown)}; it takes "
+                           f"{', '.join(sorted(PARAMS[prof.type]))}")
     for key in ("rate", "start_rate", "end_rate", "spike_rate", "min_rate", "max_rate", "duration", "users"):
         v = prof.params.get(key)
         if v is not None and (not isinstance(v, int | float) or v < 0 or not math.isfinite(v)):

@@ -74,6 +74,8 @@ def test_user_yaml_and_bad_profiles(tmp_path):
         profiles.load("nope")
     with pytest.raises(ProfileError, match="rate"):
         profiles.load("poisson", {"rate": -1})
+    with pytest.raises(ProfileError, match="ramp .ramp. has no parameter rate; it takes arrival"):
+        profiles.load("ramp", {"rate": 3})  # --rate given to a profile that does not read it
     f.write_text("type: ramp\nduration: 10\n")
     with pytest.raises(ProfileError, match="start_rate"):
         profiles.load(str(f))
