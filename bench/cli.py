@@ -62,11 +62,23 @@ def capacity(
 
 
 @app.command()
-def demo() -> None:
-    """The main job, no GPU needed: capacity, throughput and cost of FP8 KV and INT4 experts."""
+def demo(
+    db: str = typer.Option("data/capbench.duckdb", help="Results DB (runs are added; earlier ones are kept)."),
+    out: str = typer.Option("reports/demo.html", help="Where to write the capacity report."),
+    duration: float = typer.Option(8.0, help="Seconds of load per run (12 runs)."),
+    open_dashboard: bool = typer.Option(False, "--dashboard", help="Start the dashboard at the end."),
+) -> None:
+    """The main job, no GPU needed: what FP8 KV and INT4 experts buy Kimi K2 Thinking and GLM-4.6 on 8x H200,
+    in capacity, goodput and cost, measured on twins and written to the DB and a report."""
+    from pathlib import Path
+
     from bench.demo import run_demo
 
-    run_demo()
+    if duration <= 0:
+        raise BadInput(f"--duration must be positive, got {duration}")
+    run_demo(Path(db), Path(out), duration)
+    if open_dashboard:
+        dashboard(db=db, port=8501, host="127.0.0.1")
 
 
 @app.command("sglang-launch", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})

@@ -1,17 +1,175 @@
-"""The main job on a laptop: what FP8 KV and INT4 experts buy Kimi K2 Thinking and GLM-4.6 on 8x H200."""
+"""The main job on a laptop: what FP8 KV and INT4 experts buy Kimi K2 Thinking and GLM-4.6 on 8x H200.
+
+Capacity from SGLang's arithmetic; the highest rate each deployment serves within the SLO, from `simulate`;
+then load tests against twins of the four deployments (three profiles each: Poisson chat with shared system
+prompts, long-context documents, agentic-coding sessions), everything into the DuckDB store, a capacity report,
+and a summary. The twins run TIME_SCALE times faster than the GPUs they model, so a short demo covers minutes of
+serving: rates are offered TIME_SCALE times faster, SLOs are judged TIME_SCALE times tighter, and the summary
+converts throughput and goodput back to the modelled GPUs.
+"""
 
 from __future__ import annotations
 
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
 from bench import capacity as cap
-from bench import catalog
-from bench.capacity_table import compare_table, print_tables
+from bench import catalog, queries
+from bench.capacity_table import compare_table
+from bench.runner import RunOptions, Target
+from bench.runner import run as run_load
 
-DEMO_DEPLOYMENTS = [("kimi-k2-thinking", "h200", 8), ("glm-4.6", "h200", 8)]
+
+@dataclass(frozen=True)
+class Config:
+    model: str
+    kv_dtype: str
+    weights: str
+    title: str
+
+    def spec(self) -> str:
+        return f"twin:{self.model}@h200x8,kv={self.kv_dtype},weights={self.weights},time_scale={TIME_SCALE:g}"
+
+    def deployment(self) -> cap.Deployment:
+        return cap.Deployment(catalog.model(self.model), catalog.gpu("h200"), 8, kv_dtype=self.kv_dtype,
+                              weights=self.weights)
 
 
-def run_demo() -> None:
-    tables = []
-    for model_id, gpu_id, tp in DEMO_DEPLOYMENTS:
-        dep = cap.Deployment(catalog.model(model_id), catalog.gpu(gpu_id), tp, page_size=64)
-        tables.append(compare_table(cap.compare(dep)))
-    print_tables(*tables)
+@dataclass(frozen=True)
+class Load:
+    name: str
+    profile: str
+    overrides: dict  # rates in requests per second of the modelled GPUs
+    workload: str
+    slo: queries.SLO  # on the modelled GPUs
+
+
+TIME_SCALE = 4.0
+
+
+CONFIGS = [
+    Config("kimi-k2-thinking", "bf16", "native", "Kimi K2 Thinking, BF16 KV (INT4 experts as shipped)"),
+    Config("kimi-k2-thinking", "fp8_e4m3", "int4-g32", "Kimi K2 Thinking, FP8 KV + INT4 experts"),
+    Config("glm-4.6", "bf16", "native", "GLM-4.6, BF16 KV, BF16 weights"),
+    Config("glm-4.6", "fp8_e4m3", "native", "GLM-4.6, FP8 KV, BF16 weights"),
+]
+LOADS = [
+    Load("chat", "poisson", {"rate": 2.0}, "chat", queries.SLO(ttft_s=2.0, tpot_s=0.05)),
+    Load("long-context", "poisson", {"rate": 0.25}, "demo-long-context", queries.SLO(ttft_s=20.0, tpot_s=0.1)),
+    Load("agentic", "users", {"users": 8}, "agentic-coding", queries.SLO(ttft_s=5.0, tpot_s=0.05)),
+]
+SIMULATED = {"chat": "chat", "long-context": "long-context", "agentic": "agentic-coding"}
+
+
+def _capacity_tables() -> list[Table]:
+    out = []
+    for model_id in dict.fromkeys(c.model for c in CONFIGS):
+        dep = cap.Deployment(catalog.model(model_id), catalog.gpu("h200"), 8)
+        out.append(compare_table(cap.compare(dep)))
+    return out
+
+
+def _scaled(load: Load) -> tuple[dict, queries.SLO]:
+    """The load and SLO as offered to a twin TIME_SCALE times faster than the GPUs."""
+    over = {k: v * TIME_SCALE if k == "rate" else v for k, v in load.overrides.items()}
+    slo = queries.SLO(*(None if v is None else v / TIME_SCALE for v in (load.slo.ttft_s, load.slo.tpot_s,
+                                                                        load.slo.e2e_s)))
+    return over, slo
+
+
+def _predict(configs: list[Config], loads: list[Load], progress) -> dict[tuple[Config, str], float]:
+    """Highest request rate within each load's SLO (p90), from simulate's scheduler (quick fidelity)."""
+    from bench.plan import search_rate
+    from bench.simulate import Slo
+    from bench.workload import load_workload
+
+    out = {}
+    for c in configs:
+        for load in loads:
+            slo = Slo(load.slo.ttft_s, load.slo.tpot_s, 90)
+            p = search_rate(c.deployment(), load_workload(SIMULATED[load.name]), slo, "quick")
+            out[(c, load.name)] = p.rate_rps if p else 0.0
+            progress()
+    return out
+
+
+def run_demo(db: Path = Path("data/capbench.duckdb"), report: Path = Path("reports/demo.html"),
+             duration_s: float = 8.0, configs: list[Config] | None = None, loads: list[Load] | None = None
+             ) -> dict:
+    console = Console(width=max(Console().width, 120))
+    started = time.monotonic()
+    configs, loads = configs or CONFIGS, loads or LOADS
+    console.print("[bold]1. What fits[/bold]: SGLang 0.5.23's memory arithmetic on 8x H200")
+    for table in _capacity_tables():
+        console.print(table)
+    columns = [TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+               TimeElapsedColumn()]
+    with Progress(*columns, console=console, transient=True) as bar:
+        task = bar.add_task("2. simulating the highest rate within each SLO", total=len(configs) * len(loads))
+        predicted = _predict(configs, loads, lambda: bar.advance(task))
+    console.print(f"[bold]3. Load tests[/bold] against twins of {len(configs)} deployments "
+                  f"({', '.join(x.name for x in loads)}; {duration_s:g} s each at {TIME_SCALE:g}x speed) into {db}")
+    results: dict[tuple[Config, str], dict] = {}
+    os.environ["CAPBENCH_GPU_TELEMETRY"] = "off"  # twins model GPUs this machine does not have: nothing to sample
+    with Progress(*columns, console=console) as bar:
+        task = bar.add_task("starting", total=len(configs) * len(loads))
+        for c in configs:
+            target = Target(c.spec())
+            try:
+                for load in loads:
+                    bar.update(task, description=f"{c.title}: {load.name}")
+                    overrides, slo = _scaled(load)
+                    opts = RunOptions(target=target.url, profile=load.profile,
+                                      overrides={**overrides, "duration": duration_s}, workload=load.workload,
+                                      db=db, label=f"demo {load.name}", slo=slo, live=False, quiet=True,
+                                      drain_s=duration_s, run_config={"twin": c.spec(), "demo": load.name})
+                    results[(c, load.name)] = run_load(opts)[0].summary
+                    bar.advance(task)
+            finally:
+                target.close()
+    _print_summary(console, configs, loads, results, predicted)
+    from bench import report as rep
+    from bench.plan import Question
+
+    report.parent.mkdir(parents=True, exist_ok=True)
+    q = Question(model="kimi-k2-thinking", gpu="h200", tp=8, kv_dtype="fp8_e4m3", weights="int4-g32",
+                 workload="chat", fidelity="quick")
+    kimi_runs = [s["run_id"] for (c, _), s in results.items() if c.model == "kimi-k2-thinking"]
+    rep.write(rep.build(q, db, kimi_runs), report)
+    elapsed = time.monotonic() - started
+    console.print(f"\n[bold]4. Report[/bold]: {report}   [bold]Dashboard[/bold]: capbench dashboard --db {db} "
+                  f"(or capbench demo --dashboard)\ndemo took {elapsed:.0f} s")
+    return {"elapsed_s": elapsed, "runs": {f"{c.title} / {name}": s["run_id"] for (c, name), s in results.items()}}
+
+
+def _print_summary(console: Console, configs: list[Config], loads: list[Load], results: dict,
+                   predicted: dict) -> None:
+    price = catalog.gpu("h200").price_per_gpu_hour * 8 / 3600  # $ per second of 8 GPUs
+    table = Table(title="What FP8 KV and INT4 experts buy on 8x H200 (x: against the same model's first row)")
+    for col in ("configuration", "KV pool tokens", "capacity x", "max rate within SLO, chat / long / agentic "
+                "(simulated)", "gain x", "goodput at demo load (measured)", "output tok/s", "$ / 1M output tok"):
+        table.add_column(col, justify="left" if col == "configuration" else "right")
+    base: dict[str, tuple] = {}
+    for c in configs:
+        tokens = cap.capacity(c.deployment(), with_ratios=False).kv_pool_tokens
+        rates = [predicted[(c, x.name)] for x in loads]
+        good = sum((results[(c, x.name)].get("goodput_rps") or 0.0) for x in loads) / TIME_SCALE
+        out_tps = sum((results[(c, x.name)].get("output_tps") or 0.0) for x in loads) / len(loads) / TIME_SCALE
+        b_tokens, b_rates = base.setdefault(c.model, (tokens, rates))
+        gains = [r / b for r, b in zip(rates, b_rates, strict=True) if b]
+        table.add_row(c.title, f"{tokens:,}", f"{tokens / b_tokens:.2f}x", " / ".join(f"{r:.2f}" for r in rates),
+                      " / ".join(f"{g:.2f}" for g in gains), f"{good:.2f} req/s", f"{out_tps:,.0f}",
+                      f"${price / out_tps * 1e6:.2f}" if out_tps else "-")
+    console.print(table)
+    console.print("SLOs (p90 for the simulated rates; per request for goodput): "
+                  + "; ".join(f"{x.name}: TTFT <= {x.slo.ttft_s:g} s, TPOT <= {x.slo.tpot_s * 1000:g} ms"
+                              for x in loads)
+                  + f". Measured figures are the twins' at the demo's load (chat {loads[0].overrides.get('rate')} "
+                  "req/s, ...), converted to the modelled GPUs; $ per 1M output tokens at that load, 8 GPUs at the "
+                  "catalog's $/GPU-hour.")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
 import time
 from collections import Counter
@@ -56,6 +57,9 @@ class GpuSampler:
         self._handles: list[tuple[int, object, str]] = []
 
     def start(self) -> GpuSampler:
+        if os.environ.get("CAPBENCH_GPU_TELEMETRY") == "off":  # set by callers that know there is no GPU to watch
+            self.available = False
+            return self
         try:
             import pynvml
 

@@ -188,10 +188,14 @@ class Twin:
             if p.stream:
                 return await self._stream(request, req, created)
             return await self._complete(req, created)
-        except (asyncio.CancelledError, ConnectionResetError):
+        except asyncio.CancelledError:
             self.sched.abort(req)
             self.wake.set()
             raise
+        except ConnectionResetError:  # the client left mid-stream: free its KV; there is no one to answer
+            self.sched.abort(req)
+            self.wake.set()
+            return web.Response(status=499)
 
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
         return await self.generate(request, chat=True)
