@@ -131,7 +131,7 @@ def test_sweep_runs_one_stage_per_rate_until_saturated(stub_server, tmp_db, tmp_
     srv = stub_server("--token-delay", "0.05", "--max-tokens", "4")  # one user: about 4 req/s
     prof = tmp_path / "sweep.yaml"
     prof.write_text("type: sweep\nstage_duration: 1.5\nfactors: [400]\n")
-    results = run(opts(srv.url, tmp_db, profile=str(prof), workload="synthetic", max_inflight=64))
+    results = run(opts(srv.url, tmp_db, profile=str(prof), overrides={}, workload="synthetic", max_inflight=64))
     names = [r.summary["profile"] for r in results]
     assert names[0] == "sweep-1user" and all(n.startswith("sweep-") and n.endswith("rps") for n in names[1:])
     assert len(results) == 2  # one user, then 400x, where 64 users cannot keep up: saturated, the sweep stops
