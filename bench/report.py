@@ -101,8 +101,25 @@ def build(q: Question, db: str | Path | None = None, run_ids: list[str] | None =
                 if progress:
                     progress()
             drift = runinfo.drift(con)
+        _unique_labels(measured)
     plan = make_plan(q, progress=progress)
     return Report(plan, str(db) if db else None, why, measured, drift)
+
+
+def _unique_labels(runs: list[Measured]) -> None:
+    """Runs of one label (the demo's 'demo chat' per configuration) get their KV dtype and weights, then their id."""
+    def dupes() -> set[str]:
+        labels = [m.label for m in runs]
+        return {x for x in labels if labels.count(x) > 1}
+
+    repeated = dupes()
+    for m in runs:
+        if m.label in repeated:
+            m.label = f"{m.label} ({m.config.get('kv_dtype')} KV, {m.config.get('weights')})"
+    repeated = dupes()
+    for m in runs:
+        if m.label in repeated:
+            m.label = f"{m.label} {m.run_id[-6:]}"
 
 
 # ---- the figures a manager reads first -----------------------------------------------------------------------------
@@ -173,16 +190,18 @@ def answer_lines(r: Report) -> list[str]:
              f"{rec.prediction.rate_rps:,.2f} requests/s within the SLO (limited by {rec.prediction.limited_by})."]
     lines += [sentence + "." for _, _, sentence in savings(plan)]
     if r.measured:
-        errs = [row["error"] for m in r.runs for row in m.vs_predicted["rows"]
+        errs = [row["error"] for m in r.runs if m.vs_predicted.get("steady") for row in m.vs_predicted["rows"]
                 if row["figure"] == "output tokens/s" and row["error"] is not None]
-        worst = f"; prediction error of output tokens/s up to {max(abs(e) for e in errs):.0%}" if errs else ""
+        worst = (f"; prediction error of output tokens/s up to {max(abs(e) for e in errs):.0%} over the runs of "
+                 f"{runinfo.STEADY_REQUESTS}+ requests" if errs else
+                 f"; no run has {runinfo.STEADY_REQUESTS}+ requests, too few to judge the predictions by")
         twins = sum(1 for m in r.runs if m.config.get("twin"))
         against = (" against capbench's twin (simulated GPUs: this checks the load path and the model's consistency, "
                    "not the hardware)" if twins == len(r.runs) else
                    f" ({twins} against capbench's twin, the rest against real servers)" if twins else
                    " against real servers")
-        lines.append(f"Measured: {len(r.runs)} run(s) in {r.db}{against}{worst}. Treat the prediction as that "
-                     "uncertain.")
+        lines.append(f"Measured: {len(r.runs)} run(s) in {r.db}{against}{worst}."
+                     + (" Treat the predictions as that uncertain." if errs else ""))
     else:
         lines.append(f"Nothing was measured ({r.why_unmeasured}): every figure here is a prediction from the "
                      "capacity model and capbench simulate. Measure before buying: see 'How to measure'.")

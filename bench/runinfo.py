@@ -223,11 +223,14 @@ def window_output_tps(con: duckdb.DuckDBPyConnection, run_id: str) -> float | No
     return tokens / span if tokens is not None and span else None
 
 
-def measured_vs_predicted(con: duckdb.DuckDBPyConnection, run_id: str, slo: queries.SLO | None = None,
-                          requests: int = 300, min_seconds: float = 60.0) -> dict:
-    """The run's measured throughput and latencies beside `capbench simulate`'s prediction for the same
-    deployment, the run's workload (its named mix, else fixed lengths at its measured means) and its achieved
-    rate; error = predicted / measured - 1."""
+STEADY_REQUESTS = 50  # fewer measured requests than this: too short a run to judge a prediction by
+
+
+def measured_vs_predicted(con: duckdb.DuckDBPyConnection, run_id: str, slo: queries.SLO | None = None) -> dict:
+    """The run's measured throughput and latencies beside `capbench simulate`'s replay of it: the same deployment,
+    workload (its named mix, else fixed lengths at its measured means), rate (the profile's, else the achieved
+    one) and number of requests, so a short run is compared with an equally short simulation; error = predicted /
+    measured - 1. out["steady"] is False for runs under STEADY_REQUESTS requests."""
     from bench import capacity as cap
     from bench import catalog, simulate
     from bench.workload import WORKLOADS, fixed_workload, load_workload
@@ -238,7 +241,7 @@ def measured_vs_predicted(con: duckdb.DuckDBPyConnection, run_id: str, slo: quer
     if not (cfg["model"] and cfg["gpu"] and cfg["tp"] and s["ok"]):
         out["why_not"] = "the run does not say its model, GPU or tp, or it has no successful requests"
         return out
-    rate = s["achieved_rate_rps"] or cfg["rate"]
+    rate = cfg["rate"] or s["achieved_rate_rps"]
     try:
         dep = cap.Deployment(catalog.model(cfg["model"]), catalog.gpu(cfg["gpu"]), cfg["tp"],
                              kv_dtype=cfg["kv_dtype"] or "bf16", weights=cfg["weights"] or "native")
@@ -253,8 +256,8 @@ def measured_vs_predicted(con: duckdb.DuckDBPyConnection, run_id: str, slo: quer
         wl = fixed_workload(max(1, round((s["input_tokens"] or 0) / s["ok"])),
                             max(1, round((s["output_tokens"] or 0) / s["ok"])))
     scale = float(cfg["time_scale"] or 1.0)  # a twin at time_scale k runs k times faster than the modelled GPUs
-    p = simulate.run(dep, wl, rate / scale, requests, min_seconds=min_seconds)
-    out["predicted"], out["workload"] = p, wl.name
+    p = simulate.run(dep, wl, rate / scale, max(1, s["measured"]), min_seconds=0)
+    out["predicted"], out["workload"], out["steady"] = p, wl.name, s["measured"] >= STEADY_REQUESTS
     for name, measured, predicted in (
         ("output tokens/s", window_output_tps(con, run_id), p.output_tok_s * scale),
         ("TPOT p50 (ms)", _ms(s["tpot_p50"]), p.tpot_p50 * 1e3 / scale),
