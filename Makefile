@@ -24,9 +24,11 @@ TVISION := torchvision==0.28.0
 demo: .venv/core.stamp
 	.venv/bin/capbench demo
 
+# Two pytest processes: Locust patches its process with gevent (see tests/conftest.py).
 test: .venv/test.stamp
 	$(PY) -m ruff check .
 	$(PY) -m pytest
+	CAPBENCH_TESTS=locust $(PY) -m pytest
 
 bench: .venv/test.stamp
 	$(PY) -m bench.benchmarks.run_all

@@ -77,7 +77,7 @@ class Synth:
     def __init__(self, digest: int, seed: int, drift: float, nonce: int = 0) -> None:
         self.base = mix(digest ^ mix(seed) ^ mix(nonce << 1))
         self.drift_base = mix(self.base ^ 0xD1F7)
-        self.drift_cut = int(drift * (1 << 64))
+        self.drift, self.drift_cut = drift, int(drift * (1 << 64))
 
     def natural_length(self) -> int:
         return 32 + mix(self.base ^ 0xE05) % 480
@@ -102,5 +102,8 @@ class Synth:
         out = [(w, lp)]
         for j in range(1, n):
             h = mix(self.base + i * 31 + j)
-            out.append(((w + j * 7 + h % 3) % len(WORDS), lp - 0.5 * j - (h >> 40) % 100 / 100))
+            gap = 0.5 * j + (h >> 40) % 100 / 100
+            if self.drift_cut:  # a drifting twin's distribution differs a little at every position, not just
+                gap *= 1 + 2 * self.drift * ((mix(self.drift_base + i * 31 + j) % 1000) / 1000 - 0.5)  # its choices
+            out.append(((w + j * 7 + h % 3) % len(WORDS), lp - gap))
         return out

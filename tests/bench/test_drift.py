@@ -51,7 +51,7 @@ def test_identical_twins_agree_everywhere(twins):
     prompts = drift.load_prompts(None)[::4]
     rows = drift.measure([twins[0], twins[1]], prompts)
     assert all(r.error is None for r in rows)
-    assert all(r.exact_match and r.token_agreement == 1.0 for r in rows)
+    assert all(r.exact_match and r.token_agreement == 1.0 and r.mean_kl == 0.0 for r in rows)
 
 
 def test_drifting_twin_is_caught_per_kind(twins):
@@ -62,6 +62,7 @@ def test_drifting_twin_is_caught_per_kind(twins):
     # 20 % of greedy tokens differ: agreement near 80 %, and almost every answer diverges somewhere
     assert 0.7 < summary["all"]["token_agreement"] < 0.9
     assert summary["all"]["exact_match"] < 0.2
+    assert summary["all"]["mean_kl"] > 0  # the drifting twin's distributions differ before the first divergence too
     assert set(summary) == {"chat", "long-context", "code", "tool-call", "all"}
 
 
