@@ -39,12 +39,14 @@ def option_bars(df: pd.DataFrame, field: str, title: str, fmt: str = ",.0f", gai
 
 def latency_percentiles(df: pd.DataFrame, title: str = "Latency percentiles (ms)") -> alt.Chart:
     """df: metric, percentile, ms (and run, for several runs)."""
-    color = "run:N" if "run" in df else "percentile:N"
+    runs = list(dict.fromkeys(df["run"])) if "run" in df else None
+    color = alt.Color("run:N", scale=CONFIG_COLORS, sort=runs) if runs else alt.Color("percentile:N",
+                                                                                        scale=CONFIG_COLORS)
     return _base(df).mark_bar().encode(
         x=alt.X("percentile:N", title=None, sort=["p50", "p90", "p95", "p99"]),
-        xOffset="run:N" if "run" in df else alt.value(0),
+        xOffset=alt.XOffset("run:N", sort=runs) if runs else alt.value(0),
         y=alt.Y("ms:Q", title="ms"),
-        color=alt.Color(color, scale=CONFIG_COLORS),
+        color=color,
         column=alt.Column("metric:N", title=None, sort=["TTFT", "TPOT", "ITL", "E2E"]),
         tooltip=[*(["run"] if "run" in df else []), "metric", "percentile", alt.Tooltip("ms:Q", format=",.1f")],
     ).resolve_scale(y="independent").properties(title=title, width=110, height=180)

@@ -21,10 +21,13 @@ labels = {r: common.run_label(runs, r) for r in runs.run_id}
 
 
 def default_pair() -> list[str]:
-    """The newest two runs of one model, GPU and tp (older first: it is the baseline); else the newest two."""
-    for _, group in runs.groupby(["model", "gpu", "tp"], sort=False, dropna=False):
-        if len(group) >= 2:
-            return list(group.run_id[:2])[::-1]
+    """The newest pair worth comparing, older first (the baseline): two runs of one model, GPU, tp and label (the
+    same load) that differ in KV dtype or weights; else two of one model, GPU and tp; else the newest two."""
+    for keys in (["model", "gpu", "tp", "label"], ["model", "gpu", "tp"]):
+        for _, group in runs.groupby(keys, sort=False, dropna=False):
+            varied = group.drop_duplicates(["kv_dtype", "weights"]) if len(keys) == 4 else group
+            if len(varied) >= 2:
+                return list(varied.run_id[:2])[::-1]
     return list(runs.run_id[:2])[::-1]
 
 
@@ -100,8 +103,9 @@ if not pred_rows.empty:
     shown = pred_rows[["run", "figure", "measured", "predicted", "error"]].copy()
     shown["error"] = shown["error"].map(lambda e: "n/a" if pd.isna(e) else f"{e:+.1%}")
     st.dataframe(shown, hide_index=True, key="prediction_table")
-    st.caption("Prediction: capbench simulate's scheduler and roofline model at the run's achieved rate with its "
-               "measured mean input/output tokens; error = predicted / measured - 1.")
+    st.caption("Prediction: capbench simulate replays each run (same deployment, workload, rate and number of "
+               "requests); output tokens/s over the arrival window less its first 20 %, as the simulator counts it; "
+               "error = predicted / measured - 1. Runs under 50 requests are too short to judge a model by.")
 
 drift = common.read(runinfo.drift)
 if drift is not None:  # the drift table exists (capbench drift); quality next to speed
