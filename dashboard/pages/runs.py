@@ -31,8 +31,8 @@ if kv:
 if text:
     shown = shown[shown.label.fillna("").str.contains(text, case=False, regex=False)]
 st.caption(f"{len(shown)} of {len(runs)} runs")
-st.dataframe(shown[["run_id", "label", "started", "status", "model", "gpu", "tp", "kv_dtype", "weights",
-                    "kv_checksum", "requests", "errors"]], hide_index=True, key="runs_table")
+st.dataframe(shown[["label", "started", "status", "model", "gpu", "tp", "kv_dtype", "weights", "kv_checksum",
+                    "workload", "requests", "errors", "run_id"]], hide_index=True, key="runs_table")
 if shown.empty:
     st.stop()
 if st.button("Refresh", help="Re-read the DB (a running run keeps writing)"):
