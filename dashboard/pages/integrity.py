@@ -44,7 +44,7 @@ if not rows:
             "--model-path ... --enable-metrics` and run a load test against it (`capbench run --target URL`): the "
             "server sampler records the capbench_kv_* counters.")
     st.stop()
-table = pd.DataFrame(rows)
+table = pd.DataFrame(rows).sort_values(["mismatches", "pages_verified"], ascending=False, na_position="last")
 m = st.columns(4)
 m[0].metric("Runs with checksums", len(table))
 m[1].metric("Pages verified", fmt(table.pages_verified.sum(), ",.0f"))
