@@ -83,3 +83,27 @@ def test_cli_writes_the_report_and_refuses_bad_input(db, tmp_path):
     bad = subprocess.run([CAPBENCH, "report", "--db", str(path), "--runs", "nope", "--out", str(out)],
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and bad.stderr.strip() == "error: unknown run id(s): nope (see `capbench runs`)"
+
+
+def test_launch_commands_are_accepted_by_the_patched_launcher(tmp_path):
+    """The report's commands, run through `capbench sglang-launch --dry-run`, start SGLang with the patches."""
+    import shlex
+
+    from typer.testing import CliRunner
+
+    from bench import sglang_cmd
+    from bench.cli import app
+
+    scales = tmp_path / "kv_scales.json"
+    scales.write_text("{}")
+    commands = [sglang_cmd.single_node("kimi-k2-thinking", 8, "fp8_e4m3", "native", 262144),
+                *sglang_cmd.multi_node("glm-4.6", "h200", 8, "bf16", "int4-g32")]
+    for cmd in commands:
+        argv = shlex.split(cmd.replace("kv_scales.json", str(scales)))
+        assert argv[:2] == ["capbench", "sglang-launch"]
+        out = CliRunner().invoke(app, [argv[1], "--dry-run", *argv[2:]], catch_exceptions=False)
+        assert out.exit_code == 0, out.output
+        assert "kv_checksum: verify" in out.output
+        exec_line = next(line for line in out.output.splitlines() if line.startswith("exec: "))
+        assert "-m sglang.launch_server" in exec_line and "--radix-cache-backend capbench_kv_checksum" in exec_line
+        assert argv[argv.index("--") + 1] in exec_line  # the server arguments pass through
