@@ -274,12 +274,12 @@ def _deployment(c: dict) -> str:
     return s + (f", checksum {c['kv_checksum']}" if c.get("kv_checksum") not in (None, "off") else "")
 
 
-def launch(r: Report) -> tuple[str, list[str], list[str]]:
-    """(single-node command, multi-node commands, prerequisites) for the recommended (else chosen) option."""
+def launch(r: Report) -> tuple[str | None, list[str], list[str]]:
+    """(single-node command or None when tp spans nodes, multi-node commands, prerequisites) for the recommended
+    (else chosen) option."""
     plan, q = r.plan, r.plan.question
     o = plan.recommended or plan.chosen
-    single = sglang_cmd.single_node(q.model, q.tp, o.kv_dtype, o.weights, plan.context)
-    multi = sglang_cmd.multi_node(q.model, q.gpu, q.tp, o.kv_dtype, o.weights, plan.context)
+    single, multi = sglang_cmd.commands(q.model, q.gpu, q.tp, o.kv_dtype, o.weights, plan.context)
     notes = []
     path, where = sglang_cmd.model_path(q.model, o.weights)
     if where:

@@ -122,8 +122,10 @@ def to_html(r: Report) -> str:
         parts.append(f"<p class='warn'>{_e(note)}</p>")
     if r.drift is not None and not r.drift.empty:
         parts += ["<h2>Quality drift (capbench drift runs)</h2>", _html_table(*_drift_rows(r))]
-    parts += ["<h2>Launch commands (SGLang 0.5.23 with capbench's patches)</h2>", "<p>One node:</p>",
-              f"<pre>{_e(single)}</pre>", "<p>One instance over several nodes (run one line on each node):</p>",
+    parts += ["<h2>Launch commands (SGLang 0.5.23 with capbench's patches)</h2>"]
+    if single:
+        parts += ["<p>One node:</p>", f"<pre>{_e(single)}</pre>"]
+    parts += ["<p>One instance over several nodes (run one line on each node):</p>",
               "<pre>" + _e("\n".join(multi)) + "</pre>", "<ul>" + "".join(f"<li>{_e(n)}</li>" for n in notes)
               + "</ul>", "<h2>How these numbers were made</h2>",
               "<ul>" + "".join(f"<li>{_e(m)}</li>" for m in _method(r)) + "</ul>", "</body></html>"]
@@ -150,7 +152,9 @@ def to_markdown(r: Report) -> str:
     out += [f"> {n}" for n in plan.notes]
     if r.drift is not None and not r.drift.empty:
         out += ["## Quality drift (capbench drift runs)", "", _md_table(*_drift_rows(r)), ""]
-    out += ["## Launch commands (SGLang 0.5.23 with capbench's patches)", "", "One node:", "", "```bash", single,
-            "```", "", "One instance over several nodes (one line on each node):", "", "```bash", *multi, "```", ""]
+    out += ["## Launch commands (SGLang 0.5.23 with capbench's patches)", ""]
+    if single:
+        out += ["One node:", "", "```bash", single, "```", ""]
+    out += ["One instance over several nodes (one line on each node):", "", "```bash", *multi, "```", ""]
     out += [f"- {n}" for n in notes] + ["", "## How these numbers were made", ""] + [f"- {m}" for m in _method(r)]
     return "\n".join(out) + "\n"

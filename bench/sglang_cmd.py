@@ -60,3 +60,11 @@ def multi_node(model_id: str, gpu_id: str, tp: int, kv_dtype: str, weights: str,
             *server_args(model_id, tp, kv_dtype, weights, context)]
     return [" ".join([*base, "--nnodes", str(nodes), "--node-rank", str(rank), "--dist-init-addr", head])
             for rank in range(nodes)]
+
+
+def commands(model_id: str, gpu_id: str, tp: int, kv_dtype: str, weights: str,
+             context: int | None = None) -> tuple[str | None, list[str]]:
+    """(one-node command, or None when tp spans nodes; one command per node for one instance over several nodes)."""
+    per_node = catalog.gpu(gpu_id).gpus_per_node
+    single = single_node(model_id, tp, kv_dtype, weights, context) if tp <= per_node else None
+    return single, multi_node(model_id, gpu_id, tp, kv_dtype, weights, context)

@@ -111,7 +111,9 @@ for note in plan.notes:
 
 rec = plan.recommended
 st.subheader("Recommendation")
-if rec is None:
+if rec is None and not any(o.capacity.fits for o in plan.options):
+    st.error(f"No configuration fits {tp} x {gpu_id}: raise tp (or choose a GPU with more memory).")
+elif rec is None:
     st.error("No configuration in the comparison meets the SLO on this GPU and tp: try a larger tp or a looser SLO.")
 else:
     base = plan.baseline
@@ -119,11 +121,11 @@ else:
     st.success(f"{rec.gpus_needed} x {gpu_id} ({rec.instances_needed} instance(s) of tp {tp}) with {rec.label}: "
                f"${fmt(rec.monthly_cost, ',.0f')} a month for {target:g} req/s"
                + (f", ${fmt(saving, ',.0f')} a month less than {base.label}." if saving else "."))
-    st.code(sglang_cmd.single_node(model_id, int(tp), rec.kv_dtype, rec.weights, int(context)), language="bash",
-            wrap_lines=True)
-    with st.expander("Multi-node (one instance over several nodes)"):
-        st.code("\n".join(sglang_cmd.multi_node(model_id, gpu_id, int(tp), rec.kv_dtype, rec.weights,
-                                                int(context))), language="bash", wrap_lines=True)
+    single, multi = sglang_cmd.commands(model_id, gpu_id, int(tp), rec.kv_dtype, rec.weights, int(context))
+    if single:
+        st.code(single, language="bash", wrap_lines=True)
+    with st.expander("Multi-node (one instance over several nodes)", expanded=single is None):
+        st.code("\n".join(multi), language="bash", wrap_lines=True)
 st.caption("Predictions: `capbench simulate`'s scheduler and roofline performance model, searched for the highest "
            "Poisson rate served within the SLO (`capbench report` uses full fidelity). Check "
            "them against measured runs (Compare page) before buying hardware.")
