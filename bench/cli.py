@@ -256,11 +256,13 @@ def run_cmd(
 def worker(
     master: str = typer.Option(..., help="Host of the `capbench run` master (its --master-bind address)."),
     master_port: int = typer.Option(5557, help="The master's --master-port."),
+    keep: bool = typer.Option(True, help="After a run, wait for the next one (sweep stages, later runs); "
+                              "--no-keep leaves after one run."),
 ) -> None:
     """Join a `capbench run --expect-workers N` from another machine: a Locust worker that sends its share."""
     from loadgen.worker import run_worker
 
-    run_worker(master, master_port)
+    run_worker(master, master_port, once=not keep)
 
 
 @app.command()

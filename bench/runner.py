@@ -21,6 +21,7 @@ from pathlib import Path
 
 import gevent
 from locust.env import Environment
+from locust.exception import RPCError
 
 from bench import queries
 from bench.errors import BadInput
@@ -250,7 +251,11 @@ def _drive(opts: RunOptions, prof: profiles.Profile, config: dict, run_id: str, 
 
     env = Environment(user_classes=[OpenLoopUser if prof.open_loop else ClosedLoopUser], stop_timeout=0.0)
     if distributed:
-        env.create_master_runner(opts.master_bind, opts.master_port if opts.expect_workers else _free_port())
+        port = opts.master_port if opts.expect_workers else _free_port()
+        try:
+            env.create_master_runner(opts.master_bind, port)
+        except RPCError as e:
+            raise BadInput(f"the Locust master cannot listen on {opts.master_bind}:{port} ({e})") from None
         env.runner.register_message(RECORDS_MSG, collector.on_message)
     else:
         env.create_local_runner()
@@ -297,6 +302,8 @@ def _drive(opts: RunOptions, prof: profiles.Profile, config: dict, run_id: str, 
                 if env.runner.state == "stopped" and env.runner.shape_greenlet is None:
                     break
         env.runner.quit()
+        if distributed:  # free the port now: the next run (a sweep's next stage) binds it again
+            env.runner.server.close(linger=0)
     finally:
         _reap(procs)
         collector.flush()

@@ -1,6 +1,6 @@
 """A Locust worker that runs loadgen's users for a master and sends each result record back to it.
 
-    python -m loadgen.worker --master-host HOST [--master-port 5557]      (what `capbench worker` runs)
+    python -m loadgen.worker --master-host HOST [--master-port 5557] [--keep]   (what `capbench worker` runs)
 
 The run's config comes from the master with every spawn message (Locust copies custom parsed options to its
 workers); records travel back as the custom message RECORDS_MSG, batched every 0.2 s and when the users stop.
@@ -58,17 +58,29 @@ def forward_records(environment: Environment) -> None:
     gevent.spawn(loop)
 
 
-def run_worker(master_host: str, master_port: int = 5557) -> None:
-    """Join a master's runs until it quits."""
-    env = Environment(user_classes=USER_CLASSES, parsed_options=locust_options({}))
-    env.create_worker_runner(master_host, master_port)
-    forward_records(env)
-    env.runner.greenlet.join()
+def run_worker(master_host: str, master_port: int = 5557, once: bool = True) -> None:
+    """Join a master's run until it quits; with once=False, then wait for the next master on that address (the
+    stages of a sweep, successive runs) until interrupted."""
+    while True:
+        env = Environment(user_classes=USER_CLASSES, parsed_options=locust_options({}))
+        try:
+            env.create_worker_runner(master_host, master_port)  # waits up to 5 minutes for a master
+        except ConnectionError:
+            if once:
+                raise
+            continue
+        forward_records(env)
+        env.runner.greenlet.join()
+        env.runner.client.close()
+        if once:
+            return
+        gevent.sleep(1.0)  # the master of the next run binds the port again
 
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description="A capbench Locust worker.")
     ap.add_argument("--master-host", required=True)
     ap.add_argument("--master-port", type=int, default=5557)
+    ap.add_argument("--keep", action="store_true", help="after a run, wait for the next one")
     a = ap.parse_args()
-    run_worker(a.master_host, a.master_port)
+    run_worker(a.master_host, a.master_port, once=not a.keep)
