@@ -180,3 +180,19 @@ def test_bad_input_on_the_command_line_is_one_line_and_exit_2(tmp_db):
                                "--model", "m", *args], cwd=ROOT, capture_output=True, text=True, timeout=60)
         assert proc.returncode == 2
         assert message in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
+def test_a_remote_worker_serves_successive_runs(stub_server, tmp_db):
+    """`capbench worker` from another machine: it joins a run, leaves at its end, and joins the next one."""
+    srv = stub_server()
+    port = runner._free_port()
+    worker = subprocess.Popen([sys.executable, "-m", "loadgen.worker", "--master-host", "127.0.0.1", "--master-port",
+                               str(port), "--keep"], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(2):
+            [res] = run(opts(srv.url, tmp_db, overrides={"rate": 10, "duration": 1}, expect_workers=1,
+                             master_port=port))
+            assert res.status == "completed" and res.rows_written == res.records == 10
+    finally:
+        worker.terminate()
+        worker.wait(timeout=10)
