@@ -299,3 +299,19 @@ def make_plan(q: Question, progress=None) -> Plan:
         elif o.prediction is not None and o.prediction.rate_rps == 0:
             plan.notes.append(f"{o.label}: even the lowest rate tried misses the SLO ({o.prediction.limited_by}).")
     return plan
+
+
+def on_other_gpus(q: Question, kv_dtype: str, weights: str, progress=None) -> list[Option]:
+    """One configuration at the question's tp on every other catalog GPU, at the catalog's prices: what the same
+    load would need and cost there."""
+    out = []
+    for gpu_id in sorted(catalog.gpus()):
+        if gpu_id == q.gpu:
+            continue
+        other = replace(q, gpu=gpu_id, kv_dtype=kv_dtype, weights=weights, gpus=None, price_per_gpu_hour=None)
+        c = cap.capacity(other.deployment(), with_ratios=False)
+        pred = _search_cached(replace(other, target_rate_rps=1.0)) if c.fits else None
+        out.append(Option(kv_dtype, weights, c, pred, other.price, q.tp, q.target_rate_rps, q.tp))
+        if progress:
+            progress()
+    return out

@@ -17,7 +17,7 @@ import pandas as pd
 
 from bench import charts, runinfo, sglang_cmd
 from bench.errors import BadInput
-from bench.plan import HOURS_PER_MONTH, Option, Plan, Question, make_plan
+from bench.plan import HOURS_PER_MONTH, Option, Plan, Question, make_plan, on_other_gpus
 from bench.store import Store
 
 
@@ -38,6 +38,7 @@ class Report:
     why_unmeasured: str | None  # None when runs were measured
     runs: list[Measured] = field(default_factory=list)
     drift: pd.DataFrame | None = None
+    other_gpus: list[Option] = field(default_factory=list)  # the recommended configuration on other GPUs
     generated_at: float = field(default_factory=time.time)
 
     @property
@@ -78,8 +79,9 @@ def newest_deployment(db: str | Path | None, run_ids: list[str] | None = None) -
 
 
 def build(q: Question, db: str | Path | None = None, run_ids: list[str] | None = None,
-          progress=None) -> Report:
-    """progress: called once per simulated configuration and once per run (a rich progress bar's advance)."""
+          progress=None, other_gpus: bool = True) -> Report:
+    """progress: called once per simulated configuration and once per run (a rich progress bar's advance).
+    other_gpus: also price the recommended configuration on the catalog's other GPUs."""
     from bench.queries import SLO
 
     slo = SLO(ttft_s=q.slo_ttft_s, tpot_s=q.slo_tpot_s)
@@ -103,7 +105,9 @@ def build(q: Question, db: str | Path | None = None, run_ids: list[str] | None =
             drift = runinfo.drift(con)
         _unique_labels(measured)
     plan = make_plan(q, progress=progress)
-    return Report(plan, str(db) if db else None, why, measured, drift)
+    best = plan.recommended or plan.chosen
+    others = on_other_gpus(q, best.kv_dtype, best.weights, progress) if other_gpus else []
+    return Report(plan, str(db) if db else None, why, measured, drift, others)
 
 
 def _unique_labels(runs: list[Measured]) -> None:
@@ -189,6 +193,11 @@ def answer_lines(r: Report) -> list[str]:
              f"${rec.usd_per_m_output:,.2f} per 1M output tokens; each instance serves up to "
              f"{rec.prediction.rate_rps:,.2f} requests/s within the SLO (limited by {rec.prediction.limited_by})."]
     lines += [sentence + "." for _, _, sentence in savings(plan)]
+    cheaper = [o for o in r.other_gpus if o.monthly_cost is not None and o.monthly_cost < rec.monthly_cost]
+    if cheaper:
+        o = min(cheaper, key=lambda o: o.monthly_cost)
+        lines.append(f"Other GPUs: the same configuration on {o.gpus_needed} x {o.capacity.gpu} would cost "
+                     f"${o.monthly_cost:,.0f} a month at the catalog's ${o.price:.2f}/GPU-hour (see the table below).")
     if r.measured:
         errs = [row["error"] for m in r.runs if m.vs_predicted.get("steady") for row in m.vs_predicted["rows"]
                 if row["figure"] == "output tokens/s" and row["error"] is not None]
@@ -242,6 +251,13 @@ def tables(r: Report) -> dict[str, tuple[list[str], list[list[str]]]]:
                         _num(x["tpot_s"] and x["tpot_s"] * 1e3, ",.1f", " ms"), x["limited_by"] or "does not fit",
                         _num(x["usd_per_m_output"], ",.2f", " $"), _num(x["gpus_needed"]),
                         _num(x["monthly_cost"], ",.0f", " $")] for x in rows])
+    if r.other_gpus:
+        t["gpus"] = (["GPU", "$ per GPU-hour", "fits", "max req/s per instance",
+                      f"GPUs for {q.target_rate_rps:g} req/s", "monthly cost", "$ per 1M output tokens"],
+                     [[o.capacity.gpu, _num(o.price, ",.2f"), "yes" if o.capacity.fits else "no",
+                       _num(o.prediction and o.prediction.rate_rps, ",.2f"), _num(o.gpus_needed),
+                       _num(o.monthly_cost, ",.0f", " $"), _num(o.usd_per_m_output, ",.2f", " $")]
+                      for o in [_on_question_gpu(plan), *r.other_gpus]])
     if r.measured:
         t["measured"] = (["run", "deployment", "requests", "success", "achieved req/s", "output tokens/s",
                           "goodput req/s", "TTFT p50 / p99", "TPOT p50 / p99"],
@@ -263,6 +279,10 @@ def tables(r: Report) -> dict[str, tuple[list[str], list[list[str]]]]:
                                 _num(m.integrity["checksum_share"] and m.integrity["checksum_share"] * 100, ".2f",
                                      " %")] for m in checked])
     return t
+
+
+def _on_question_gpu(plan: Plan) -> Option:
+    return plan.recommended or plan.chosen
 
 
 def _ms(seconds) -> str:

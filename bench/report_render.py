@@ -25,6 +25,7 @@ SECTIONS = {
     "configs": "Configurations compared",
     "capacity": "Capacity (SGLang 0.5.23 memory arithmetic)",
     "predicted": "Predicted throughput and cost (capbench simulate)",
+    "gpus": "The recommended configuration on other GPUs (same tp, catalog prices)",
     "measured": "Measured results",
     "vs": "Predicted vs measured",
     "integrity": "KV cache integrity",

@@ -62,7 +62,11 @@ def test_report_without_runs_is_a_planning_report(tmp_path):
     assert_self_contained(page)
     assert not r.measured
     assert "Nothing was measured" in page and "no results database" in page
-    assert page.count("<table>") == 3 and page.count("<svg") == 4
+    assert page.count("<table>") == 4 and page.count("<svg") == 4  # configs, capacity, predicted, other GPUs
+    assert "The recommended configuration on other GPUs" in page
+    others = {o.capacity.gpu: o for o in r.other_gpus}
+    assert set(others) == {"a100-80gb", "b200", "h100-sxm", "mi300x"}
+    assert others["b200"].capacity.fits and others["b200"].prediction.rate_rps > 0
     assert "capbench run --target" in page  # how to measure
     md = render(r, "md")
     assert "## Capacity (SGLang 0.5.23 memory arithmetic)" in md and "| bf16 experts (native), bf16 KV |" in md
