@@ -234,6 +234,8 @@ class Twin:
             req.event.clear()
             upto = req.max_new if req.state == "done" else self.sched.generated(req)
             out = []
+            if sent == 0 and upto > 0:  # a streamed request's first token counts when it is handed to the socket
+                req.first_token_wall = time.time()
             for i in range(sent, upto):
                 word = WORDS[req.synth.word(i)]
                 lp = token_logprobs(p, req.synth, i, offset) if p.logprobs is not None else None

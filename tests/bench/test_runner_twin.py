@@ -54,13 +54,9 @@ def _first_token_delivery_ms(rate: float) -> np.ndarray:
 
 
 def test_client_first_token_time_matches_the_twins():
-    """At 100 req/s the client's first-token timestamp is within 1 ms (p99) of the twin's own. The machines this
-    runs on are shared: the best of three short runs counts, and every run's figures are printed.
-
-    Known (00:56 UTC, 2026-12-01): this fails on the 2-core development machine with p50 ~0.3 ms and p99 1.5-3.7 ms.
-    A minimal raw-asyncio client against the same twin shows the same (p50 0.3 ms, p99 2.9-3.8 ms): the tail is
-    the twin's, whose first_token stamp is taken when its scheduler commits a step, before it wakes the decoding
-    streams and then the new ones and writes to each (bench/twin_server.py: run, _stream)."""
+    """At 100 req/s the client's first-token timestamp is within 1 ms (p99) of the twin's own, which for a streamed
+    request is taken when the twin hands the first token to the socket (bench/twin_server.py _stream). The machines
+    this runs on are shared: the best of three short runs counts, and every run's figures are printed."""
     p99s = []
     for _ in range(3):
         d = _first_token_delivery_ms(100)
