@@ -68,8 +68,7 @@ def demo(
     duration: float = typer.Option(8.0, help="Seconds of load per run (12 runs)."),
     open_dashboard: bool = typer.Option(False, "--dashboard", help="Start the dashboard at the end."),
 ) -> None:
-    """The main job, no GPU needed: what FP8 KV and INT4 experts buy Kimi K2 Thinking and GLM-4.6 on 8x H200,
-    in capacity, goodput and cost, measured on twins and written to the DB and a report."""
+    """The main job, no GPU needed: what FP8 KV and INT4 experts buy Kimi K2 Thinking and GLM-4.6 on 8x H200."""
     from pathlib import Path
 
     from bench.demo import run_demo
