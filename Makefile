@@ -24,8 +24,14 @@ TVISION := torchvision==0.28.0
 demo: .venv/core.stamp
 	.venv/bin/capbench demo
 
+# The dashboard's browser test drives Debian's chromium (Playwright downloads no browser here).
+.venv/chromium.stamp: .venv/core.stamp
+	command -v chromium >/dev/null 2>&1 || (apt-get update -qq && apt-get install -y -qq --no-install-recommends chromium) \
+	  || { echo "make test: the browser test needs Debian's chromium: apt-get install chromium"; exit 1; }
+	touch $@
+
 # Two pytest processes: Locust patches its process with gevent (see tests/conftest.py).
-test: .venv/test.stamp
+test: .venv/test.stamp .venv/chromium.stamp
 	$(PY) -m ruff check .
 	$(PY) -m pytest
 	CAPBENCH_TESTS=locust $(PY) -m pytest
