@@ -192,7 +192,8 @@ def export(
     db: str = typer.Option("data/capbench.duckdb", help="Results DB (opened read-only)."),
 ) -> None:
     """Export every table's rows of one run (runs, requests, gpu/server samples, integrity events)."""
-    from bench.store import Store, export_run
+    from bench.export import export_run
+    from bench.store import Store
 
     for path in export_run(Store(db, read_only=True), run, fmt, out):
         print(path)

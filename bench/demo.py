@@ -116,6 +116,7 @@ def run_demo(db: Path = Path("data/capbench.duckdb"), report: Path = Path("repor
     console.print(f"[bold]3. Load tests[/bold] against twins of {len(configs)} deployments "
                   f"({', '.join(x.name for x in loads)}; {duration_s:g} s each at {TIME_SCALE:g}x speed) into {db}")
     results: dict[tuple[Config, str], dict] = {}
+    telemetry = os.environ.get("CAPBENCH_GPU_TELEMETRY")
     os.environ["CAPBENCH_GPU_TELEMETRY"] = "off"  # twins model GPUs this machine does not have: nothing to sample
     with Progress(*columns, console=console) as bar:
         task = bar.add_task("starting", total=len(configs) * len(loads))
@@ -133,6 +134,10 @@ def run_demo(db: Path = Path("data/capbench.duckdb"), report: Path = Path("repor
                     bar.advance(task)
             finally:
                 target.close()
+    if telemetry is None:
+        os.environ.pop("CAPBENCH_GPU_TELEMETRY")
+    else:
+        os.environ["CAPBENCH_GPU_TELEMETRY"] = telemetry
     _print_summary(console, configs, loads, results, predicted)
     from bench import report as rep
     from bench.plan import Question

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from bench import queries
 from bench.errors import BadInput
+from bench.export import export_run
 from bench.store import (
     GPU_SCHEMA,
     INTEGRITY_SCHEMA,
@@ -23,7 +24,6 @@ from bench.store import (
     SERVER_SCHEMA,
     Store,
     bucket_value,
-    export_run,
     to_buckets,
 )
 
