@@ -19,13 +19,9 @@ import math
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from bench.capacity import Deployment
 from bench.errors import BadInput
-from bench.perfmodel import Efficiency, load_efficiency
-from bench.scheduler import Request
-from bench.simulate import make_scheduler, percentile, play
+from bench.model import Deployment, Efficiency, Request, load_efficiency, parse_spec, simulate
 from bench.store import Store
-from bench.twin import parse_twin_spec
 
 FITTED = ("hbm_eff", "bf16_eff", "layer_floor_us", "step_overhead_ms")
 METRICS = ("ttft_p50", "ttft_p90", "tpot_p50", "tpot_p90", "output_tps")
@@ -50,8 +46,8 @@ def _deployment(config: dict, fallback: str | None) -> tuple[Deployment, float]:
     if not spec:
         raise BadInput("a run that did not target a twin needs --deployment (e.g. twin:glm-4.6@h200x8,kv=fp8_e4m3: "
                        "the model, GPUs and flags the measured server ran with)")
-    tc = parse_twin_spec(spec if spec.startswith("twin:") else f"twin:{spec}")
-    return tc.deployment(), (tc.time_scale if config.get("twin") else 1.0)
+    s = parse_spec(spec)
+    return s.deployment(), (s.value("time_scale", float, 1.0) if config.get("twin") else 1.0)
 
 
 def load_run(store: Store, run_id: str, deployment: str | None = None) -> MeasuredRun:
@@ -73,8 +69,8 @@ def load_run(store: Store, run_id: str, deployment: str | None = None) -> Measur
     ttft = [r[4] * scale for r in m if r[4] is not None]
     tpot = [r[5] * scale for r in m if r[5] is not None]
     span = (max(r[0] + (r[4] or 0) for r in m) - min(r[0] for r in m)) * scale
-    measured = {"ttft_p50": percentile(ttft, 50), "ttft_p90": percentile(ttft, 90),
-                "tpot_p50": percentile(tpot, 50), "tpot_p90": percentile(tpot, 90)}
+    measured = {"ttft_p50": simulate.percentile(ttft, 50), "ttft_p90": simulate.percentile(ttft, 90),
+                "tpot_p50": simulate.percentile(tpot, 50), "tpot_p90": simulate.percentile(tpot, 90)}
     measured["output_tps"] = _throughput([(r[0] - t0) * scale for r in m], [r[4] * scale for r in m],
                                          [r[3] for r in m], [r[5] * scale if r[5] else 0.0 for r in m]) if span else 0
     return MeasuredRun(run_id, dep, scale, [(r[0] - t0) * scale for r in rows],
@@ -90,15 +86,15 @@ def _throughput(arrivals: list[float], ttft: list[float], out: list[int], tpot: 
 
 
 def predict(run: MeasuredRun, eff: Efficiency) -> dict[str, float]:
-    sched = make_scheduler(run.dep, eff)
+    sched = simulate.make_scheduler(run.dep, eff)
     reqs = [Request(f"r{i}", p, o, a) for i, (a, p, o) in enumerate(zip(run.arrivals, run.prompt, run.output,
                                                                          strict=True))]
-    play(sched, reqs)
+    simulate.play(sched, reqs)
     m = [reqs[i] for i in run.measured_idx if reqs[i].state == "done"]
     ttft = [r.first_token - r.arrival for r in m]
     tpot = [(r.finish - r.first_token) / (r.max_new - 1) for r in m if r.max_new > 1]
-    pred = {"ttft_p50": percentile(ttft, 50), "ttft_p90": percentile(ttft, 90),
-            "tpot_p50": percentile(tpot, 50), "tpot_p90": percentile(tpot, 90)}
+    pred = {"ttft_p50": simulate.percentile(ttft, 50), "ttft_p90": simulate.percentile(ttft, 90),
+            "tpot_p50": simulate.percentile(tpot, 50), "tpot_p90": simulate.percentile(tpot, 90)}
     pred["output_tps"] = _throughput([r.arrival for r in m], ttft, [r.max_new for r in m],
                                      [(r.finish - r.first_token) / max(r.max_new - 1, 1) for r in m])
     return pred

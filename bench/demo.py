@@ -19,11 +19,12 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from bench import capacity as cap
-from bench import catalog, queries
-from bench.capacity_table import compare_table
-from bench.runner import RunOptions, Target
+from bench.model import Slo, catalog
+from bench.model import capacity as cap
+from bench.report import terminal
+from bench.runner import RunOptions
 from bench.runner import run as run_load
+from bench.twin import Target
 
 
 @dataclass(frozen=True)
@@ -47,7 +48,7 @@ class Load:
     profile: str
     overrides: dict  # rates in requests per second of the modelled GPUs
     workload: str
-    slo: queries.SLO  # on the modelled GPUs
+    slo: Slo  # on the modelled GPUs
 
 
 TIME_SCALE = 4.0
@@ -60,9 +61,9 @@ CONFIGS = [
     Config("glm-4.6", "fp8_e4m3", "native", "GLM-4.6, FP8 KV, BF16 weights"),
 ]
 LOADS = [
-    Load("chat", "poisson", {"rate": 2.0}, "chat", queries.SLO(ttft_s=2.0, tpot_s=0.05)),
-    Load("long-context", "poisson", {"rate": 0.25}, "demo-long-context", queries.SLO(ttft_s=20.0, tpot_s=0.1)),
-    Load("agentic", "users", {"users": 8}, "agentic-coding", queries.SLO(ttft_s=5.0, tpot_s=0.05)),
+    Load("chat", "poisson", {"rate": 2.0}, "chat", Slo(ttft_s=2.0, tpot_s=0.05)),
+    Load("long-context", "poisson", {"rate": 0.25}, "demo-long-context", Slo(ttft_s=20.0, tpot_s=0.1)),
+    Load("agentic", "users", {"users": 8}, "agentic-coding", Slo(ttft_s=5.0, tpot_s=0.05)),
 ]
 SIMULATED = {"chat": "chat", "long-context": "long-context", "agentic": "agentic-coding"}
 
@@ -71,29 +72,24 @@ def _capacity_tables() -> list[Table]:
     out = []
     for model_id in dict.fromkeys(c.model for c in CONFIGS):
         dep = cap.Deployment(catalog.model(model_id), catalog.gpu("h200"), 8)
-        out.append(compare_table(cap.compare(dep)))
+        out.append(terminal.compare_table(cap.compare(dep)))
     return out
 
 
-def _scaled(load: Load) -> tuple[dict, queries.SLO]:
+def _scaled(load: Load) -> tuple[dict, Slo]:
     """The load and SLO as offered to a twin TIME_SCALE times faster than the GPUs."""
     over = {k: v * TIME_SCALE if k == "rate" else v for k, v in load.overrides.items()}
-    slo = queries.SLO(*(None if v is None else v / TIME_SCALE for v in (load.slo.ttft_s, load.slo.tpot_s,
-                                                                        load.slo.e2e_s)))
-    return over, slo
+    return over, load.slo.scaled(TIME_SCALE)
 
 
 def _predict(configs: list[Config], loads: list[Load], progress) -> dict[tuple[Config, str], float]:
     """Highest request rate within each load's SLO (p90), from simulate's scheduler (quick fidelity)."""
-    from bench.plan import search_rate
-    from bench.simulate import Slo
-    from bench.workload import load_workload
+    from bench.model import load_workload, search_rate
 
     out = {}
     for c in configs:
         for load in loads:
-            slo = Slo(load.slo.ttft_s, load.slo.tpot_s, 90)
-            p = search_rate(c.deployment(), load_workload(SIMULATED[load.name]), slo, "quick")
+            p = search_rate(c.deployment(), load_workload(SIMULATED[load.name]), load.slo, "quick")
             out[(c, load.name)] = p.rate_rps if p else 0.0
             progress()
     return out
@@ -140,7 +136,7 @@ def run_demo(db: Path = Path("data/capbench.duckdb"), report: Path = Path("repor
         os.environ["CAPBENCH_GPU_TELEMETRY"] = telemetry
     _print_summary(console, configs, loads, results, predicted)
     from bench import report as rep
-    from bench.plan import Question
+    from bench.model import Question
 
     report.parent.mkdir(parents=True, exist_ok=True)
     q = Question(model="kimi-k2-thinking", gpu="h200", tp=8, kv_dtype="fp8_e4m3", weights="int4-g32",

@@ -9,9 +9,9 @@ import json
 import random
 from pathlib import Path
 
-from bench.catalog import DATA
+from bench.model import catalog
 
-DRIFT_PROMPTS = DATA / "prompts" / "drift.jsonl"
+DRIFT_PROMPTS = catalog.DATA / "prompts" / "drift.jsonl"
 SEED = 20261130
 
 CHAT = [

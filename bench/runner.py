@@ -2,7 +2,7 @@
 
 One process (LocalRunner) or Locust's master with N local worker processes (`workers=N`), plus any number of
 `capbench worker --master HOST` processes from other machines. Workers send their result records to the master
-as Locust custom messages; the master pipes them to its recorder process (bench/recorder.py), the only writer of
+as Locust custom messages; the master pipes them to its recorder process (bench/store/recorder.py), the only writer of
 the DuckDB file, which also runs the NVML and server samplers: nothing but Locust runs on the timing event loop.
 
 Ctrl-C or SIGTERM: no new request is sent, requests in flight get an `aborted` record, the run is marked
@@ -23,12 +23,11 @@ import gevent
 from locust.env import Environment
 from locust.exception import RPCError
 
-from bench import queries
 from bench.errors import BadInput
 from bench.live import Live, print_summary, print_sweep
-from bench.recorder import Recorder
-from bench.store import Store
-from bench.twin_proc import Target
+from bench.model import Slo
+from bench.store import Recorder, Store, queries
+from bench.twin import Target
 from loadgen import profiles, workloads
 from loadgen.users import ClosedLoopUser, OpenLoopUser
 from loadgen.worker import RECORDS_MSG, locust_options
@@ -47,7 +46,7 @@ class RunOptions:
     label: str = ""
     model: str | None = None
     api_key_env: str | None = None
-    slo: queries.SLO = field(default_factory=queries.SLO)
+    slo: Slo = field(default_factory=Slo)
     warmup_s: float = 0.0
     workers: int = 0  # local worker processes (0: everything in this process)
     expect_workers: int = 0  # more workers joining from other machines
@@ -357,28 +356,3 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def parse_slo(text: str | None) -> queries.SLO:
-    """'ttft=2s,tpot=50ms,e2e=30s' -> SLO."""
-    if not text:
-        return queries.SLO()
-    out = {}
-    for part in text.split(","):
-        key, _, value = part.strip().partition("=")
-        if key not in ("ttft", "tpot", "e2e") or not value:
-            raise BadInput(f"--slo takes ttft=..,tpot=..,e2e=.. (e.g. ttft=2s,tpot=50ms), not {part!r}")
-        out[f"{key}_s"] = parse_seconds(value)
-    return queries.SLO(**out)
-
-
-def parse_seconds(value: str) -> float:
-    v = value.strip().lower()
-    try:
-        if v.endswith("ms"):
-            return float(v[:-2]) / 1000
-        if v.endswith("s"):
-            return float(v[:-1])
-        return float(v)
-    except ValueError:
-        raise BadInput(f"not a duration: {value!r} (say 2s or 50ms)") from None

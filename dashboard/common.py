@@ -13,9 +13,9 @@ from pathlib import Path
 import pandas as pd
 import streamlit as st
 
-from bench import queries, runinfo
 from bench.errors import BadInput
-from bench.store import DEFAULT_DB, Store, StoreBusy
+from bench.model import Slo
+from bench.store import DEFAULT_DB, Store, StoreBusy, runinfo
 
 TTL_S = 3
 TS_HEIGHT = 280  # Streamlit's default "content" height squashes a line chart whose legend is tall
@@ -64,11 +64,11 @@ def _read(path: str, module: str, name: str, args: tuple):
         return fn(con, *args)
 
 
-def slo_inputs(key: str) -> queries.SLO:
+def slo_inputs(key: str) -> Slo:
     c1, c2 = st.columns(2)
     ttft = c1.number_input("SLO: TTFT (s)", min_value=0.01, value=2.0, step=0.1, key=f"{key}_slo_ttft")
     tpot = c2.number_input("SLO: TPOT (ms)", min_value=1.0, value=50.0, step=5.0, key=f"{key}_slo_tpot")
-    return queries.SLO(ttft_s=ttft, tpot_s=tpot / 1e3)
+    return Slo(ttft_s=ttft, tpot_s=tpot / 1e3)
 
 
 def run_label(runs_df: pd.DataFrame, run_id: str) -> str:

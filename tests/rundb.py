@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.store import Store
+from bench.store import BatchedWriter, Store
 
 RUNS = [
     # label, config, tpot_s, ttft_s, checksum
@@ -35,7 +35,7 @@ def fill(path: Path, seed: int = 7) -> list[str]:
     for label, config, tpot, ttft, checksum in RUNS:
         run_id = store.start_run(label=label, target="http://127.0.0.1:30000", profile="poisson", config=config)
         t0 = store.run(run_id)["started_at"]
-        with store.writer(run_id, flush_interval_s=60) as w:
+        with BatchedWriter(store, run_id, flush_interval_s=60) as w:
             _requests(w, rng, t0, config["rate"], tpot, ttft)
             _samples(w, rng, t0, checksum)
         store.finish_run(run_id)

@@ -12,10 +12,7 @@ import os
 import statistics
 import time
 
-from bench import catalog
-from bench.capacity import Deployment
-from bench.simulate import run
-from bench.workload import load_workload
+from bench.model import Deployment, catalog, load_workload, simulate
 
 RATES = {"chat": 8.0, "agentic-coding": 0.15, "long-context": 0.1}  # near each mix's capacity
 
@@ -35,7 +32,7 @@ def main() -> None:
         walls = []
         for _ in range(a.repeat):
             t = time.perf_counter()
-            p = run(dep, wl, rate, n, min_seconds=0)
+            p = simulate.run(dep, wl, rate, n, min_seconds=0)
             walls.append(time.perf_counter() - t)
         wall = statistics.median(walls)
         print(f"{name}: {n:,} requests at {rate:g} req/s simulated in {wall:.2f} s wall (median of {a.repeat}; "

@@ -21,8 +21,8 @@ import pyarrow as pa
 from rich.console import Console
 from rich.progress import Progress
 
-from bench import queries
-from bench.store import Store
+from bench.model import Slo
+from bench.store import BatchedWriter, Store, queries
 
 BATCH = 1_000_000
 
@@ -62,7 +62,7 @@ def main() -> None:
         store = Store(Path(tmp) / "bench.duckdb")
         # an earlier run in the file, so the summary has to pick its run out of more than one
         old = store.start_run(label="earlier")
-        with store.writer(old) as w:
+        with BatchedWriter(store, old) as w:
             w.add_requests(synthetic_batch(rng, 0, 100_000, args.gaps, t0 - 3600))
         store.finish_run(old)
 
@@ -76,7 +76,7 @@ def main() -> None:
         task = progress.add_task("ingesting", total=args.rows)
         load_before = os.getloadavg()[0]
         started, cpu_started = time.perf_counter(), time.process_time()
-        w = store.writer(run_id)
+        w = BatchedWriter(store, run_id)
         for b in batches:
             w.add_requests(b)
             progress.advance(task, b.num_rows)
@@ -90,12 +90,12 @@ def main() -> None:
         dict_batch = synthetic_batch(rng, 0, dict_rows, args.gaps, t0).to_pylist()
         side = store.start_run(label="dict rows")
         started = time.perf_counter()
-        with store.writer(side) as w2:
+        with BatchedWriter(store, side) as w2:
             for row in dict_batch:
                 w2.add_request(row)
         dict_rate = dict_rows / (time.perf_counter() - started)
 
-        slo = queries.SLO(ttft_s=0.5, tpot_s=0.03)
+        slo = Slo(ttft_s=0.5, tpot_s=0.03)
         query_ms, query_cpu_ms, open_query_ms = [], [], []
         with store.connect() as con:
             for _ in range(args.repeats):

@@ -137,16 +137,14 @@ def overhead(port_base: int) -> dict:
 
 def modelled_s(info: dict, tokens: int) -> float:
     """The perf model's latency of a lone request: one prefill step, then tokens - 1 decode steps."""
-    from bench import catalog
-    from bench.capacity import Deployment
-    from bench.perfmodel import Efficiency, PerfModel, prefill_pairs
+    from bench.model import Deployment, Efficiency, PerfModel, catalog, perfmodel
 
     twin = info["capbench"]["twin"]
     dep = Deployment(catalog.model(twin["model"]), catalog.gpu(twin["gpu"]), twin["tp"], twin["dp"],
                      twin["kv_dtype"], twin["weights"])
     pm = PerfModel(dep, Efficiency(**info["capbench"]["efficiency"]))
     prompt = 6
-    first = pm.step_time(0, 0, prompt, prefill_pairs(prompt, 0), prompt)
+    first = pm.step_time(0, 0, prompt, perfmodel.prefill_pairs(prompt, 0), prompt)
     return first + sum(pm.step_time(1, prompt + i) for i in range(1, tokens))
 
 

@@ -6,8 +6,10 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from bench import capacity, catalog, charts, queries, runinfo
 from bench.errors import BadInput
+from bench.model import capacity, catalog
+from bench.report import charts, measured_vs_predicted
+from bench.store import queries, runinfo
 from dashboard import common
 
 st.title("Compare")
@@ -93,7 +95,7 @@ with st.expander("Every compared figure (store query, ratios to the first run)")
     st.dataframe(common.read(queries.compare, chosen, slo), key="compare_table")
 
 st.subheader("Measured vs predicted")
-mvp = [common.read(runinfo.measured_vs_predicted, r, slo) for r in chosen]
+mvp = [common.read(measured_vs_predicted, r, slo) for r in chosen]
 pred_rows = pd.DataFrame([dict(row, run=labels[m["run_id"]]) for m in mvp for row in m["rows"]])
 for m in mvp:
     if not m["rows"]:

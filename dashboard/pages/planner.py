@@ -6,9 +6,10 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from bench import capacity, catalog, charts, sglang_cmd
 from bench.errors import BadInput
-from bench.plan import Plan, Question, make_plan, workload_names
+from bench.model import Plan, Question, Slo, capacity, catalog, make_plan, workload_names
+from bench.model import launch as sglang_cmd
+from bench.report import charts
 from dashboard.common import fmt
 
 st.title("Planner")
@@ -52,7 +53,7 @@ fidelity = c3.radio("Simulation", ["quick", "full"], horizontal=True, key="fidel
 
 q = Question(model=model_id, gpu=gpu_id, tp=int(tp), gpus=int(gpu_count), kv_dtype=kv_dtype, weights=weights,
              context=int(context), workload=None if custom else workload, input_tokens=int(input_tokens),
-             output_tokens=int(output_tokens), slo_ttft_s=slo_ttft, slo_tpot_s=slo_tpot / 1e3, slo_percentile=slo_p,
+             output_tokens=int(output_tokens), slo=Slo(ttft_s=slo_ttft, tpot_s=slo_tpot / 1e3, percentile=slo_p),
              price_per_gpu_hour=price, target_rate_rps=target, fidelity=fidelity)
 
 

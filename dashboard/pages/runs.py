@@ -6,7 +6,8 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from bench import charts, queries, runinfo
+from bench.report import charts
+from bench.store import queries, runinfo
 from dashboard import common
 from dashboard.common import TS_HEIGHT, fmt
 

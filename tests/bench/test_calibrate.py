@@ -7,10 +7,8 @@ import sys
 import pytest
 
 from bench import calibrate as cal
-from bench import catalog
-from bench.capacity import Deployment
 from bench.errors import BadInput
-from bench.perfmodel import Efficiency
+from bench.model import Deployment, Efficiency, catalog
 from bench.store import Store
 
 HIDDEN = {"hbm_eff": 0.45, "bf16_eff": 0.35, "layer_floor_us": 150.0, "step_overhead_ms": 4.0}

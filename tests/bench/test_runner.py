@@ -14,7 +14,8 @@ import pytest
 
 from bench import runner
 from bench.errors import BadInput
-from bench.runner import RunOptions, parse_slo, run
+from bench.model import parse_slo
+from bench.runner import RunOptions, run
 from tests.loadgen.conftest import ROOT, StubServer
 
 CAPBENCH = str(Path(sys.executable).parent / "capbench")

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from bench.runner import RunOptions, run
-from bench.twin_proc import Target
+from bench.twin import Target
 from loadgen.users import OpenLoopUser
 from tests.bench.test_runner import rows
 from tests.loadgen.conftest import drive, plan_config

@@ -6,8 +6,9 @@ from __future__ import annotations
 import duckdb
 import streamlit as st
 
-from bench import queries, runinfo
-from bench.store import Store
+from bench.model import Slo
+from bench.report import measured_vs_predicted
+from bench.store import Store, queries
 from tests.dashboard.apptest import has_table_with, no_exception, page, table_with
 from tests.rundb import RUNS
 
@@ -26,7 +27,7 @@ def test_compare_shows_the_chosen_runs_and_their_gains(db):
     side = table_with(at, "config")
     assert [r.startswith(lbl) for r, lbl in zip(side.run, ("kimi bf16-kv", "kimi fp8-kv"), strict=True)] == [True] * 2
     with Store(path, read_only=True).connect() as con:
-        s = [queries.summary(con, r, queries.SLO(2.0, 0.05)) for r in chosen]
+        s = [queries.summary(con, r, Slo(ttft_s=2.0, tpot_s=0.05)) for r in chosen]
     assert side["output tokens/s"].tolist() == [x["output_tps"] for x in s]
     gains = table_with(at, "output tokens/s vs first")
     assert abs(gains["output tokens/s vs first"].iloc[1] - s[1]["output_tps"] / s[0]["output_tps"]) < 1e-9
@@ -40,7 +41,7 @@ def test_compare_shows_the_chosen_runs_and_their_gains(db):
     pred = table_with(at, "predicted")
     assert set(pred.figure) == {"output tokens/s", "TPOT p50 (ms)", "TTFT p50 (ms)"}
     with Store(path, read_only=True).connect() as con:
-        mvp = runinfo.measured_vs_predicted(con, chosen[0], queries.SLO(2.0, 0.05))
+        mvp = measured_vs_predicted(con, chosen[0], Slo(ttft_s=2.0, tpot_s=0.05))
     row = next(r for r in mvp["rows"] if r["figure"] == "output tokens/s")
     shown = pred[(pred.figure == "output tokens/s") & pred.run.str.startswith("kimi bf16-kv")].iloc[0]
     assert shown.predicted == row["predicted"] and shown.error == f"{row['error']:+.1%}"

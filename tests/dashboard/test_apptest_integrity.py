@@ -3,8 +3,7 @@ chosen, and the overhead against the same deployment without checksums."""
 
 from __future__ import annotations
 
-from bench import queries
-from bench.store import Store
+from bench.store import Store, queries
 from tests.dashboard.apptest import has_table_with, metric, no_exception, page, table_with
 from tests.rundb import RUNS
 

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from bench import capacity, catalog
-from bench.plan import Question, make_plan
+from bench.model import Question, capacity, catalog, make_plan
 from tests.dashboard.apptest import metric, no_exception, page
 
 

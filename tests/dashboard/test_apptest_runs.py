@@ -9,8 +9,8 @@ import time
 
 import streamlit as st
 
-from bench import queries
-from bench.store import Store
+from bench.model import Slo
+from bench.store import Store, queries
 from tests.dashboard.apptest import metric, no_exception, page
 from tests.rundb import RUNS
 
@@ -39,7 +39,7 @@ def test_runs_list_filters_and_run_figures(db):
     after = metric(at, "SLO attainment")
     assert after < before - 20
     with store.connect() as con:
-        s = queries.summary(con, by_label["kimi bf16-kv"], queries.SLO(ttft_s=2.0, tpot_s=0.040))
+        s = queries.summary(con, by_label["kimi bf16-kv"], Slo(ttft_s=2.0, tpot_s=0.040))
     assert after == round(s["slo_attainment"] * 100, 1)
 
     at.multiselect(key="f_model").set_value(["glm-4.6"]).run()
@@ -51,11 +51,11 @@ def test_runs_list_filters_and_run_figures(db):
 
 WRITER = """
 import sys, time
-from bench.store import Store
+from bench.store import BatchedWriter, Store
 store = Store(sys.argv[1])
 run = store.start_run(label="live", config={"model": "glm-4.6", "gpu": "h200", "tp": 8, "kv_dtype": "bf16"})
 print(run, flush=True)
-with store.writer(run, flush_interval_s=0.1) as w:
+with BatchedWriter(store, run, flush_interval_s=0.1) as w:
     t0 = time.time()
     for i in range(80):
         t = time.time()

@@ -1,0 +1,41 @@
+"""The `capbench` command: one typer app, one thin function per command, grouped by area in this package
+(plan: capacity, simulate; runs: run, worker, runs, export, calibrate; twin: twin, demo; report: report, dashboard,
+drift; patches: sglang-launch, calibrate-kv-scales, quantize-int4). Bad input ends in one line on stderr and
+exit code 2."""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+
+from bench.cli import patches, plan, report, runs, twin
+from bench.errors import BadInput
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="Capacity planning for MoE models on SGLang.")
+
+
+@app.callback()
+def _root() -> None:
+    """capbench: how many GPUs a large MoE model needs on SGLang, and what FP8 KV and INT4 experts buy."""
+
+
+for command in (plan.capacity, plan.simulate, runs.run, runs.worker, runs.runs, runs.export, runs.calibrate,
+                twin.twin, twin.demo, report.report, report.dashboard, report.drift,
+                patches.calibrate_kv_scales, patches.quantize_int4):
+    app.command()(command)
+app.command("sglang-launch", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(
+    patches.sglang_launch)
+
+
+def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] in ("run", "worker", "demo"):  # Locust's gevent wants to patch before the rest
+        from gevent import monkey
+
+        monkey.patch_all()
+    try:
+        app(standalone_mode=True)
+    except BadInput as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)

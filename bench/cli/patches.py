@@ -1,0 +1,83 @@
+"""What capbench changes in SGLang, from the command line: `sglang-launch` (SGLang with the patches in every
+process), `calibrate-kv-scales` (per-layer FP8 KV scales) and `quantize-int4` (INT4 experts). engine_patches is
+imported inside each command: the rest of the CLI runs without torch or SGLang."""
+
+from __future__ import annotations
+
+import typer
+
+from bench.errors import BadInput
+
+
+def sglang_launch(
+    ctx: typer.Context,
+    kv_checksum: str = typer.Option("off", help="KV page checksums: off | verify (evict a bad page and recompute) "
+                                    "| strict (abort the request). Sealed on radix insert, verified on match_prefix."),
+    kv_scrub_pages_per_s: float = typer.Option(0.0, help="Re-verify idle cached pages at this rate (0: no scrub)."),
+    integrity_log: str = typer.Option(None, help="Append integrity events (kind, layer, page, detail) as JSON lines."),
+    kv_scales: str = typer.Option(None, help="Per-layer FP8 KV scales (from calibrate-kv-scales) for GLM-4.x / Kimi "
+                                  "K2; needs --kv-cache-dtype fp8_e4m3."),
+    record_kv_amax: str = typer.Option(None, help="Calibration run (BF16 KV): dump per-layer K/V maxima to "
+                                       "PATH.rank<R>.json for calibrate-kv-scales."),
+    dry_run: bool = typer.Option(False, help="Print the command and environment instead of starting SGLang."),
+) -> None:
+    """Start SGLang (python -m sglang.launch_server) with capbench's patches in every SGLang process.
+
+    Everything after `--` goes to sglang.launch_server, e.g.
+    capbench sglang-launch --kv-checksum verify -- --model-path moonshotai/Kimi-K2-Thinking --tp 8
+
+    The patches reach SGLang's spawned scheduler processes through engine_patches/boot/sitecustomize.py, put first
+    on PYTHONPATH, with the options in the CAPBENCH_PATCHES environment variable.
+    """
+    from engine_patches.launch import BadLaunch, PatchOptions, launch
+
+    args = list(ctx.args)
+    try:
+        options = PatchOptions(kv_checksum, kv_scrub_pages_per_s, integrity_log, kv_scales, record_kv_amax)
+        launch(options, args, dry_run=dry_run)
+    except BadLaunch as e:
+        raise BadInput(str(e)) from None
+
+
+def calibrate_kv_scales(
+    target: str = typer.Option(..., help="Base URL of a BF16-KV SGLang started by `capbench sglang-launch "
+                               "--record-kv-amax PATH` on this host."),
+    amax: str = typer.Option(..., help="The PATH given to --record-kv-amax (ranks dump PATH.rank<R>.json)."),
+    out: str = typer.Option(..., help="Scales file to write (for --kv-scales / SGLang's --quantization-param-path)."),
+    prompts: str = typer.Option(None, help="JSONL with a 'prompt' per line, or one prompt a line "
+                                "(default: data/prompts/kv_calibration.jsonl)."),
+    margin: float = typer.Option(1.0, help="Headroom over the calibrated maximum (>= 1): scale = amax*margin/448."),
+    tp_size: int = typer.Option(None, help="TP size of the FP8 deployment (default: the ranks that dumped)."),
+    num_layers: int = typer.Option(None, help="Model layers (default: highest layer seen + 1)."),
+    model_type: str = typer.Option(None, help="config.json model_type to record (SGLang's loader checks it)."),
+    max_tokens: int = typer.Option(16, help="Tokens to generate per calibration prompt."),
+) -> None:
+    """Record per-layer K/V maxima on a BF16-KV server and write per-layer FP8 KV scales."""
+    try:
+        from engine_patches.fp8_scales.calibrate import calibrate
+
+        r = calibrate(target, amax, out, prompts, margin, max_tokens, tp_size, num_layers, model_type)
+    except (ValueError, OSError) as e:
+        raise BadInput(str(e)) from None
+    except ImportError as e:
+        raise BadInput(f"calibrate-kv-scales needs the engine extras (pip install 'capbench[engine]'): {e}") from None
+    print(f"wrote {r.out}: {r.layers} {r.layout.upper()} layers x {r.ranks} TP ranks, {r.tokens_seen} tokens seen; "
+          f"max |K/V| {r.max_amax:.1f}; {r.layers_past_e4m3} layers exceed 448 (saturate at scale 1.0)")
+
+
+def quantize_int4(
+    src: str = typer.Option(..., "--in", help="Checkpoint directory: safetensors, BF16 or FP8 block-128."),
+    out: str = typer.Option(..., "--out", help="New directory for the INT4 checkpoint."),
+    group_size: int = typer.Option(32, help="INT4 group size: 32 (as Kimi K2 Thinking) or 128."),
+) -> None:
+    """Routed experts of a GLM-4.x / Kimi K2 checkpoint to compressed-tensors INT4 W4A16 (SGLang loads it)."""
+    try:
+        from engine_patches.int4_moe.convert import convert, print_report
+
+        report = convert(src, out, group_size)
+    except (ValueError, OSError) as e:
+        raise BadInput(str(e)) from None
+    except (ImportError, RuntimeError) as e:  # e.g. a torchvision built for another torch, pulled by transformers
+        raise BadInput(f"quantize-int4 could not load compressed-tensors ({str(e).splitlines()[0]}); "
+                       "is torchvision built for this torch? transformers imports it") from None
+    print_report(report, out)

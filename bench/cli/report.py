@@ -1,0 +1,99 @@
+"""What a person reads: `report` (a self-contained capacity report), `dashboard` (the Streamlit app) and `drift`
+(quality drift between two servers)."""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+
+from bench.errors import BadInput
+
+
+def report(
+    out: str = typer.Option(..., help="File to write (FILE.html or FILE.md)."),
+    fmt: str = typer.Option("html", "--format", help="html (self-contained, inline SVG charts) | md"),
+    db: str = typer.Option("data/capbench.duckdb", help="Results DB (read-only); none: a planning report."),
+    runs: str = typer.Option(None, help="Comma-separated run ids (default: the newest runs of the model and GPU)."),
+    model: str = typer.Option(None, help="Model id (default: the newest run's, else kimi-k2-thinking)."),
+    gpu: str = typer.Option(None, help="GPU id (default: the newest run's, else h200)."),
+    tp: int = typer.Option(None, help="GPUs per instance (default: the newest run's, else 8)."),
+    kv_dtype: str = typer.Option(None, help="Your KV dtype choice (default: the newest run's, else fp8_e4m3)."),
+    weights: str = typer.Option(None, help="Your expert weights choice (default: the newest run's, else native)."),
+    context: int = typer.Option(None, help="Context length (default: the model's maximum)."),
+    workload: str = typer.Option("chat", help="Request mix for the predictions: chat | long-context | "
+                                 "agentic-coding | a workload YAML path."),
+    input_len: int = typer.Option(None, help="Fixed prompt tokens instead of --workload (with --output-len)."),
+    output_len: int = typer.Option(None, help="Fixed output tokens instead of --workload."),
+    target_rate: float = typer.Option(10.0, help="Load to plan for, requests per second."),
+    slo: str = typer.Option("ttft=2s,tpot=50ms,p=90", help="SLO: ttft=2s,tpot=50ms[,e2e=30s][,p=50|90|99]; a rate "
+                            "meets it when those percentiles do."),
+    price: float = typer.Option(None, help="$ per GPU-hour (default: the catalog's indicative price)."),
+    fidelity: str = typer.Option("full", help="Simulation effort for the predictions: quick | full."),
+) -> None:
+    """A self-contained capacity report: question, configurations, capacity, measured vs predicted,
+    recommendation with monthly cost and savings, SGLang launch commands."""
+    from pathlib import Path
+
+    from rich.progress import Progress
+
+    from bench import report as rep
+    from bench.model import Question, parse_slo
+
+    if (input_len is None) != (output_len is None):
+        raise BadInput("give both --input-len and --output-len, or neither")
+    run_ids = [r.strip() for r in runs.split(",") if r.strip()] if runs else None
+    dep = rep.newest_deployment(db, run_ids) if not (model and gpu and tp) else {}
+    s = parse_slo(slo)
+    q = Question(model=model or dep.get("model", "kimi-k2-thinking"), gpu=gpu or dep.get("gpu", "h200"),
+                 tp=int(tp or dep.get("tp", 8)), kv_dtype=kv_dtype or dep.get("kv_dtype", "fp8_e4m3"),
+                 weights=weights or dep.get("weights", "native"), context=context,
+                 workload=None if input_len else workload, input_tokens=input_len or 2000,
+                 output_tokens=output_len or 500, slo=s, price_per_gpu_hour=price, target_rate_rps=target_rate,
+                 fidelity=fidelity)
+    if fmt not in ("html", "md"):
+        raise BadInput(f"--format must be html or md, not {fmt!r}")
+    if not Path(out).expanduser().resolve().parent.is_dir():
+        raise BadInput(f"directory of --out does not exist: {Path(out).parent}")
+    with Progress(transient=True) as bar:
+        task = bar.add_task("simulating configurations and reading runs", total=None)
+        r = rep.build(q, db, run_ids, progress=lambda: bar.advance(task))
+    path = rep.write(r, out, fmt)
+    print(f"wrote {path} ({'measured: ' + str(len(r.runs)) + ' run(s)' if r.measured else 'nothing measured'})")
+
+
+def dashboard(
+    db: str = typer.Option("data/capbench.duckdb", help="Results DB to show (opened read-only)."),
+    port: int = typer.Option(8501, help="Port on 127.0.0.1."),
+    host: str = typer.Option("127.0.0.1", help="Address to bind (default: this machine only)."),
+) -> None:
+    """Start the Streamlit dashboard: Planner, Runs, Compare, Integrity."""
+    import os
+    from pathlib import Path
+
+    if not 1 <= port <= 65535:
+        raise BadInput(f"--port must be between 1 and 65535, got {port}")
+    app_py = Path(__file__).resolve().parents[2] / "dashboard" / "app.py"
+    env = {**os.environ, "CAPBENCH_DB": str(Path(db).expanduser().resolve())}
+    argv = [sys.executable, "-m", "streamlit", "run", str(app_py), "--server.address", host, "--server.port",
+            str(port), "--server.headless", "true", "--browser.gatherUsageStats", "false"]
+    print(f"capbench dashboard on http://{host}:{port} (DB {env['CAPBENCH_DB']})", flush=True)
+    os.execvpe(argv[0], argv, env)
+
+
+def drift(
+    target: list[str] = typer.Option(..., help="Two servers, A then B: URLs or twin:SPEC (e.g. twin:glm-4.6@h200x8)."),
+    prompts: list[str] = typer.Option(None, help="JSONL prompt files (default: data/prompts/drift.jsonl)."),
+    db: str = typer.Option("data/capbench.duckdb", help="Results DB."),
+    label: str = typer.Option("", help="A label for the run."),
+    model: str = typer.Option(None, help="Model name to send (default: each server's /v1/models)."),
+    api_key_env: str = typer.Option(None, help="Environment variable holding the API key."),
+    concurrency: int = typer.Option(8, help="Prompts in flight at once."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+) -> None:
+    """Quality drift: the same prompts sent greedily with top logprobs to two servers, compared token by token."""
+    from pathlib import Path
+
+    from bench.drift import drift_command
+
+    drift_command(target, [Path(p) for p in prompts or []], Path(db), label, model, api_key_env, concurrency, as_json)

@@ -1,0 +1,129 @@
+"""Measuring commands: `run` (a load test into the DB), `worker` (a remote Locust worker), `runs`, `export`, and
+`calibrate` (fit the performance model to measured runs)."""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+
+from bench.errors import BadInput
+
+DB = typer.Option("data/capbench.duckdb", help="Results DB.")
+DB_READ = typer.Option("data/capbench.duckdb", help="Results DB (opened read-only).")
+
+
+def run(
+    target: str = typer.Option(..., help="OpenAI-compatible server URL, or twin:SPEC to start a twin for the run "
+                               "(e.g. twin:kimi-k2-thinking@h200x8,kv=fp8_e4m3)."),
+    profile: str = typer.Option("poisson", help="users | constant | poisson | gamma | ramp | steps | spike | "
+                                "diurnal | sweep | trace, or a profile YAML path."),
+    rate: float = typer.Option(None, help="Requests/s (open-loop profiles)."),
+    users: int = typer.Option(None, help="Concurrent users (closed loop: profile users)."),
+    duration: float = typer.Option(None, help="Seconds of measured load."),
+    param: list[str] = typer.Option(None, help="Any other profile parameter, KEY=VALUE (repeatable), "
+                                    "e.g. --param burstiness=0.5."),
+    workload: str = typer.Option(None, help="Workload name (data/workloads), YAML path, or ShareGPT JSON "
+                                 "(default: chat)."),
+    db: str = DB,
+    label: str = typer.Option("", help="A label for the run."),
+    model: str = typer.Option(None, help="Model name to send (default: the server's first /v1/models entry)."),
+    api_key_env: str = typer.Option(None, help="Name of the env var holding the API key (never stored)."),
+    slo: str = typer.Option(None, help="SLO for goodput: ttft=2s,tpot=50ms[,e2e=30s] (each request judged alone)."),
+    warmup: float = typer.Option(0.0, help="Seconds of warm-up before the measured phase (marked, not counted)."),
+    workers: int = typer.Option(0, help="Locust worker processes on this machine (0: one process)."),
+    expect_workers: int = typer.Option(0, help="Workers that join from other machines (capbench worker)."),
+    master_bind: str = typer.Option("127.0.0.1", help="Address the Locust master listens on (for remote workers)."),
+    master_port: int = typer.Option(5557, help="Port the Locust master listens on."),
+    seed: int = typer.Option(0, help="Seed of the schedule and the prompts."),
+    api: str = typer.Option(None, help="chat | completions (default: the workload's)."),
+    stream: bool = typer.Option(True, help="Stream responses (SSE); --no-stream for one JSON answer."),
+    timeout: float = typer.Option(600.0, help="Seconds one request may take in all."),
+    max_inflight: int = typer.Option(None, help="Open loop: Locust users that carry the schedule (default: 20 x "
+                                     "peak rate, 32..4096)."),
+    live: bool = typer.Option(True, help="Live display (--no-live for logs and CI)."),
+) -> None:
+    """A load test: Locust (headless, as a library) with a load profile and a workload; every request in the DB."""
+    import yaml
+
+    from bench import runner
+    from bench.model import parse_slo
+
+    overrides = {"rate": rate, "users": users, "duration": duration}
+    for kv in param or []:
+        key, _, value = kv.partition("=")
+        if not key or not value:
+            raise BadInput(f"--param takes KEY=VALUE, not {kv!r}")
+        overrides[key] = yaml.safe_load(value)
+    if workers < 0 or expect_workers < 0:
+        raise BadInput("--workers and --expect-workers are counts >= 0")
+    opts = runner.RunOptions(
+        target=target, profile=profile, overrides=overrides, workload=workload or "chat", db=db, label=label,
+        model=model, api_key_env=api_key_env, slo=parse_slo(slo), warmup_s=warmup, workers=workers,
+        expect_workers=expect_workers, master_bind=master_bind, master_port=master_port, seed=seed, api=api,
+        stream=stream, timeout_s=timeout, max_inflight=max_inflight, live=live)
+    results = runner.run(opts)
+    if any(r.status != "completed" for r in results):
+        sys.exit(130)
+
+
+def worker(
+    master: str = typer.Option(..., help="Host of the `capbench run` master (its --master-bind address)."),
+    master_port: int = typer.Option(5557, help="The master's --master-port."),
+    keep: bool = typer.Option(True, help="After a run, wait for the next one (sweep stages, later runs); "
+                              "--no-keep leaves after one run."),
+) -> None:
+    """Join a `capbench run --expect-workers N` from another machine: a Locust worker that sends its share."""
+    from loadgen.worker import run_worker
+
+    run_worker(master, master_port, once=not keep)
+
+
+def runs(db: str = DB_READ) -> None:
+    """List the runs in the results DB, newest first."""
+    from rich.console import Console
+
+    from bench.report import terminal
+    from bench.store import Store
+
+    Console().print(terminal.runs_table(Store(db, read_only=True).runs()))
+
+
+def export(
+    run: str = typer.Option(..., help="Run id (see `capbench runs`)."),
+    fmt: str = typer.Option("parquet", "--format", help="parquet | csv"),
+    out: str = typer.Option(..., help="Directory to write <table>.<format> files into."),
+    db: str = DB_READ,
+) -> None:
+    """Export every table's rows of one run (runs, requests, gpu/server samples, integrity events)."""
+    from bench.store import Store, export_run
+
+    for path in export_run(Store(db, read_only=True), run, fmt, out):
+        print(path)
+
+
+def calibrate(
+    runs: str = typer.Option(..., help="Comma-separated run ids to fit (see capbench runs)."),
+    db: str = DB,
+    deployment: str = typer.Option(None, help="For runs against a real server: what it ran, as a deployment spec "
+                                   "(e.g. kimi-k2-thinking@h200x8,kv=fp8_e4m3). Twin runs carry their own."),
+    out: str = typer.Option(None, help="Calibration file to write (default: data/calibration/fitted.json, "
+                            "which the twin, simulate, the planner and reports read)."),
+) -> None:
+    """Fit the performance model's efficiency factors to measured runs; prints the error before and after."""
+    from pathlib import Path
+
+    from rich.progress import Progress
+
+    from bench import calibrate as cal
+    from bench.model import perfmodel
+    from bench.store import Store
+
+    ids = [r.strip() for r in runs.split(",") if r.strip()]
+    if not ids:
+        raise BadInput("--runs needs at least one run id")
+    target = Path(out) if out else perfmodel.FITTED_CALIBRATION
+    with Progress(transient=True) as bar:
+        task = bar.add_task("fitting", total=None)
+        result = cal.calibrate(Store(db), ids, deployment, target, lambda: bar.advance(task))
+    cal.print_result(*result, target)

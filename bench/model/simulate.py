@@ -1,0 +1,205 @@
+"""`capbench simulate`: the twin's scheduler and performance model in virtual time, no HTTP.
+
+A run offers n requests of a workload as a Poisson process and reports latency percentiles (TTFT from arrival
+to the first token, TPOT = (finish - first token) / (output tokens - 1), end-to-end), throughput and cost.
+A sweep first offers all requests at once (its achieved rate scales the grid), then runs a grid of rates from
+5 % to 150 % of that rate and beyond while the SLO holds, then bisects for the highest rate whose TTFT and TPOT
+percentiles meet the SLO.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, replace
+
+from bench.errors import BadInput
+from bench.model.capacity import Deployment, capacity, memory_tier
+from bench.model.perfmodel import Efficiency, PerfModel, cost_per_million_tokens
+from bench.model.scheduler import Request, Scheduler
+from bench.model.slo import Slo
+from bench.model.workload import Workload, make_requests
+
+BLOCK = 32  # prefix-cache block: hits are rounded down to whole blocks (SGLang's radix: to tokens)
+GRID = (0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.2, 1.5)
+WARMUP = 0.2  # the first 20 % of the arrival window is not measured
+EXTEND = 6  # grid points past 1.5x the all-at-once rate while the SLO still holds
+MIN_SECONDS = 300  # a rate point offers at least 5 minutes of arrivals, so queues have time to build
+
+
+def percentile(values: list[float], p: float) -> float:
+    """Linear interpolation between closest ranks (numpy's default)."""
+    if not values:
+        return math.nan
+    s = sorted(values)
+    k = (len(s) - 1) * p / 100
+    lo = math.floor(k)
+    hi = min(lo + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (k - lo)
+
+
+@dataclass
+class Point:
+    rate: float
+    achieved_rps: float
+    output_tok_s: float
+    ttft_p50: float
+    ttft_p90: float
+    ttft_p99: float
+    tpot_p50: float
+    tpot_p90: float
+    tpot_p99: float
+    e2e_p50: float
+    e2e_p90: float
+    e2e_p99: float
+    cache_hit_rate: float
+    mean_running: float
+    retractions: int
+    rejected: int
+    usd_per_million: float
+    meets_slo: bool | None = None
+
+    def to_dict(self) -> dict:
+        return _finite(asdict(self))
+
+
+def make_scheduler(dep: Deployment, eff: Efficiency | None = None) -> Scheduler:
+    cap = capacity(dep, with_ratios=False)
+    if not cap.fits:
+        raise BadInput(f"{dep.model.id} does not fit {dep.tp} x {dep.gpu.id} with {dep.weights} weights")
+    return Scheduler(PerfModel(dep, eff), cap.kv_pool_tokens_total, cap.max_running_requests,
+                     memory_tier(dep.gpu, dep.tp)[0], BLOCK)
+
+
+def _overlap(a: float, b: float, lo: float, hi: float) -> float:
+    """Fraction of [a, b] inside [lo, hi] (a request's output tokens, spread evenly over its decode)."""
+    if b <= a:
+        return 1.0 if lo <= b <= hi else 0.0
+    return max(0.0, min(b, hi) - max(a, lo)) / (b - a)
+
+
+def play(sched: Scheduler, reqs: list[Request]) -> tuple[float, float]:
+    """Run requests (sorted by arrival) through the scheduler in virtual time until all are done.
+    Returns (sum over steps of running requests x step time, busy time)."""
+    t, i, n, running_time, busy = 0.0, 0, len(reqs), 0.0, 0.0
+    while True:
+        while i < n and reqs[i].arrival <= t:
+            sched.submit(reqs[i])
+            i += 1
+        step = sched.plan()
+        if step is None:
+            if i < n:
+                t = reqs[i].arrival
+                continue
+            return running_time, busy
+        running_time += sched.num_running * step.duration
+        busy += step.duration
+        t += step.duration
+        sched.commit(step, t)
+
+
+def run(dep: Deployment, wl: Workload, rate: float, n: int = 1000, seed: int = 0,
+        eff: Efficiency | None = None, min_seconds: float = MIN_SECONDS) -> Point:
+    """Offer max(n, rate * min_seconds) requests at `rate` per second (math.inf: n, all at once). Latencies are
+    of the requests that arrive after the warm-up; throughput is what the server delivered between the end of
+    the warm-up and the last arrival (so an overloaded server shows its capacity, not the offered rate)."""
+    sched = make_scheduler(dep, eff)
+    if 0 < rate < math.inf:
+        n = max(n, math.ceil(rate * min_seconds))
+    reqs = make_requests(wl, rate, n, seed, BLOCK, min(dep.context_len, sched.pool))  # each must fit alone
+    running_time, busy = play(sched, reqs)
+    done = [r for r in reqs if r.state == "done"]
+    last = max((r.arrival for r in reqs), default=0.0)
+    if last > 0:  # steady state: the first WARMUP of the arrival window warms up, tails drain outside it
+        lo, hi = last * WARMUP, last
+        measured = [r for r in done if r.arrival >= lo]
+        tokens = sum(r.max_new * _overlap(r.first_token, r.finish, lo, hi) for r in done)
+        finished = sum(1 for r in done if lo <= r.finish <= hi)
+    else:  # all at once: the whole run
+        lo, hi = 0.0, max((r.finish for r in done), default=0.0)
+        measured, tokens, finished = done, sum(r.max_new for r in done), len(done)
+    window = hi - lo
+    ttft = [r.first_token - r.arrival for r in measured]
+    tpot = [(r.finish - r.first_token) / (r.max_new - 1) for r in measured if r.max_new > 1]
+    e2e = [r.finish - r.arrival for r in measured]
+    out_tok_s = tokens / window if window > 0 else 0.0
+    st = sched.stats
+    return Point(
+        rate=rate, achieved_rps=finished / window if window > 0 else 0.0, output_tok_s=out_tok_s,
+        ttft_p50=percentile(ttft, 50), ttft_p90=percentile(ttft, 90), ttft_p99=percentile(ttft, 99),
+        tpot_p50=percentile(tpot, 50), tpot_p90=percentile(tpot, 90), tpot_p99=percentile(tpot, 99),
+        e2e_p50=percentile(e2e, 50), e2e_p90=percentile(e2e, 90), e2e_p99=percentile(e2e, 99),
+        cache_hit_rate=st["cached_tokens"] / st["prompt_tokens"] if st["prompt_tokens"] else 0.0,
+        mean_running=running_time / busy if busy else 0.0, retractions=st["retractions"],
+        rejected=n - len(done), usd_per_million=cost_per_million_tokens(dep, out_tok_s),
+    )
+
+
+@dataclass
+class Sweep:
+    kv_dtype: str
+    saturation: Point
+    points: list[Point]
+    best_rate: float | None  # highest rate meeting the SLO, None if even the lowest misses
+    best: Point | None
+    slo: Slo
+
+    def to_dict(self) -> dict:
+        return _finite(asdict(self))
+
+
+def _finite(obj):
+    """JSON has no inf/nan: the burst run's rate and empty percentiles become null."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_finite(v) for v in obj]
+    return obj
+
+
+def sweep(dep: Deployment, wl: Workload, slo: Slo, n: int = 1000, seed: int = 0, eff: Efficiency | None = None,
+          progress=None, bisect_steps: int = 5, min_seconds: float = MIN_SECONDS) -> Sweep:
+    """All requests at once (its achieved rate scales the grid), then GRID x that rate (extended by 1.5x steps
+    while the SLO holds), then bisection between the last rate that meets the SLO and the first that misses."""
+    sat = run(dep, wl, math.inf, n, seed, eff)
+    sat.meets_slo = slo.met(sat)
+    points = []
+    for frac in GRID:
+        p = run(dep, wl, sat.achieved_rps * frac, n, seed, eff, min_seconds)
+        p.meets_slo = slo.met(p)
+        points.append(p)
+        if progress:
+            progress()
+    rate = points[-1].rate
+    for _ in range(EXTEND):  # steady state can outrun the all-at-once run: go on until the SLO breaks
+        if not points[-1].meets_slo:
+            break
+        rate *= 1.5
+        p = run(dep, wl, rate, n, seed, eff, min_seconds)
+        p.meets_slo = slo.met(p)
+        points.append(p)
+    passing = [p for p in points if p.meets_slo]
+    if not passing:
+        return Sweep(dep.kv_dtype, sat, points, None, None, slo)
+    best = max(passing, key=lambda p: p.rate)
+    above = [p for p in points if p.rate > best.rate and not p.meets_slo]
+    if above:
+        lo, hi = best.rate, min(p.rate for p in above)
+        for _ in range(bisect_steps):
+            mid = (lo + hi) / 2
+            p = run(dep, wl, mid, n, seed, eff, min_seconds)
+            p.meets_slo = slo.met(p)
+            if p.meets_slo:
+                lo, best = mid, p
+            else:
+                hi = mid
+            if progress:
+                progress()
+    return Sweep(dep.kv_dtype, sat, points, best.rate, best, slo)
+
+
+def compare_kv(dep: Deployment, wl: Workload, slo: Slo, n: int = 1000, seed: int = 0,
+               eff: Efficiency | None = None, progress=None, min_seconds: float = MIN_SECONDS) -> list[Sweep]:
+    return [sweep(replace(dep, kv_dtype=kv), wl, slo, n, seed, eff, progress, min_seconds=min_seconds)
+            for kv in ("bf16", "fp8_e4m3")]

@@ -1,0 +1,338 @@
+"""`capbench report`: a self-contained capacity report (HTML with inline SVG charts, or Markdown) a manager can act
+on: the question, the configurations compared, capacity, predictions and cost, what was measured and how far the
+predictions were from it, the recommendation with its savings, and the SGLang launch commands.
+
+With no DB, or no runs in it, it is a planning report from the capacity model and `capbench simulate`'s
+scheduler, and says that nothing was measured. The HTML has no script and no external reference: charts are SVG
+made offline by vl-convert, styles are inline.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+from bench.errors import BadInput
+from bench.model import HOURS_PER_MONTH, Option, Plan, Question, make_plan, on_other_gpus
+from bench.model import launch as sglang_cmd
+from bench.report import charts
+from bench.report.predicted import STEADY_REQUESTS, measured_vs_predicted
+from bench.store import Store, runinfo
+
+
+@dataclass
+class Measured:
+    run_id: str
+    label: str
+    config: dict
+    summary: dict
+    vs_predicted: dict
+    integrity: dict
+
+
+@dataclass
+class Report:
+    plan: Plan
+    db: str | None
+    why_unmeasured: str | None  # None when runs were measured
+    runs: list[Measured] = field(default_factory=list)
+    drift: pd.DataFrame | None = None
+    other_gpus: list[Option] = field(default_factory=list)  # the recommended configuration on other GPUs
+    generated_at: float = field(default_factory=time.time)
+
+    @property
+    def measured(self) -> bool:
+        return bool(self.runs)
+
+
+def select_runs(store: Store, run_ids: list[str] | None, model: str | None, gpu: str | None,
+                limit: int = 8) -> pd.DataFrame:
+    """The runs a report covers: the ids given (all must exist), else the newest finished runs of the model/GPU."""
+    runs = runinfo.runs_table(store.runs())
+    if run_ids:
+        unknown = [r for r in run_ids if r not in set(runs.run_id)]
+        if unknown:
+            raise BadInput(f"unknown run id(s): {', '.join(unknown)} (see `capbench runs`)")
+        return runs.set_index("run_id").loc[run_ids].reset_index()
+    runs = runs[runs.status.isin(["completed", "aborted"])]
+    if model:
+        runs = runs[runs.model == model]
+    if gpu:
+        runs = runs[runs.gpu == gpu]
+    return runs.head(limit)
+
+
+def newest_deployment(db: str | Path | None, run_ids: list[str] | None = None) -> dict:
+    """model, gpu, tp, kv_dtype, weights of the newest run in the DB (of run_ids, if given) that names them ({}
+    when none)."""
+    if db is None or not Path(db).is_file():
+        return {}
+    runs = runinfo.runs_table(Store(db, read_only=True).runs())
+    if run_ids:
+        runs = runs[runs.run_id.isin(run_ids)]
+    runs = runs.dropna(subset=["model", "gpu", "tp"])
+    if runs.empty:
+        return {}
+    row = runs.iloc[0]
+    return {k: row[k] for k in ("model", "gpu", "tp", "kv_dtype", "weights") if pd.notna(row[k])}
+
+
+def build(q: Question, db: str | Path | None = None, run_ids: list[str] | None = None,
+          progress=None, other_gpus: bool = True) -> Report:
+    """progress: called once per simulated configuration and once per run (a rich progress bar's advance).
+    other_gpus: also price the recommended configuration on the catalog's other GPUs."""
+    slo = q.slo
+    measured, why, drift = [], None, None
+    if db is None or not Path(db).is_file():
+        if run_ids:
+            raise BadInput(f"--runs given but there is no results database at {db}")
+        why = f"there is no results database at {db}" if db else "no results database was given"
+    else:
+        store = Store(db, read_only=True)
+        runs = select_runs(store, run_ids, None if run_ids else q.model, None if run_ids else q.gpu)
+        if runs.empty:
+            why = f"{db} holds no finished runs of {q.model} on {q.gpu}"
+        with store.connect() as con:
+            for _, row in runs.iterrows():
+                mvp = measured_vs_predicted(con, row.run_id, slo)
+                measured.append(Measured(row.run_id, row.label or row.run_id, mvp["config"], mvp["summary"], mvp,
+                                         runinfo.integrity(con, row.run_id)))
+                if progress:
+                    progress()
+            drift = runinfo.drift(con)
+        _unique_labels(measured)
+    plan = make_plan(q, progress=progress)
+    best = plan.recommended or plan.chosen
+    others = on_other_gpus(q, best.kv_dtype, best.weights, progress) if other_gpus else []
+    return Report(plan, str(db) if db else None, why, measured, drift, others)
+
+
+def _unique_labels(runs: list[Measured]) -> None:
+    """Runs of one label (the demo's 'demo chat' per configuration) get their KV dtype and weights, then their id."""
+    def dupes() -> set[str]:
+        labels = [m.label for m in runs]
+        return {x for x in labels if labels.count(x) > 1}
+
+    repeated = dupes()
+    for m in runs:
+        if m.label in repeated:
+            m.label = f"{m.label} ({m.config.get('kv_dtype')} KV, {m.config.get('weights')})"
+    repeated = dupes()
+    for m in runs:
+        if m.label in repeated:
+            m.label = f"{m.label} {m.run_id[-6:]}"
+
+
+# ---- the figures a manager reads first -----------------------------------------------------------------------------
+def _find(plan: Plan, weights: str, kv: str) -> Option | None:
+    return next((o for o in plan.options if o.weights == weights and o.kv_dtype == kv), None)
+
+
+def _is_int4(o: Option) -> bool:
+    return "int4" in o.label.split(" experts")[0]
+
+
+def savings(plan: Plan) -> list[tuple[str, float | None, str]]:
+    """(what, monthly $ saved, explanation) of FP8 KV and of INT4 experts, at the recommended configuration's other
+    choice, and of both against the baseline."""
+    rec = plan.recommended
+    if rec is None:
+        return []
+    out = []
+    bf16, fp8 = _find(plan, rec.weights, "bf16"), _find(plan, rec.weights, "fp8_e4m3")
+    if bf16 and fp8:
+        out.append(_saving("FP8 KV cache", bf16, fp8))
+    int4 = [o for o in plan.options if o.kv_dtype == rec.kv_dtype and _is_int4(o)]
+    other = [o for o in plan.options if o.kv_dtype == rec.kv_dtype and not _is_int4(o)]
+    if int4 and other:
+        out.append(_saving("INT4 experts", other[0], int4[0]))
+    if plan.baseline.weights != rec.weights and plan.baseline.kv_dtype != rec.kv_dtype:
+        out.append(_saving(f"Recommended against {plan.baseline.label}", plan.baseline, rec))
+    return out
+
+
+def _saving(what: str, before: Option, after: Option) -> tuple[str, float | None, str]:
+    """(what, monthly $ saved or None, one sentence on it)."""
+    a, b = before.monthly_cost, after.monthly_cost
+    gains = []
+    if before.capacity.kv_pool_tokens:
+        gains.append(f"{after.capacity.kv_pool_tokens / before.capacity.kv_pool_tokens:.2f}x KV pool tokens")
+    if before.prediction and after.prediction and before.prediction.rate_rps:
+        gains.append(f"{after.prediction.rate_rps / before.prediction.rate_rps:.2f}x requests/s per instance")
+    gain = f" ({', '.join(gains)})" if gains else ""
+    if a is None and b is not None:
+        return what, None, (f"{what}: {before.label} cannot meet the SLO at all; {after.label} can, on "
+                            f"{after.gpus_needed} GPUs{gain}")
+    if a is None or b is None:
+        return what, None, f"{what}: {after.label} cannot meet the SLO on this GPU and tp"
+    if a == b:
+        return what, 0.0, (f"{what}: the same {after.gpus_needed} GPUs at this load, no monthly saving{gain}; "
+                           "the headroom serves more load or longer contexts on them")
+    return what, a - b, (f"{what}: ${a - b:,.0f} a month less{gain}: {before.label} needs {before.gpus_needed} "
+                         f"GPUs (${a:,.0f}/month), {after.label} {after.gpus_needed} (${b:,.0f}/month)")
+
+
+def question_text(q: Question) -> str:
+    return (f"How many {q.gpu} GPUs does {q.model} need on SGLang 0.5.23 to serve {q.target_rate_rps:g} requests/s "
+            f"of {q.describe_workload()} within {q.slo.describe()}, at ${q.price:.2f} per GPU-hour, and what do an FP8 "
+            f"KV cache and INT4 expert weights save?")
+
+
+def answer_lines(r: Report) -> list[str]:
+    plan, q = r.plan, r.plan.question
+    rec = plan.recommended
+    if rec is None:
+        return [f"No configuration compared meets the SLO on tp {q.tp} x {q.gpu}: raise tp, relax the SLO, or "
+                "choose a larger GPU."]
+    lines = [f"Deploy {rec.gpus_needed} x {q.gpu} as {rec.instances_needed} SGLang instance(s) of tp {q.tp} with "
+             f"{rec.label}: ${rec.monthly_cost:,.0f} a month ({HOURS_PER_MONTH} h at ${q.price:.2f}/GPU-hour), "
+             f"${rec.usd_per_m_output:,.2f} per 1M output tokens; each instance serves up to "
+             f"{rec.prediction.rate_rps:,.2f} requests/s within the SLO (limited by {rec.prediction.limited_by})."]
+    lines += [sentence + "." for _, _, sentence in savings(plan)]
+    cheaper = [o for o in r.other_gpus if o.monthly_cost is not None and o.monthly_cost < rec.monthly_cost]
+    if cheaper:
+        o = min(cheaper, key=lambda o: o.monthly_cost)
+        lines.append(f"Other GPUs: the same configuration on {o.gpus_needed} x {o.capacity.gpu} would cost "
+                     f"${o.monthly_cost:,.0f} a month at the catalog's ${o.price:.2f}/GPU-hour (see the table below).")
+    if r.measured:
+        errs = [row["error"] for m in r.runs if m.vs_predicted.get("steady") for row in m.vs_predicted["rows"]
+                if row["figure"] == "output tokens/s" and row["error"] is not None]
+        worst = (f"; prediction error of output tokens/s up to {max(abs(e) for e in errs):.0%} over the runs of "
+                 f"{STEADY_REQUESTS}+ requests" if errs else
+                 f"; no run has {STEADY_REQUESTS}+ requests, too few to judge the predictions by")
+        twins = sum(1 for m in r.runs if m.config.get("twin"))
+        against = (" against capbench's twin (simulated GPUs: this checks the load path and the model's consistency, "
+                   "not the hardware)" if twins == len(r.runs) else
+                   f" ({twins} against capbench's twin, the rest against real servers)" if twins else
+                   " against real servers")
+        lines.append(f"Measured: {len(r.runs)} run(s) in {r.db}{against}{worst}."
+                     + (" Treat the predictions as that uncertain." if errs else ""))
+    else:
+        lines.append(f"Nothing was measured ({r.why_unmeasured}): every figure here is a prediction from the "
+                     "capacity model and capbench simulate. Measure before buying: see 'How to measure'.")
+    return lines
+
+
+# ---- tables ---------------------------------------------------------------------------------------------------------
+def _num(v, spec: str = ",.0f", suffix: str = "") -> str:
+    if v is None or (isinstance(v, float) and pd.isna(v)):
+        return "n/a"
+    return f"{format(v, spec)}{suffix}"
+
+
+def _gain(v) -> str:
+    return "" if v is None or pd.isna(v) else f" ({v:.2f}x)"
+
+
+def tables(r: Report) -> dict[str, tuple[list[str], list[list[str]]]]:
+    plan, q = r.plan, r.plan.question
+    rows = plan.rows()
+    t = {}
+    t["configs"] = (["configuration", "expert weights", "KV cache", "weights per GPU", "fits"],
+                    [[o.label + (" (your choice)" if o.chosen else ""), o.weights, o.kv_dtype,
+                      _num(o.capacity.weight_bytes_per_gpu / 1e9, ",.1f", " GB"), "yes" if o.capacity.fits else "no"]
+                     for o in plan.options])
+    t["capacity"] = (["configuration", "KV pool tokens", f"sequences at {plan.context:,} tokens",
+                      "max running requests", "longest context"],
+                     [[x["config"], _num(x["kv_pool_tokens"]) + _gain(x["kv_pool_tokens_gain"]),
+                       _num(x["concurrent_seqs_at_context"]) + _gain(x["concurrent_seqs_at_context_gain"]),
+                       _num(x["max_running_requests"]), _num(o.capacity.longest_context)]
+                      for x, o in zip(rows, plan.options, strict=True)])
+    p = q.slo.percentile
+    t["predicted"] = (["configuration", "max req/s per instance", "output tokens/s", f"TTFT p{p}", f"TPOT p{p}",
+                       "limited by", "$ per 1M output tokens", f"GPUs for {q.target_rate_rps:g} req/s",
+                       "monthly cost"],
+                      [[x["config"], _num(x["rate_rps"], ",.2f") + _gain(x["rate_rps_gain"]),
+                        _num(x["output_tps"]), _num(x["ttft_s"] and x["ttft_s"] * 1e3, ",.0f", " ms"),
+                        _num(x["tpot_s"] and x["tpot_s"] * 1e3, ",.1f", " ms"), x["limited_by"] or "does not fit",
+                        _num(x["usd_per_m_output"], ",.2f", " $"), _num(x["gpus_needed"]),
+                        _num(x["monthly_cost"], ",.0f", " $")] for x in rows])
+    if r.other_gpus:
+        t["gpus"] = (["GPU", "$ per GPU-hour", "fits", "max req/s per instance",
+                      f"GPUs for {q.target_rate_rps:g} req/s", "monthly cost", "$ per 1M output tokens"],
+                     [[o.capacity.gpu, _num(o.price, ",.2f"), "yes" if o.capacity.fits else "no",
+                       _num(o.prediction and o.prediction.rate_rps, ",.2f"), _num(o.gpus_needed),
+                       _num(o.monthly_cost, ",.0f", " $"), _num(o.usd_per_m_output, ",.2f", " $")]
+                      for o in [_on_question_gpu(plan), *r.other_gpus]])
+    if r.measured:
+        t["measured"] = (["run", "deployment", "requests", "success", "achieved req/s", "output tokens/s",
+                          "goodput req/s", "TTFT p50 / p99", "TPOT p50 / p99"],
+                         [[m.label, _deployment(m.config), _num(m.summary["measured"]),
+                           _num(m.summary["success_rate"] and m.summary["success_rate"] * 100, ".1f", " %"),
+                           _num(m.summary["achieved_rate_rps"], ",.2f"), _num(m.summary["output_tps"]),
+                           _num(m.summary["goodput_rps"], ",.2f"),
+                           f"{_ms(m.summary['ttft_p50'])} / {_ms(m.summary['ttft_p99'])}",
+                           f"{_ms(m.summary['tpot_p50'])} / {_ms(m.summary['tpot_p99'])}"] for m in r.runs])
+        t["vs"] = (["run", "figure", "measured", "predicted", "error"],
+                   [[m.label, row["figure"], _num(row["measured"], ",.1f"), _num(row["predicted"], ",.1f"),
+                     "n/a" if row["error"] is None else f"{row['error']:+.1%}"]
+                    for m in r.runs for row in m.vs_predicted["rows"]])
+        checked = [m for m in r.runs if m.integrity["has_data"]]
+        if checked:
+            t["integrity"] = (["run", "pages checksummed", "pages verified", "mismatches", "checksum time share"],
+                              [[m.label, _num(m.integrity["pages_checksummed"]), _num(m.integrity["pages_verified"]),
+                                _num(m.integrity["mismatches"]),
+                                _num(m.integrity["checksum_share"] and m.integrity["checksum_share"] * 100, ".2f",
+                                     " %")] for m in checked])
+    return t
+
+
+def _on_question_gpu(plan: Plan) -> Option:
+    return plan.recommended or plan.chosen
+
+
+def _ms(seconds) -> str:
+    return _num(None if seconds is None else seconds * 1e3, ",.0f", " ms")
+
+
+def _deployment(c: dict) -> str:
+    s = f"{c['model']} {c['gpu']} x{c['tp']} {c['kv_dtype']} KV {c['weights']}" + (" (twin)" if c.get("twin") else "")
+    return s + (f", checksum {c['kv_checksum']}" if c.get("kv_checksum") not in (None, "off") else "")
+
+
+def launch(r: Report) -> tuple[str | None, list[str], list[str]]:
+    """(single-node command or None when tp spans nodes, multi-node commands, prerequisites) for the recommended
+    (else chosen) option."""
+    plan, q = r.plan, r.plan.question
+    o = plan.recommended or plan.chosen
+    single, multi = sglang_cmd.commands(q.model, q.gpu, q.tp, o.kv_dtype, o.weights, plan.context)
+    notes = []
+    path, where = sglang_cmd.model_path(q.model, o.weights)
+    if where:
+        notes.append(f"{path}: {where}.")
+    if o.kv_dtype == "fp8_e4m3":
+        notes.append("kv_scales.json: per-layer FP8 KV scales, from a BF16-KV server started with `capbench "
+                     "sglang-launch --record-kv-amax amax -- ...` and `capbench calibrate-kv-scales --target URL "
+                     "--amax amax --out kv_scales.json`; without them SGLang runs Kimi's and GLM's FP8 KV at scale "
+                     "1.0 and values past 448 saturate.")
+    notes.append(f"{o.instances_needed or 1} instance(s): run one command per instance (each on its own {q.tp} "
+                 "GPUs) and put a load balancer (e.g. sglang_router) in front.")
+    return single, multi, notes
+
+
+def chart_svgs(r: Report) -> dict[str, str]:
+    df = pd.DataFrame(r.plan.rows())
+    out = {
+        "capacity": charts.to_svg(charts.option_bars(df, "kv_pool_tokens", "KV pool tokens",
+                                                     gain_field="kv_pool_tokens_gain")),
+        "throughput": charts.to_svg(charts.option_bars(df, "output_tps", "Output tokens/s at the SLO, per instance",
+                                                       gain_field="output_tps_gain")),
+        "gpus": charts.to_svg(charts.option_bars(df, "gpus_needed",
+                                                 f"GPUs for {r.plan.question.target_rate_rps:g} req/s")),
+        "cost": charts.to_svg(charts.option_bars(df, "monthly_cost", "Monthly cost ($)")),
+    }
+    if r.measured:
+        pct = pd.concat([runinfo.percentile_rows(m.summary).assign(run=m.label) for m in r.runs])
+        pct = pct[pct.metric.isin(["TTFT", "TPOT", "E2E"])]
+        if not pct.empty:
+            out["latency"] = charts.to_svg(charts.latency_percentiles(pct, "Measured latency percentiles (ms)"))
+        vs = pd.DataFrame([dict(row, run=m.label) for m in r.runs for row in m.vs_predicted["rows"]])
+        if not vs.empty:
+            out["vs"] = charts.to_svg(charts.measured_vs_predicted(vs, "Measured vs predicted"))
+    return out
+
+
+# ---- rendering ------------------------------------------------------------------------------------------------------

@@ -1,0 +1,56 @@
+"""A measured run beside the performance model's replay of it: the same deployment, workload, rate and number of
+requests, so the error says how far the model is from what was measured (the Compare page, the report)."""
+
+from __future__ import annotations
+
+import duckdb
+
+from bench.errors import BadInput
+from bench.model import Slo, catalog, fixed_workload, load_workload, simulate, workload
+from bench.model import capacity as cap
+from bench.store import queries, runinfo
+
+STEADY_REQUESTS = 50  # fewer measured requests than this: too short a run to judge a prediction by
+
+
+def measured_vs_predicted(con: duckdb.DuckDBPyConnection, run_id: str, slo: Slo | None = None) -> dict:
+    """The run's measured throughput and latencies beside `capbench simulate`'s replay of it: the same deployment,
+    workload (its named mix, else fixed lengths at its measured means), rate (the profile's, else the achieved
+    one) and number of requests, so a short run is compared with an equally short simulation; error = predicted /
+    measured - 1. out["steady"] is False for runs under STEADY_REQUESTS requests."""
+    s = queries.summary(con, run_id, slo)
+    cfg = runinfo.run_deployment(con, run_id)
+    out = {"run_id": run_id, "summary": s, "config": cfg, "predicted": None, "rows": []}
+    if not (cfg["model"] and cfg["gpu"] and cfg["tp"] and s["ok"]):
+        out["why_not"] = "the run does not say its model, GPU or tp, or it has no successful requests"
+        return out
+    rate = cfg["rate"] or s["achieved_rate_rps"]
+    try:
+        dep = cap.Deployment(catalog.model(cfg["model"]), catalog.gpu(cfg["gpu"]), cfg["tp"],
+                             kv_dtype=cfg["kv_dtype"] or "bf16", weights=cfg["weights"] or "native")
+        if not rate or not cap.capacity(dep, with_ratios=False).fits:
+            raise BadInput("the deployment does not fit, or no rate was measured")
+    except BadInput as e:
+        out["why_not"] = str(e)
+        return out
+    if cfg["workload"] and (workload.WORKLOADS / f"{cfg['workload']}.yaml").is_file():
+        wl = load_workload(cfg["workload"])
+    else:
+        wl = fixed_workload(max(1, round((s["input_tokens"] or 0) / s["ok"])),
+                            max(1, round((s["output_tokens"] or 0) / s["ok"])))
+    scale = float(cfg["time_scale"] or 1.0)  # a twin at time_scale k runs k times faster than the modelled GPUs
+    p = simulate.run(dep, wl, rate / scale, max(1, s["measured"]), min_seconds=0)
+    out["predicted"], out["workload"], out["steady"] = p, wl.name, s["measured"] >= STEADY_REQUESTS
+    for name, measured, predicted in (
+        ("output tokens/s", runinfo.window_output_tps(con, run_id), p.output_tok_s * scale),
+        ("TPOT p50 (ms)", _ms(s["tpot_p50"]), p.tpot_p50 * 1e3 / scale),
+        ("TTFT p50 (ms)", _ms(s["ttft_p50"]), p.ttft_p50 * 1e3 / scale),
+    ):
+        err = predicted / measured - 1 if measured else None
+        out["rows"].append({"run_id": run_id, "figure": name, "measured": measured, "predicted": predicted,
+                            "error": err})
+    return out
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else seconds * 1e3

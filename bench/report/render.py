@@ -1,0 +1,182 @@
+"""The capacity report as text: one self-contained HTML page (inline styles and SVG, no script, no external
+reference) or Markdown. The content is made in content.py; this module only lays it out."""
+
+from __future__ import annotations
+
+import html
+from datetime import UTC, datetime
+from pathlib import Path
+
+from bench import __version__
+from bench.errors import BadInput
+from bench.model import catalog
+from bench.report.content import Report, answer_lines, chart_svgs, launch, question_text, tables
+
+CSS = """
+body{font-family:system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;
+color:#222;line-height:1.45}
+h1{margin-bottom:.2em}h2{border-bottom:1px solid #ddd;padding-bottom:.2em;margin-top:1.8em}
+.meta{color:#666;font-size:.9em}.answer{background:#eef7ee;border-left:4px solid #3a8a3a;padding:.6em 1em}
+.warn{background:#fff6e0;border-left:4px solid #d89a00;padding:.6em 1em}
+table{border-collapse:collapse;margin:.8em 0;font-size:.92em}th,td{border:1px solid #ccc;padding:.3em .6em}
+th{background:#f4f4f4;text-align:left}td{text-align:right}td:first-child{text-align:left}
+pre{background:#f6f8fa;padding:.8em;overflow-x:auto;white-space:pre-wrap;word-break:break-all;font-size:.85em}
+.charts{display:flex;flex-wrap:wrap;gap:1em}.charts svg{max-width:100%;height:auto}
+"""
+
+SECTIONS = {
+    "configs": "Configurations compared",
+    "capacity": "Capacity (SGLang 0.5.23 memory arithmetic)",
+    "predicted": "Predicted throughput and cost (capbench simulate)",
+    "gpus": "The recommended configuration on other GPUs (same tp, catalog prices)",
+    "measured": "Measured results",
+    "vs": "Predicted vs measured",
+    "integrity": "KV cache integrity",
+}
+MEASURE_HOWTO = [
+    "capbench twin --model {model} --gpu {gpu} --tp {tp} --kv-dtype {kv}      # no GPU: the SGLang-compatible twin",
+    "capbench run --target http://127.0.0.1:30000 --profile poisson --rate {rate:g} --duration 300 "
+    "--workload {workload} --slo {slo}",
+    "capbench report --model {model} --gpu {gpu} --target-rate {target:g} --out report.html",
+]
+
+
+def _e(s: object) -> str:
+    return html.escape(str(s))
+
+
+def _html_table(head: list[str], rows: list[list[str]]) -> str:
+    th = "".join(f"<th>{_e(h)}</th>" for h in head)
+    body = "".join("<tr>" + "".join(f"<td>{_e(c)}</td>" for c in row) + "</tr>" for row in rows)
+    return f"<table><thead><tr>{th}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _md_table(head: list[str], rows: list[list[str]]) -> str:
+    def line(cells: list[str]) -> str:
+        return "| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |"
+
+    return "\n".join([line(head), "|" + "---|" * len(head), *(line(r) for r in rows)])
+
+
+def _drift_rows(r: Report) -> tuple[list[str], list[list[str]]]:
+    def cell(v: object) -> str:
+        return f"{v:.3f}" if isinstance(v, float) else str(v)
+
+    return list(map(str, r.drift.columns)), [[cell(v) for v in row] for row in r.drift.itertuples(index=False)]
+
+
+def _howto(r: Report) -> list[str]:
+    q, o = r.plan.question, r.plan.chosen
+    return [c.format(model=q.model, gpu=q.gpu, tp=q.tp, kv=o.kv_dtype, rate=max(q.target_rate_rps / 4, 0.5),
+                     workload=q.workload or "chat", slo=q.slo.text(),
+                     target=q.target_rate_rps) for c in MEASURE_HOWTO]
+
+
+def _method(r: Report) -> list[str]:
+    q = r.plan.question
+    return [
+        "Capacity: SGLang 0.5.23's own arithmetic (cell size, mem_fraction_static, KV pool tokens, "
+        "max_running_requests); weight bytes are counted from the architecture (within 3 % of published totals).",
+        f"Predictions: capbench simulate's continuous-batching scheduler with roofline step times, "
+        f"{q.fidelity} fidelity; the highest Poisson rate whose percentiles meet the SLO ({q.slo.describe()}). "
+        "Efficiency factors are priors (data/calibration) until fitted to measured runs.",
+        f"Prices: ${q.price:.2f} per GPU-hour"
+        + (" (indicative list price from data/gpus.yaml: use your own quote)" if q.price_per_gpu_hour is None
+           else " (given)") + f"; a month is {730} hours.",
+        "Not modelled: speculative decoding, expert-parallel load imbalance, network between nodes beyond "
+        "all-reduce, failures and headroom: add your own margin (20-30 % is common).",
+    ]
+
+
+def to_html(r: Report) -> str:
+    q, plan = r.plan.question, r.plan
+    t, svgs = tables(r), chart_svgs(r)
+    single, multi, notes = launch(r)
+    when = datetime.fromtimestamp(r.generated_at, UTC).strftime("%Y-%m-%d %H:%M UTC")
+    model_name, gpu_name = catalog.model(q.model).name, catalog.gpu(q.gpu).name
+    parts = [
+        "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>",
+        f"<title>capbench capacity report: {_e(model_name)} on {_e(gpu_name)}</title><style>{CSS}</style></head>",
+        f"<body><h1>Capacity report: {_e(model_name)} on {_e(gpu_name)}</h1>",
+        f"<p class='meta'>capbench {_e(__version__)}, {when}. Results DB: {_e(r.db or 'none')}.</p>",
+        "<h2>The question</h2>", f"<p>{_e(question_text(q))}</p>",
+        "<h2>The answer</h2>", "<div class='answer'>" + "".join(f"<p>{_e(x)}</p>" for x in answer_lines(r))
+        + "</div>",
+    ]
+    if not r.measured:
+        parts.append(f"<p class='warn'>Nothing was measured: {_e(r.why_unmeasured)}. This is a planning report "
+                     "from the capacity and performance models.</p>")
+    for key, title in SECTIONS.items():
+        if key == "measured" and not r.measured:
+            parts += [f"<h2>{title}</h2>", "<p>Nothing was measured. How to measure:</p>",
+                      "<pre>" + _e("\n".join(_howto(r))) + "</pre>"]
+            continue
+        if key == "vs" and not r.measured:
+            parts += [f"<h2>{title}</h2>", "<p>No measurements to compare the predictions with.</p>"]
+            continue
+        if key not in t:
+            continue
+        parts += [f"<h2>{title}</h2>", _html_table(*t[key])]
+        shown = {"capacity": ["capacity"], "predicted": ["throughput", "gpus", "cost"], "measured": ["latency"],
+                 "vs": ["vs"]}.get(key, [])
+        svg = [svgs[k] for k in shown if k in svgs]
+        if svg:
+            parts.append("<div class='charts'>" + "".join(svg) + "</div>")
+    for note in plan.notes:
+        parts.append(f"<p class='warn'>{_e(note)}</p>")
+    if r.drift is not None and not r.drift.empty:
+        parts += ["<h2>Quality drift (capbench drift runs)</h2>", _html_table(*_drift_rows(r))]
+    parts += ["<h2>Launch commands (SGLang 0.5.23 with capbench's patches)</h2>"]
+    if single:
+        parts += ["<p>One node:</p>", f"<pre>{_e(single)}</pre>"]
+    parts += ["<p>One instance over several nodes (run one line on each node):</p>",
+              "<pre>" + _e("\n".join(multi)) + "</pre>", "<ul>" + "".join(f"<li>{_e(n)}</li>" for n in notes)
+              + "</ul>", "<h2>How these numbers were made</h2>",
+              "<ul>" + "".join(f"<li>{_e(m)}</li>" for m in _method(r)) + "</ul>", "</body></html>"]
+    return "\n".join(parts)
+
+
+def to_markdown(r: Report) -> str:
+    q, plan = r.plan.question, r.plan
+    t = tables(r)
+    single, multi, notes = launch(r)
+    when = datetime.fromtimestamp(r.generated_at, UTC).strftime("%Y-%m-%d %H:%M UTC")
+    out = [f"# Capacity report: {catalog.model(q.model).name} on {catalog.gpu(q.gpu).name}", "",
+           f"capbench {__version__}, {when}. Results DB: {r.db or 'none'}. (Charts: see the HTML report.)", "",
+           "## The question", "", question_text(q), "", "## The answer", ""]
+    out += [f"- {x}" for x in answer_lines(r)] + [""]
+    for key, title in SECTIONS.items():
+        if key in ("measured", "vs") and not r.measured:
+            out += [f"## {title}", "", "Nothing was measured." + (" How to measure:" if key == "measured" else ""), ""]
+            if key == "measured":
+                out += ["```bash", *_howto(r), "```", ""]
+            continue
+        if key in t:
+            out += [f"## {title}", "", _md_table(*t[key]), ""]
+    out += [f"> {n}" for n in plan.notes]
+    if r.drift is not None and not r.drift.empty:
+        out += ["## Quality drift (capbench drift runs)", "", _md_table(*_drift_rows(r)), ""]
+    out += ["## Launch commands (SGLang 0.5.23 with capbench's patches)", ""]
+    if single:
+        out += ["One node:", "", "```bash", single, "```", ""]
+    out += ["One instance over several nodes (one line on each node):", "", "```bash", *multi, "```", ""]
+    out += [f"- {n}" for n in notes] + ["", "## How these numbers were made", ""] + [f"- {m}" for m in _method(r)]
+    return "\n".join(out) + "\n"
+
+
+def render(r: Report, fmt: str = "html") -> str:
+    if fmt == "html":
+        return to_html(r)
+    if fmt == "md":
+        return to_markdown(r)
+    raise BadInput(f"--format must be html or md, not {fmt!r}")
+
+
+def write(r: Report, out: str | Path, fmt: str = "html") -> Path:
+    path = Path(out)
+    text = render(r, fmt)
+    if not path.parent.is_dir():
+        raise BadInput(f"directory of --out does not exist: {path.parent}")
+    path.write_text(text, encoding="utf-8")
+    return path
+

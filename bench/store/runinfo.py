@@ -1,0 +1,223 @@
+"""What the dashboard and the report read about runs beyond queries.py: each run's configuration (from its
+config JSON, a `twin:` spec read with model/spec.py), latency distributions, KV-integrity totals, quality-drift
+results, and the output throughput inside the arrival window (the figure simulate reports).
+
+Every function that reads takes an open connection (`with store.connect() as con:`) and binds parameters.
+"""
+
+from __future__ import annotations
+
+import json
+
+import duckdb
+import pandas as pd
+
+from bench.errors import BadInput
+from bench.model import parse_spec
+from bench.store import queries
+from bench.store.histogram import bucket_value
+
+# capbench_kv_* counters as prometheus_client exposes them (counters get _total).
+KV_COUNTERS = {
+    "pages_checksummed": "capbench_kv_pages_checksummed_total",
+    "pages_verified": "capbench_kv_pages_verified_total",
+    "mismatches": "capbench_kv_checksum_mismatch_total",
+    "checksum_seconds": "capbench_kv_checksum_seconds_total",
+}
+# Server metrics the Runs page charts by default (others can be added there); histograms are left out.
+SERVER_METRICS = ("sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:token_usage", "sglang:gen_throughput",
+                  "sglang:cache_hit_rate", "sglang:kv_cache_memory_usage_gb", "capbench_kv_checksum_mismatch_total")
+
+
+def run_config(config: str | dict | None) -> dict:
+    """The deployment a run measured, from its config JSON: model (catalog id), gpu, tp, kv_dtype, weights, rate,
+    kv_checksum, time_scale (None when unknown), and twin (True: measured against capbench's twin, not GPUs).
+    A `twin:` target's spec gives all of them; for a real server the model comes from the served name (a catalog
+    id or Hugging Face repo) and `run_deployment` fills tp and gpu from the run's samples."""
+    if isinstance(config, str):
+        try:
+            config = json.loads(config) if config else {}
+        except json.JSONDecodeError:
+            config = {}
+    c = config if isinstance(config, dict) else {}
+    profile = c.get("profile") if isinstance(c.get("profile"), dict) else {}
+    params = profile.get("params") if isinstance(profile.get("params"), dict) else {}
+    out = {"model": _catalog_model(c.get("model")), "gpu": c.get("gpu"), "tp": c.get("tp"),
+           "kv_dtype": c.get("kv_dtype"), "weights": c.get("weights"),
+           "rate": c.get("rate", params.get("rate", profile.get("rate"))),
+           "kv_checksum": c.get("kv_checksum") or "off", "time_scale": c.get("time_scale") or 1.0,
+           "workload": (c.get("workload") or {}).get("name") if isinstance(c.get("workload"), dict)
+           else c.get("workload"), "twin": False}
+    spec = c.get("twin") or (c.get("target") if str(c.get("target", "")).startswith("twin:") else None)
+    if isinstance(spec, str) and spec:
+        try:
+            s = parse_spec(spec)
+            dep = s.deployment()
+            out.update(model=s.model, gpu=s.gpu, tp=s.tp, kv_dtype=dep.kv_dtype, weights=dep.weights,
+                       time_scale=s.value("time_scale", float, 1.0), twin=True)
+        except BadInput:
+            pass
+    if out["model"] and not out["weights"]:
+        out["weights"] = "native"
+    out["tp"] = int(out["tp"]) if out["tp"] is not None else None
+    out["rate"] = float(out["rate"]) if out["rate"] is not None else None
+    return out
+
+
+def _catalog_model(name: object) -> str | None:
+    """A served model name (catalog id or Hugging Face repo, any case) as a catalog id; None when unknown."""
+    if not isinstance(name, str) or not name:
+        return None
+    from bench.model import catalog
+
+    lowered = name.lower().rstrip("/")
+    for model in catalog.models().values():
+        if lowered in (model.id, model.hf_repo.lower()) or lowered.endswith("/" + model.hf_repo.lower()):
+            return model.id
+    return None
+
+
+def run_deployment(con: duckdb.DuckDBPyConnection, run_id: str) -> dict:
+    """run_config, with tp from SGLang's /server_info samples and the GPU from the NVML samples' name when the
+    config does not say (a run against a real server). kv_dtype defaults to bf16 (SGLang's 'auto')."""
+    from bench.model import catalog
+
+    row = con.execute("SELECT config FROM runs WHERE run_id = ?", [run_id]).fetchone()
+    if row is None:
+        raise BadInput(f"unknown run id {run_id!r} (see `capbench runs`)")
+    cfg = run_config(row[0])
+    if cfg["tp"] is None:
+        tp = con.execute("SELECT max(value) FROM server_samples WHERE run_id = ? AND metric = 'server_info:tp_size'",
+                         [run_id]).fetchone()[0]
+        cfg["tp"] = int(tp) if tp else None
+    if cfg["gpu"] is None:
+        name = con.execute("SELECT any_value(name) FROM gpu_samples WHERE run_id = ?", [run_id]).fetchone()[0]
+        if name:
+            known = sorted(catalog.gpus(), key=len, reverse=True)
+            cfg["gpu"] = next((g for g in known if g.split("-")[0] in name.lower()), None)
+    cfg["kv_dtype"] = cfg["kv_dtype"] or "bf16"
+    return cfg
+
+
+def runs_table(runs: pd.DataFrame) -> pd.DataFrame:
+    """store.runs() with the configuration spread into columns."""
+    configs = pd.DataFrame([run_config(c) for c in runs["config"]], index=runs.index)
+    out = pd.concat([runs.drop(columns=["config"]), configs], axis=1)
+    out["started"] = pd.to_datetime(out["started_at"], unit="s", utc=True).dt.strftime("%Y-%m-%d %H:%M:%S")
+    return out
+
+
+def distribution(con: duckdb.DuckDBPyConnection, run_id: str, metric: str) -> pd.DataFrame:
+    """A latency metric's histogram (the store's 1 % log buckets): value_ms, n; empty when none."""
+    df = con.execute("SELECT bucket, sum(n) AS n FROM latency_hist WHERE run_id = ? AND metric = ? "
+                     "GROUP BY bucket ORDER BY bucket", [run_id, metric]).df()
+    df["value_ms"] = bucket_value(df["bucket"].to_numpy()) * 1e3
+    return df[["value_ms", "n"]]
+
+
+def percentile_rows(summary: dict) -> pd.DataFrame:
+    """Long table of a summary's latency percentiles: metric, percentile, ms."""
+    rows = [{"metric": m.upper(), "percentile": f"p{q}", "ms": summary[f"{m}_p{q}"] * 1e3}
+            for m in ("ttft", "tpot", "itl", "e2e") for q in queries.QUANTILES
+            if summary.get(f"{m}_p{q}") is not None]
+    return pd.DataFrame(rows, columns=["metric", "percentile", "ms"])
+
+
+def server_metric_names(con: duckdb.DuckDBPyConnection, run_id: str) -> list[str]:
+    """The run's sampled server metrics, less Prometheus histogram parts (_bucket, _sum, _count)."""
+    return [r[0] for r in con.execute(
+        "SELECT DISTINCT metric FROM server_samples WHERE run_id = ? AND NOT regexp_matches(metric, "
+        "'_(bucket|sum|count)$') ORDER BY 1", [run_id]).fetchall()]
+
+
+def integrity(con: duckdb.DuckDBPyConnection, run_id: str) -> dict:
+    """KV checksum totals of a run: counter increases over the run (summed over label sets), integrity events by
+    kind, and checksum_share = checksum host seconds per second of the run."""
+    out: dict = {}
+    for key, metric in KV_COUNTERS.items():
+        row = con.execute("""
+            SELECT sum(hi - lo), count(*) FROM (
+                SELECT labels, max(value) AS hi, arg_min(value, t) AS lo FROM server_samples
+                WHERE run_id = ? AND metric = ? GROUP BY labels)""", [run_id, metric]).fetchone()
+        out[key] = float(row[0]) if row[1] else None
+    span = con.execute("SELECT max(t) - min(t) FROM server_samples WHERE run_id = ? AND metric LIKE 'capbench_kv%'",
+                       [run_id]).fetchone()[0]
+    out["span_s"] = span
+    secs = out["checksum_seconds"]
+    out["checksum_share"] = secs / span if secs is not None and span else None
+    out["events"] = dict(con.execute("SELECT kind, count(*) FROM integrity_events WHERE run_id = ? GROUP BY kind "
+                                     "ORDER BY kind", [run_id]).fetchall())
+    out["has_data"] = any(out[k] is not None for k in KV_COUNTERS) or bool(out["events"])
+    return out
+
+
+def runs_with_integrity(con: duckdb.DuckDBPyConnection) -> list[str]:
+    """Runs that recorded capbench_kv_* counters or integrity events."""
+    return [r[0] for r in con.execute(
+        "SELECT DISTINCT run_id FROM server_samples WHERE metric LIKE 'capbench_kv%' "
+        "UNION SELECT DISTINCT run_id FROM integrity_events").fetchall()]
+
+
+def integrity_events(con: duckdb.DuckDBPyConnection, run_id: str, limit: int = 200) -> pd.DataFrame:
+    return con.execute("SELECT t, kind, layer, page, detail FROM integrity_events WHERE run_id = ? ORDER BY t "
+                       "LIMIT ?", [run_id, limit]).df()
+
+
+def kv_counter_series(con: duckdb.DuckDBPyConnection, run_id: str) -> pd.DataFrame:
+    """capbench_kv_* counters over the run: elapsed_s, counter, value (summed over label sets)."""
+    t0 = con.execute("SELECT started_at FROM runs WHERE run_id = ?", [run_id]).fetchone()
+    if t0 is None:
+        raise BadInput(f"unknown run id {run_id!r}")
+    return con.execute("""
+        SELECT t - ? AS elapsed_s, replace(replace(metric, 'capbench_kv_', ''), '_total', '') AS counter,
+               sum(value) AS value
+        FROM server_samples WHERE run_id = ? AND metric LIKE 'capbench_kv%'
+        GROUP BY t, metric ORDER BY t""", [t0[0], run_id]).df()
+
+
+def has_table(con: duckdb.DuckDBPyConnection, name: str) -> bool:
+    return con.execute("SELECT count(*) FROM information_schema.tables WHERE table_name = ?", [name]).fetchone()[0] > 0
+
+
+DRIFT_COLUMNS = {"run_id", "target_a", "target_b", "token_agreement", "exact_match", "mean_kl", "first_divergence"}
+
+
+def drift(con: duckdb.DuckDBPyConnection) -> pd.DataFrame | None:
+    """Quality drift per drift run (`capbench drift` compares two servers prompt by prompt): None when the DB has
+    no `drift` table, else one row per drift run (empty when none ran)."""
+    if not has_table(con, "drift"):
+        return None
+    cols = {r[0] for r in con.execute("SELECT column_name FROM information_schema.columns WHERE table_name = 'drift'"
+                                      ).fetchall()}
+    if not DRIFT_COLUMNS <= cols:  # a layout this reader does not know: show the rows as they are
+        return con.execute("SELECT * FROM drift LIMIT 1000").df()
+    return con.execute("""
+        SELECT d.run_id, any_value(r.label) AS label, any_value(d.target_a) AS target_a,
+               any_value(d.target_b) AS target_b, count(*) AS prompts, avg(d.token_agreement) AS token_agreement,
+               avg(CAST(d.exact_match AS DOUBLE)) AS exact_match_rate, avg(d.mean_kl) AS mean_kl,
+               median(d.first_divergence) AS first_divergence_median
+        FROM drift d LEFT JOIN runs r USING (run_id)
+        GROUP BY d.run_id ORDER BY min(r.started_at) DESC NULLS LAST""").df()
+
+
+WARMUP_SHARE = 0.2  # as model/simulate.py: the first 20 % of the arrival window is not counted
+
+
+def window_output_tps(con: duckdb.DuckDBPyConnection, run_id: str) -> float | None:
+    """Output tokens/s delivered inside the run's arrival window less its first WARMUP_SHARE, each request's
+    tokens spread evenly from its first token to its finish: the figure `capbench simulate` reports, so the two
+    compare like for like (a whole-run average also counts the drain after the last arrival)."""
+    row = con.execute("""
+        WITH w AS (SELECT min(scheduled_at) + ? * (max(scheduled_at) - min(scheduled_at)) AS lo,
+                          max(scheduled_at) AS hi
+                   FROM requests WHERE run_id = ? AND phase = 'measured')
+        SELECT sum(CASE WHEN r.finished_at > r.first_token_at
+                        THEN r.completion_tokens * greatest(0, least(r.finished_at, w.hi)
+                             - greatest(r.first_token_at, w.lo)) / (r.finished_at - r.first_token_at)
+                        WHEN r.finished_at BETWEEN w.lo AND w.hi THEN r.completion_tokens ELSE 0 END),
+               any_value(w.hi - w.lo)
+        FROM requests r, w
+        WHERE r.run_id = ? AND r.phase = 'measured' AND r.status = 'ok'""",
+                      [WARMUP_SHARE, run_id, run_id]).fetchone()
+    tokens, span = row
+    return tokens / span if tokens is not None and span else None

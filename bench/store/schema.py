@@ -1,0 +1,84 @@
+"""The results DB's shape: the migrations that build it (frozen once released: change the schema by appending one)
+and the Arrow schemas of what the batched writer appends (tests check they match the tables column for column)."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+# Each migration is frozen once released: change the schema by appending one, never by editing one.
+MIGRATIONS: list[tuple[int, str, list[str]]] = [
+    (1, "initial schema", [
+        """CREATE TABLE runs (
+            run_id VARCHAR PRIMARY KEY, label VARCHAR, target VARCHAR, profile VARCHAR, config JSON,
+            started_at DOUBLE NOT NULL, finished_at DOUBLE, status VARCHAR NOT NULL,
+            capbench_version VARCHAR, pid INTEGER, hostname VARCHAR)""",
+        """CREATE TABLE requests (
+            run_id VARCHAR NOT NULL, request_id VARCHAR, phase VARCHAR, kind VARCHAR,
+            scheduled_at DOUBLE, sent_at DOUBLE, first_token_at DOUBLE, finished_at DOUBLE,
+            dispatch_lag_s DOUBLE, ttft_s DOUBLE, e2e_s DOUBLE, tpot_s DOUBLE, itl_s FLOAT[],
+            prompt_tokens INTEGER, completion_tokens INTEGER, cached_tokens INTEGER, reasoning_tokens INTEGER,
+            tokens_from VARCHAR, status VARCHAR, error_kind VARCHAR, error VARCHAR)""",
+        """CREATE TABLE gpu_samples (
+            run_id VARCHAR NOT NULL, t DOUBLE NOT NULL, gpu INTEGER, name VARCHAR,
+            mem_used_mib DOUBLE, mem_total_mib DOUBLE, gpu_util_pct DOUBLE, mem_util_pct DOUBLE,
+            power_w DOUBLE, sm_clock_mhz DOUBLE, mem_clock_mhz DOUBLE, temp_c DOUBLE)""",
+        """CREATE TABLE server_samples (
+            run_id VARCHAR NOT NULL, t DOUBLE NOT NULL, metric VARCHAR NOT NULL, labels VARCHAR, value DOUBLE)""",
+        """CREATE TABLE integrity_events (
+            run_id VARCHAR NOT NULL, t DOUBLE NOT NULL, kind VARCHAR, layer INTEGER, page BIGINT, detail VARCHAR)""",
+        """CREATE TABLE latency_hist (
+            run_id VARCHAR NOT NULL, metric VARCHAR NOT NULL, bucket INTEGER NOT NULL, n BIGINT NOT NULL)""",
+    ]),
+    (2, "request_stats: per-flush counts and sums, so a summary does not scan every request", [
+        """CREATE TABLE request_stats (
+            run_id VARCHAR NOT NULL, phase VARCHAR, status VARCHAR, error_kind VARCHAR, n BIGINT NOT NULL,
+            first_due DOUBLE, first_sent DOUBLE, last_sent DOUBLE, last_finished DOUBLE,
+            input_tokens BIGINT, output_tokens BIGINT,
+            dispatch_lag_sum DOUBLE, dispatch_lag_n BIGINT, dispatch_lag_max DOUBLE)""",
+        """INSERT INTO request_stats
+            SELECT run_id, phase, status, error_kind, count(*), min(coalesce(scheduled_at, sent_at)), min(sent_at),
+                   max(sent_at), max(finished_at), sum(prompt_tokens), sum(completion_tokens), sum(dispatch_lag_s),
+                   count(dispatch_lag_s), max(dispatch_lag_s)
+            FROM requests GROUP BY run_id, phase, status, error_kind""",
+    ]),
+    (3, "drift: quality drift between two servers, one row per prompt (bench/drift.py)", [
+        """CREATE TABLE drift (
+            run_id VARCHAR NOT NULL, target_a VARCHAR, target_b VARCHAR, prompt_id VARCHAR, kind VARCHAR,
+            tokens_a INTEGER, tokens_b INTEGER, token_agreement DOUBLE, first_divergence INTEGER, mean_kl DOUBLE,
+            exact_match BOOLEAN, tool_calls_match BOOLEAN, error VARCHAR)""",
+    ]),
+]
+# What the writer appends to request_stats for each flushed batch (the batch is registered as capbench_batch).
+STATS_FROM_BATCH = """INSERT INTO request_stats
+    SELECT run_id, phase, status, error_kind, count(*), min(coalesce(scheduled_at, sent_at)), min(sent_at),
+           max(sent_at), max(finished_at), sum(prompt_tokens), sum(completion_tokens), sum(dispatch_lag_s),
+           count(dispatch_lag_s), max(dispatch_lag_s)
+    FROM capbench_batch GROUP BY run_id, phase, status, error_kind"""
+
+SCHEMA_VERSION = MIGRATIONS[-1][0]
+RUN_TABLES = ("runs", "requests", "gpu_samples", "server_samples", "integrity_events", "drift")
+
+# Arrow schemas of what the writer appends; tests check they match the tables column for column.
+REQUESTS_SCHEMA = pa.schema([
+    ("run_id", pa.string()), ("request_id", pa.string()), ("phase", pa.string()), ("kind", pa.string()),
+    ("scheduled_at", pa.float64()), ("sent_at", pa.float64()), ("first_token_at", pa.float64()),
+    ("finished_at", pa.float64()), ("dispatch_lag_s", pa.float64()), ("ttft_s", pa.float64()),
+    ("e2e_s", pa.float64()), ("tpot_s", pa.float64()), ("itl_s", pa.list_(pa.float32())),
+    ("prompt_tokens", pa.int32()), ("completion_tokens", pa.int32()), ("cached_tokens", pa.int32()),
+    ("reasoning_tokens", pa.int32()), ("tokens_from", pa.string()), ("status", pa.string()),
+    ("error_kind", pa.string()), ("error", pa.string()),
+])
+GPU_SCHEMA = pa.schema([
+    ("run_id", pa.string()), ("t", pa.float64()), ("gpu", pa.int32()), ("name", pa.string()),
+    ("mem_used_mib", pa.float64()), ("mem_total_mib", pa.float64()), ("gpu_util_pct", pa.float64()),
+    ("mem_util_pct", pa.float64()), ("power_w", pa.float64()), ("sm_clock_mhz", pa.float64()),
+    ("mem_clock_mhz", pa.float64()), ("temp_c", pa.float64()),
+])
+SERVER_SCHEMA = pa.schema([
+    ("run_id", pa.string()), ("t", pa.float64()), ("metric", pa.string()), ("labels", pa.string()),
+    ("value", pa.float64()),
+])
+INTEGRITY_SCHEMA = pa.schema([
+    ("run_id", pa.string()), ("t", pa.float64()), ("kind", pa.string()), ("layer", pa.int32()),
+    ("page", pa.int64()), ("detail", pa.string()),
+])

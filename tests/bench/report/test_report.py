@@ -1,0 +1,115 @@
+"""`capbench report`: a self-contained page (tables, inline SVG charts, no script, no external reference) that
+answers the question from the plan, with and without measured runs."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench.model import Question, make_plan
+from bench.report import build, render
+from tests.rundb import RUNS, fill
+
+Q = Question(model="kimi-k2-thinking", gpu="h200", tp=8, workload="chat", target_rate_rps=20)
+CAPBENCH = str(Path(sys.executable).parent / "capbench")
+
+
+@pytest.fixture(scope="module")
+def db(tmp_path_factory):
+    path = tmp_path_factory.mktemp("report") / "capbench.duckdb"
+    return path, fill(path)
+
+
+def assert_self_contained(page: str) -> None:
+    assert "<script" not in page.lower()
+    assert not re.search(r"<link\b", page, re.I)
+    assert not re.search(r"""(src|href)\s*=\s*["']?\s*(https?:)?//""", page, re.I)
+    assert not re.search(r"@import|url\(\s*['\"]?https?:", page, re.I)
+
+
+def test_report_with_runs_has_tables_charts_and_the_measurements(db):
+    path, ids = db
+    r = build(Q, path)
+    page = render(r, "html")
+    assert_self_contained(page)
+    assert page.count("<table>") >= 6  # configs, capacity, predicted, measured, vs, integrity
+    assert page.count("<svg") >= 6  # 4 plan charts, measured latency, measured vs predicted
+    kimi_runs = [label for label, config, *_ in RUNS if config["model"] == "kimi-k2-thinking"]
+    assert {m.label for m in r.runs} == set(kimi_runs)  # the model's runs, not GLM's
+    for label in kimi_runs:
+        assert label in page
+    for heading in ("The question", "The answer", "Configurations compared", "Measured results",
+                    "Predicted vs measured", "KV cache integrity", "Launch commands"):
+        assert heading in page
+    assert "Nothing was measured" not in page
+    rec = make_plan(Q).recommended
+    assert f"Deploy {rec.gpus_needed} x h200 as {rec.instances_needed} SGLang instance(s)" in page
+    assert f"${rec.monthly_cost:,.0f} a month" in page
+    assert "FP8 KV cache:" in page and "INT4 experts:" in page
+    # launch commands: one node, and one instance over two nodes
+    assert "capbench sglang-launch --kv-checksum verify" in page
+    assert "--model-path moonshotai/Kimi-K2-Thinking --tp 8 --kv-cache-dtype fp8_e4m3" in page
+    assert "--tp 16" in page and "--nnodes 2 --node-rank 1 --dist-init-addr" in page
+
+
+def test_report_without_runs_is_a_planning_report(tmp_path):
+    r = build(Question(model="glm-4.6", gpu="h200", tp=8, workload="chat"), tmp_path / "none.duckdb")
+    page = render(r, "html")
+    assert_self_contained(page)
+    assert not r.measured
+    assert "Nothing was measured" in page and "no results database" in page
+    assert page.count("<table>") == 4 and page.count("<svg") == 4  # configs, capacity, predicted, other GPUs
+    assert "The recommended configuration on other GPUs" in page
+    others = {o.capacity.gpu: o for o in r.other_gpus}
+    assert set(others) == {"a100-80gb", "b200", "h100-sxm", "mi300x"}
+    assert others["b200"].capacity.fits and others["b200"].prediction.rate_rps > 0
+    assert "capbench run --target" in page  # how to measure
+    md = render(r, "md")
+    assert "## Capacity (SGLang 0.5.23 memory arithmetic)" in md and "| bf16 experts (native), bf16 KV |" in md
+    assert "Nothing was measured" in md and "<svg" not in md
+
+
+def test_cli_writes_the_report_and_refuses_bad_input(db, tmp_path):
+    path, ids = db
+    out = tmp_path / "r.html"
+    done = subprocess.run([CAPBENCH, "report", "--db", str(path), "--runs", f"{ids[0]},{ids[1]}", "--model",
+                           "kimi-k2-thinking", "--gpu", "h200", "--tp", "8", "--fidelity", "quick", "--out", str(out)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "measured: 2 run(s)" in done.stdout
+    page = out.read_text()
+    assert_self_contained(page)
+    assert RUNS[0][0] in page and RUNS[1][0] in page and RUNS[2][0] not in page
+    bad = subprocess.run([CAPBENCH, "report", "--db", str(path), "--runs", "nope", "--out", str(out)],
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and bad.stderr.strip() == "error: unknown run id(s): nope (see `capbench runs`)"
+
+
+def test_launch_commands_are_accepted_by_the_patched_launcher(tmp_path):
+    """The report's commands, run through `capbench sglang-launch --dry-run`, start SGLang with the patches."""
+    import shlex
+
+    from typer.testing import CliRunner
+
+    from bench.cli import app
+    from bench.model import launch as sglang_cmd
+
+    scales = tmp_path / "kv_scales.json"
+    scales.write_text("{}")
+    single, multi = sglang_cmd.commands("kimi-k2-thinking", "h100-sxm", 16, "fp8_e4m3", "native")
+    assert single is None and len(multi) == 2 and all("--tp 16 " in c for c in multi)  # 16 GPUs: two 8-GPU nodes
+    commands = [sglang_cmd.single_node("kimi-k2-thinking", 8, "fp8_e4m3", "native", 262144),
+                *sglang_cmd.multi_node("glm-4.6", "h200", 8, "bf16", "int4-g32")]
+    for cmd in commands:
+        argv = shlex.split(cmd.replace("kv_scales.json", str(scales)))
+        assert argv[:2] == ["capbench", "sglang-launch"]
+        out = CliRunner().invoke(app, [argv[1], "--dry-run", *argv[2:]], catch_exceptions=False)
+        assert out.exit_code == 0, out.output
+        assert "kv_checksum: verify" in out.output
+        exec_line = next(line for line in out.output.splitlines() if line.startswith("exec: "))
+        assert "-m sglang.launch_server" in exec_line and "--radix-cache-backend capbench_kv_checksum" in exec_line
+        assert argv[argv.index("--") + 1] in exec_line  # the server arguments pass through
