@@ -24,6 +24,40 @@ from bench.drift_prompts import DRIFT_PROMPTS
 from bench.errors import BadInput
 
 TOP_LOGPROBS = 5
+FAMILIES = ("kimi", "glm", "deepseek", "qwen")  # matched in the served model name
+
+
+def family_of(model: str) -> str:
+    """The model family a served model name belongs to (its report and gate are per family and kind)."""
+    name = model.lower()
+    return next((f for f in FAMILIES if f in name), "other")
+
+
+@dataclass
+class Gate:
+    """Rollout thresholds, each applied to every prompt kind and to 'all'; None: not checked."""
+
+    max_mean_kl: float | None = None
+    min_token_agreement: float | None = None
+    min_exact_match: float | None = None
+
+    @property
+    def active(self) -> bool:
+        return any(v is not None for v in asdict(self).values())
+
+    def failures(self, summary: list[dict]) -> list[str]:
+        out = []
+        for s in summary:
+            where = f"{s['family']}/{s['kind']}"
+            if s["errors"]:
+                out.append(f"{where}: {s['errors']} prompts failed")
+            checks = (("mean_kl", self.max_mean_kl, lambda v, t: v <= t, ">"),
+                      ("token_agreement", self.min_token_agreement, lambda v, t: v >= t, "<"),
+                      ("exact_match", self.min_exact_match, lambda v, t: v >= t, "<"))
+            for key, threshold, ok, sign in checks:
+                if threshold is not None and s[key] is not None and not ok(s[key], threshold):
+                    out.append(f"{where}: {key} {s[key]:.4g} {sign} {threshold:g}")
+        return out
 
 
 @dataclass
@@ -150,9 +184,9 @@ def measure(targets: list[tuple[str, str]], prompts: list[dict], api_key_env: st
     return [compare(p, a, b) for p, (a, b) in zip(prompts, answers, strict=True)]
 
 
-def by_kind(rows: list[PromptDrift]) -> list[dict]:
-    """One line per prompt kind (and 'all'): prompts, exact-match share, mean agreement, median first divergence,
-    mean KL, errors."""
+def by_kind(rows: list[PromptDrift], family: str = "other") -> list[dict]:
+    """One line per prompt kind (and 'all') of one model family: prompts, exact-match share, mean agreement,
+    median first divergence, mean KL, errors."""
     out = []
     kinds = sorted({r.kind for r in rows})
     for kind in [*kinds, "all"]:
@@ -161,7 +195,7 @@ def by_kind(rows: list[PromptDrift]) -> list[dict]:
         divs = [r.first_divergence for r in ok if r.first_divergence is not None]
         kls = [r.mean_kl for r in ok if r.mean_kl is not None]
         out.append({
-            "kind": kind, "prompts": len(group), "errors": len(group) - len(ok),
+            "family": family, "kind": kind, "prompts": len(group), "errors": len(group) - len(ok),
             "exact_match": sum(r.exact_match for r in ok) / len(ok) if ok else None,
             "token_agreement": statistics.fmean(r.token_agreement for r in ok) if ok else None,
             "median_first_divergence": statistics.median(divs) if divs else None,
@@ -175,8 +209,11 @@ def rows_for_store(run_id: str, target_a: str, target_b: str, rows: list[PromptD
 
 
 def drift_command(targets: list[str], prompt_files: list[Path] | None, db: Path, label: str,
-                  model: str | None, api_key_env: str | None, concurrency: int, as_json: bool) -> str:
-    """`capbench drift`: start twin targets if asked, measure, store one run with a drift row per prompt, print."""
+                  model: str | None, api_key_env: str | None, concurrency: int, as_json: bool,
+                  gate: Gate | None = None) -> tuple[str, list[str]]:
+    """`capbench drift`: start twin targets if asked, measure, store one run with a drift row per prompt, print.
+    Returns the run id and the gate's failures (empty when it passes or no threshold was given)."""
+    gate = gate if gate and gate.active else None
     from rich.console import Console
     from rich.progress import Progress
     from rich.table import Table
@@ -193,8 +230,10 @@ def drift_command(targets: list[str], prompt_files: list[Path] | None, db: Path,
         for spec in targets:
             opened.append(Target(spec))
         pairs = [(t.url, model or discover_model(t.url, api_key_env)) for t in opened]
+        family = family_of(pairs[0][1])
         run_id = store.start_run(label=label or "drift", target=" vs ".join(targets), profile="drift",
                                  config={"kind": "drift", "targets": targets, "models": [m for _, m in pairs],
+                                         "family": family, "gate": asdict(gate) if gate else None,
                                          "prompts": [str(p) for p in (prompt_files or [DRIFT_PROMPTS])],
                                          "top_logprobs": TOP_LOGPROBS})
         try:
@@ -209,11 +248,14 @@ def drift_command(targets: list[str], prompt_files: list[Path] | None, db: Path,
     finally:
         for t in opened:
             t.close()
-    summary = by_kind(rows)
+    summary = by_kind(rows, family)
+    failures = gate.failures(summary) if gate else []
     if as_json:
-        print(json.dumps({"run_id": run_id, "by_kind": summary}, indent=2))
-        return run_id
-    table = Table(title=f"quality drift, A = {targets[0]}  B = {targets[1]}  (run {run_id})")
+        print(json.dumps({"run_id": run_id, "family": family, "by_kind": summary,
+                          "gate": {"thresholds": asdict(gate), "passed": not failures, "failures": failures}
+                          if gate else None}, indent=2))
+        return run_id, failures
+    table = Table(title=f"quality drift ({family}), A = {targets[0]}  B = {targets[1]}  (run {run_id})")
     for col in ("kind", "prompts", "errors", "exact match", "token agreement", "median first divergence",
                 "mean KL (nats)"):
         table.add_column(col, justify="left" if col == "kind" else "right")
@@ -225,5 +267,8 @@ def drift_command(targets: list[str], prompt_files: list[Path] | None, db: Path,
         table.add_row(s["kind"], str(s["prompts"]), str(s["errors"]), fmt(s["exact_match"], "{:.0%}"),
                       fmt(s["token_agreement"], "{:.1%}"), fmt(s["median_first_divergence"], "{:.0f}"),
                       fmt(s["mean_kl"], "{:.4f}"))
-    Console(width=max(Console().width, 120)).print(table)
-    return run_id
+    console = Console(width=max(Console().width, 120))
+    console.print(table)
+    if gate:
+        console.print("gate: passed" if not failures else "gate: FAILED\n  " + "\n  ".join(failures))
+    return run_id, failures

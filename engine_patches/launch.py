@@ -92,6 +92,8 @@ class BadLaunch(ValueError):
 
 
 def validate(o: PatchOptions, sglang_args: list[str]) -> None:
+    sglang_args = server_arguments(sglang_args)
+    _validate_int4_checkpoint(sglang_args)
     if o.kv_checksum not in CHECKSUM_MODES:
         raise BadLaunch(f"--kv-checksum must be one of {', '.join(CHECKSUM_MODES)}, got {o.kv_checksum!r}")
     if o.kv_scrub_pages_per_s < 0:
@@ -166,7 +168,8 @@ def build_command(o: PatchOptions, sglang_args: list[str]) -> tuple[list[str], d
     """The argv and environment that start SGLang with the patches."""
     if o.integrity_log:
         o = PatchOptions(**{**asdict(o), "integrity_log": str(Path(o.integrity_log).expanduser().resolve())})
-    argv = [sys.executable, "-m", "sglang.launch_server", *sglang_args]
+    sglang_args = server_arguments(sglang_args)
+    argv = [sys.executable, "-m", "sglang.launch_server", *sglang_args, *int4_checkpoint_args(sglang_args)]
     for p in active_patches(o):
         argv += p.server_args(o)
     env = dict(os.environ)
@@ -180,7 +183,7 @@ def launch(o: PatchOptions, sglang_args: list[str], dry_run: bool = False) -> No
     validate(o, sglang_args)
     argv, env = build_command(o, sglang_args)
     print("capbench patches for SGLang:")
-    for line in describe(o):
+    for line in describe(o) + describe_int4_checkpoint(server_arguments(sglang_args)):
         print(f"  {line}")
     print("exec: " + " ".join(argv), flush=True)
     if dry_run:
@@ -188,6 +191,80 @@ def launch(o: PatchOptions, sglang_args: list[str], dry_run: bool = False) -> No
         print(f"PYTHONPATH={env['PYTHONPATH']}")
         return
     os.execvpe(argv[0], argv, env)
+
+
+# ---- what follows `--`: SGLang's own arguments, and what an INT4 checkpoint needs ----
+
+LAUNCH_MODULE = ("-m", "sglang.launch_server")
+
+
+def server_arguments(sglang_args: list[str]) -> list[str]:
+    """The arguments for sglang.launch_server, whether given bare (`-- --model-path M`) or as the whole command
+    (`-- python -m sglang.launch_server --model-path M`, as SGLang's docs write it)."""
+    args = list(sglang_args)
+    if args and Path(args[0]).name.startswith("python") and tuple(args[1:3]) == LAUNCH_MODULE:
+        return args[3:]
+    if tuple(args[:2]) == LAUNCH_MODULE:
+        return args[2:]
+    return args
+
+
+def _server_int(sglang_args: list[str], flags: tuple[str, ...], default: int) -> int:
+    for flag in flags:
+        value = _server_arg(sglang_args, flag, "")
+        if value:
+            try:
+                return int(value)
+            except ValueError:
+                raise BadLaunch(f"{flag} takes a whole number, got {value!r}") from None
+    return default
+
+
+def _int4_checkpoint(sglang_args: list[str]):
+    from engine_patches.int4_moe.layout import read_int4_checkpoint
+
+    path = _server_arg(sglang_args, "--model-path", "") or _server_arg(sglang_args, "--model", "")
+    return read_int4_checkpoint(path) if path else None
+
+
+def _validate_int4_checkpoint(sglang_args: list[str]) -> None:
+    """A local INT4 W4A16 checkpoint: every rank must hold whole groups (layout.check_group_size)."""
+    from engine_patches.int4_moe.layout import FUSION_OFF, UNFUSED_SHARED_EXPERT_ARCHS, check_group_size
+
+    ckpt = _int4_checkpoint(sglang_args)
+    if ckpt is None:
+        return
+    tp = _server_int(sglang_args, ("--tp", "--tp-size", "--tensor-parallel-size"), 1)
+    ep = _server_int(sglang_args, ("--ep", "--ep-size", "--expert-parallel-size"), 1)
+    if ckpt.moe_intermediate_size and ckpt.hidden_size:
+        try:
+            check_group_size(ckpt.group_size, ckpt.moe_intermediate_size, ckpt.hidden_size, tp, ep)
+        except ValueError as e:
+            raise BadLaunch(str(e)) from None
+    if ckpt.architecture in UNFUSED_SHARED_EXPERT_ARCHS and "--enforce-shared-experts-fusion" in sglang_args:
+        raise BadLaunch(f"{ckpt.architecture} with INT4 experts keeps its shared expert in BF16, which SGLang's "
+                        "fused W4A16 slot cannot load: drop --enforce-shared-experts-fusion "
+                        f"(the launcher adds {FUSION_OFF})")
+
+
+def int4_checkpoint_args(sglang_args: list[str]) -> list[str]:
+    """Server flags a local INT4 checkpoint needs: GLM's shared expert unfused (layout.UNFUSED_SHARED_EXPERT_ARCHS)."""
+    from engine_patches.int4_moe.layout import FUSION_OFF, UNFUSED_SHARED_EXPERT_ARCHS
+
+    ckpt = _int4_checkpoint(sglang_args)
+    if ckpt and ckpt.architecture in UNFUSED_SHARED_EXPERT_ARCHS and FUSION_OFF not in sglang_args:
+        return [FUSION_OFF]
+    return []
+
+
+def describe_int4_checkpoint(sglang_args: list[str]) -> list[str]:
+    ckpt = _int4_checkpoint(sglang_args)
+    if ckpt is None:
+        return []
+    line = f"INT4 W4A16 g{ckpt.group_size} experts ({ckpt.architecture})"
+    if int4_checkpoint_args(sglang_args):
+        line += ": shared expert kept unfused (--disable-shared-experts-fusion)"
+    return [line]
 
 
 # ---- inside every SGLang process (called by boot/sitecustomize.py) ----

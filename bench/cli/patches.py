@@ -67,17 +67,22 @@ def calibrate_kv_scales(
 
 def quantize_int4(
     src: str = typer.Option(..., "--in", help="Checkpoint directory: safetensors, BF16 or FP8 block-128."),
-    out: str = typer.Option(..., "--out", help="New directory for the INT4 checkpoint."),
+    out: str = typer.Option(..., "--out", help="New directory for the INT4 checkpoint (written as OUT.partial, "
+                            "renamed when complete)."),
     group_size: int = typer.Option(32, help="INT4 group size: 32 (as Kimi K2 Thinking) or 128."),
+    tp: int = typer.Option(8, help="Tensor parallelism the checkpoint will be served at (the group size must divide "
+                           "each rank's share of the expert intermediate size)."),
+    ep: int = typer.Option(1, help="Expert parallelism it will be served at."),
+    workers: int = typer.Option(None, help="Worker processes (default: the machine's cores, bounded by memory)."),
+    resume: bool = typer.Option(False, help="Continue an interrupted conversion from OUT.partial."),
 ) -> None:
     """Routed experts of a GLM-4.x / Kimi K2 checkpoint to compressed-tensors INT4 W4A16 (SGLang loads it)."""
     try:
         from engine_patches.int4_moe.convert import convert, print_report
 
-        report = convert(src, out, group_size)
+        report = convert(src, out, group_size, tp, ep, workers, resume)
     except (ValueError, OSError) as e:
         raise BadInput(str(e)) from None
-    except (ImportError, RuntimeError) as e:  # e.g. a torchvision built for another torch, pulled by transformers
-        raise BadInput(f"quantize-int4 could not load compressed-tensors ({str(e).splitlines()[0]}); "
-                       "is torchvision built for this torch? transformers imports it") from None
+    except ImportError as e:
+        raise BadInput(f"quantize-int4 needs the engine extras (pip install 'capbench[engine]'): {e}") from None
     print_report(report, out)

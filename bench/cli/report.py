@@ -90,10 +90,17 @@ def drift(
     api_key_env: str = typer.Option(None, help="Environment variable holding the API key."),
     concurrency: int = typer.Option(8, help="Prompts in flight at once."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+    max_mean_kl: float = typer.Option(None, help="Gate: fail (exit 1) if any kind's mean KL exceeds this."),
+    min_token_agreement: float = typer.Option(None, help="Gate: fail if any kind's token agreement is below this."),
+    min_exact_match: float = typer.Option(None, help="Gate: fail if any kind's exact-match share is below this."),
 ) -> None:
-    """Quality drift: the same prompts sent greedily with top logprobs to two servers, compared token by token."""
+    """Quality drift: the same prompts sent greedily with top logprobs to two servers, compared token by token.
+    With a threshold, a rollout gate: exit 1 when any prompt kind misses it (or any prompt fails)."""
     from pathlib import Path
 
-    from bench.drift import drift_command
+    from bench.drift import Gate, drift_command
 
-    drift_command(target, [Path(p) for p in prompts or []], Path(db), label, model, api_key_env, concurrency, as_json)
+    _, failures = drift_command(target, [Path(p) for p in prompts or []], Path(db), label, model, api_key_env,
+                                concurrency, as_json, Gate(max_mean_kl, min_token_agreement, min_exact_match))
+    if failures:
+        raise typer.Exit(1)

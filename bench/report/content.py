@@ -300,7 +300,7 @@ def launch(r: Report) -> tuple[str | None, list[str], list[str]]:
     o = plan.recommended or plan.chosen
     single, multi = sglang_cmd.commands(q.model, q.gpu, q.tp, o.kv_dtype, o.weights, plan.context)
     notes = []
-    path, where = sglang_cmd.model_path(q.model, o.weights)
+    path, where = sglang_cmd.model_path(q.model, o.weights, q.tp)
     if where:
         notes.append(f"{path}: {where}.")
     if o.kv_dtype == "fp8_e4m3":

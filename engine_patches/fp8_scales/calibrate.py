@@ -111,7 +111,8 @@ def calibrate(
         except httpx.HTTPError as e:
             raise ValueError(f"cannot reach {target}: {e}") from e
     layout, amax = merge_rank_dumps(dumps)
-    layers = num_layers or (max(amax) + 1)
+    drafts = {layer for d in dumps for layer in d.get("draft_layers", [])}
+    layers = num_layers or (max(set(amax) - drafts) + 1)
     ranks = tp_size or len(dumps)
     doc = build_scales(layout, amax, layers, ranks, margin, model_type)
     path = write_scales(doc, out)

@@ -20,11 +20,13 @@ import logging
 
 import torch
 
-from engine_patches.fp8_scales.scales_file import read_kv_scales
+from engine_patches.fp8_scales import draft
+from engine_patches.fp8_scales.scales_file import read_draft_scales, read_kv_scales
 
 logger = logging.getLogger(__name__)
 
-# layer_id -> scale, for the MLA pool's write/read paths; filled by DeepseekV2's load_kv_cache_scales in this process
+# layer -> scale, for the MLA pool's write/read paths; filled by DeepseekV2's load_kv_cache_scales in this process.
+# Keyed by draft.layer_id: an MTP draft layer by its checkpoint layer, so it never takes the target's layer 0.
 MLA_SCALES: dict[int, float] = {}
 
 
@@ -54,28 +56,37 @@ def _device(model) -> torch.device:
     return p.device if p is not None else torch.device("cpu")
 
 
-def _attention_modules(model, scales: dict, attr: str):
-    """(layer_id, attention module) of each decoder layer this rank holds that has a scale. The MTP draft models
-    (Glm4MoeForCausalLMNextN, DeepseekV3ForCausalLMNextN) inherit the loader: their one `model.decoder` layer sits
-    past the calibrated layers and keeps scale 1.0, which only costs draft acceptance."""
+def _attention_modules(model, scales: dict, attr: str, path: str):
+    """(layer, attention module, (k_scale, v_scale)) of each decoder layer this rank holds that has a scale.
+    A NextN draft model (Glm4MoeForCausalLMNextN, DeepseekV3ForCausalLMNextN: they inherit the loader) has one
+    `model.decoder` whose attention SGLang numbers 0; it takes the scale recorded for its checkpoint layer
+    (draft.py), or keeps 1.0."""
     inner = model.model
-    layers = list(getattr(inner, "layers", None) or [getattr(inner, "decoder", None)])
+    draft_layer = draft.draft_layer_id(model)
+    if draft_layer is not None:
+        draft.tag(model)
+        scales = read_draft_scales(path)
+        layers = [inner.decoder]
+    else:
+        layers = list(inner.layers)
     for layer in layers:
         if not hasattr(layer, "self_attn"):  # PPMissingLayer on other pipeline ranks
             continue
         attn = getattr(layer.self_attn, attr)
-        if attn.layer_id in scales:
-            yield attn.layer_id, attn
+        key = draft.layer_id(attn)
+        if key in scales:
+            yield key, attn, scales[key]
+        elif draft_layer is not None:
+            logger.warning("capbench: the calibration run recorded no MTP draft layer %d; it keeps scale 1.0", key)
         else:
-            logger.warning("capbench: no FP8 KV scale for layer %d; it keeps scale 1.0", attn.layer_id)
+            logger.warning("capbench: no FP8 KV scale for layer %d; it keeps scale 1.0", key)
 
 
 def glm4_moe_load_kv_cache_scales(self, quantization_param_path: str) -> None:
     tp_rank, tp_size = _tp_layout(self)
     scales = read_kv_scales(quantization_param_path, tp_rank, tp_size, self.config.num_hidden_layers, None)
     device = _device(self)
-    for layer_id, attn in _attention_modules(self, scales, "attn"):
-        k, v = scales[layer_id]
+    for _, attn, (k, v) in _attention_modules(self, scales, "attn", quantization_param_path):
         set_attention_scales(attn, k, v, device)
     logger.info("capbench: loaded FP8 KV scales for %d MHA layers from %s", len(scales), quantization_param_path)
 
@@ -84,8 +95,8 @@ def deepseek_v2_load_kv_cache_scales(self, quantization_param_path: str) -> None
     tp_rank, tp_size = _tp_layout(self)
     scales = read_kv_scales(quantization_param_path, tp_rank, tp_size, self.config.num_hidden_layers, None)
     device = _device(self)
-    for layer_id, attn in _attention_modules(self, scales, "attn_mqa"):
-        s = max(scales[layer_id])  # one cached row (latent | rope), one descale in the kernels
+    for layer_id, attn, kv in _attention_modules(self, scales, "attn_mqa", quantization_param_path):
+        s = max(kv)  # one cached row (latent | rope), one descale in the kernels
         set_attention_scales(attn, s, s, device)
         MLA_SCALES[layer_id] = s
     logger.info("capbench: loaded FP8 KV scales for %d MLA layers from %s", len(scales), quantization_param_path)
@@ -99,8 +110,7 @@ def install_mla_pool_scaling() -> None:
     orig_get = MLATokenToKVPool.get_mla_kv_buffer
 
     def set_mla_kv_buffer(self, layer, loc_info, cache_k_nope, cache_k_rope, layer_id_override=None):
-        lid = layer_id_override if layer_id_override is not None else layer.layer_id
-        s = MLA_SCALES.get(lid)
+        s = MLA_SCALES.get(draft.layer_id(layer, layer_id_override))
         if s is not None and s != 1.0 and self.dtype != cache_k_nope.dtype and not self.use_dsa:
             cache_k_nope = cache_k_nope / s
             if cache_k_rope is not None and cache_k_rope.numel() > 0:
@@ -109,7 +119,7 @@ def install_mla_pool_scaling() -> None:
 
     def get_mla_kv_buffer(self, layer, loc, dst_dtype=None):
         nope, rope = orig_get(self, layer, loc, dst_dtype)
-        s = MLA_SCALES.get(layer.layer_id)
+        s = MLA_SCALES.get(draft.layer_id(layer))
         if s is not None and s != 1.0 and self.dtype != (dst_dtype or self.dtype) and not self.use_dsa:
             nope = nope * s
             rope = rope * s if rope is not None else None
@@ -124,6 +134,7 @@ def install() -> None:
     from sglang.srt.models.deepseek_v2 import DeepseekV2ForCausalLM
     from sglang.srt.models.glm4_moe import Glm4MoeForCausalLM
 
+    draft.install_tagging()  # the MLA pool looks a draft layer's scale up by its checkpoint layer
     Glm4MoeForCausalLM.load_kv_cache_scales = glm4_moe_load_kv_cache_scales
     DeepseekV2ForCausalLM.load_kv_cache_scales = deepseek_v2_load_kv_cache_scales  # DeepseekV3 inherits it
     install_mla_pool_scaling()

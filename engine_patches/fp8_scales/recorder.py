@@ -23,6 +23,8 @@ from pathlib import Path
 
 import torch
 
+from engine_patches.fp8_scales import draft
+
 
 def _rank() -> int:
     if torch.distributed.is_available() and torch.distributed.is_initialized():
@@ -45,6 +47,7 @@ class AmaxRecorder:
         self.tokens: dict[int, int] = {}
         self.last_dump = 0.0
         self.first_layer: int | None = None
+        self.draft_layers: set[int] = set()  # MTP draft layers seen (their checkpoint ids)
         atexit.register(self._dump_at_exit)
 
     def observe(self, layer_id: int, part: str, x: torch.Tensor | None) -> None:
@@ -59,7 +62,10 @@ class AmaxRecorder:
         if part == "k":
             self.tokens[layer_id] = self.tokens.get(layer_id, 0) + x.shape[0]
 
-    def after_write(self, layer_id: int) -> None:
+    def after_write(self, layer_id: int, layer=None) -> None:
+        if getattr(layer, draft.LAYER_ATTR, None) is not None:
+            self.draft_layers.add(layer_id)
+            return  # the draft's pool: its first layer is not the target's
         if self.first_layer is None or layer_id < self.first_layer:
             self.first_layer = layer_id
         if layer_id == self.first_layer and time.monotonic() - self.last_dump >= self.interval_s and not _capturing():
@@ -71,7 +77,7 @@ class AmaxRecorder:
             layers[layer_id] = {p: float(parts[p]) if p in parts else 0.0 for p in ("k", "v")}
             layers[layer_id]["tokens"] = self.tokens.get(layer_id, 0)
         return {"rank": _rank(), "pid": os.getpid(), "layout": self.layout, "written_at": time.time(),
-                "layers": layers}
+                "layers": layers, "draft_layers": sorted(self.draft_layers)}
 
     def _dump_at_exit(self) -> None:
         try:
@@ -102,13 +108,14 @@ def read_dumps(path: str | Path) -> list[dict]:
 
 
 def _layer_id(layer, layer_id_override) -> int:
-    return layer_id_override if layer_id_override is not None else layer.layer_id
+    return draft.layer_id(layer, layer_id_override)  # an MTP draft layer counts as its checkpoint layer
 
 
 def install(path: str | Path, interval_s: float = 2.0) -> dict[str, AmaxRecorder]:
     """Wrap the pools' write methods (class-level, this process). Returns the recorders by layout."""
     from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, MLATokenToKVPool
 
+    draft.install_tagging()
     recorders = {"mha": AmaxRecorder(path, "mha", interval_s), "mla": AmaxRecorder(path, "mla", interval_s)}
     mha, mla = recorders["mha"], recorders["mla"]
     orig_mha_set = MHATokenToKVPool.set_kv_buffer
@@ -120,7 +127,7 @@ def install(path: str | Path, interval_s: float = 2.0) -> dict[str, AmaxRecorder
         mha.observe(lid, "k", cache_k)
         mha.observe(lid, "v", cache_v)
         out = orig_mha_set(self, layer, loc_info, cache_k, cache_v, *args, layer_id_override=layer_id_override, **kw)
-        mha.after_write(lid)
+        mha.after_write(lid, layer)
         return out
 
     def mla_set_kv_buffer(self, layer, loc_info, cache_k, cache_v, layer_id_override=None):
@@ -128,7 +135,7 @@ def install(path: str | Path, interval_s: float = 2.0) -> dict[str, AmaxRecorder
         mla.observe(lid, "k", cache_k[..., : self.kv_lora_rank])
         mla.observe(lid, "v", cache_k[..., self.kv_lora_rank :])
         out = orig_mla_set(self, layer, loc_info, cache_k, cache_v, layer_id_override=layer_id_override)
-        mla.after_write(lid)
+        mla.after_write(lid, layer)
         return out
 
     def mla_set_mla_kv_buffer(self, layer, loc_info, cache_k_nope, cache_k_rope, layer_id_override=None):
@@ -136,7 +143,7 @@ def install(path: str | Path, interval_s: float = 2.0) -> dict[str, AmaxRecorder
         mla.observe(lid, "k", cache_k_nope)
         mla.observe(lid, "v", cache_k_rope)
         out = orig_mla_set_mla(self, layer, loc_info, cache_k_nope, cache_k_rope, layer_id_override=layer_id_override)
-        mla.after_write(lid)
+        mla.after_write(lid, layer)
         return out
 
     MHATokenToKVPool.set_kv_buffer = mha_set_kv_buffer

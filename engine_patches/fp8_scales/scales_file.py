@@ -48,8 +48,17 @@ def build_scales(
     margin: float = 1.0,
     model_type: str | None = None,
 ) -> dict:
-    """The JSON document: SGLang's standard part plus the capbench section. Layers never written get 1.0."""
+    """The JSON document: SGLang's standard part plus the capbench section. Layers never written get 1.0.
+    Maxima of layers past num_layers (MTP draft layers, draft.py) go to the capbench section's "draft" map only:
+    SGLang's schema admits exactly num_layers layers."""
     k_scale, v_scale, joint = {}, {}, {}
+    drafts = {}
+    for layer, (k_amax, v_amax) in sorted(amax.items()):
+        if layer >= num_layers:
+            k, v = scale_for(k_amax, margin), scale_for(v_amax, margin)
+            if layout == "mla":
+                k = v = max(k, v)
+            drafts[layer] = {"k_scale": k, "v_scale": v, "amax": {"k": k_amax, "v": v_amax}}
     for layer in range(num_layers):
         k_amax, v_amax = amax.get(layer, (0.0, 0.0))
         if layout == "mla":
@@ -72,6 +81,7 @@ def build_scales(
             "amax": {layer: {"k": amax.get(layer, (0.0, 0.0))[0], "v": amax.get(layer, (0.0, 0.0))[1]}
                      for layer in range(num_layers)},
             "missing_layers": [layer for layer in range(num_layers) if layer not in amax],
+            "draft": drafts,
         },
     }
 
@@ -102,3 +112,10 @@ def read_kv_scales(
     for layer, s in joint.items():
         out[layer] = (float(k_map.get(str(layer), s)), float(v_map.get(str(layer), s)))
     return out
+
+
+def read_draft_scales(path: str | Path) -> dict[int, tuple[float, float]]:
+    """(k_scale, v_scale) of the MTP draft layers the calibration run saw, by checkpoint layer (all ranks alike)."""
+    doc = json.loads(Path(path).read_text())
+    drafts = (doc.get("capbench") or {}).get("draft") or {}
+    return {int(layer): (float(d["k_scale"]), float(d["v_scale"])) for layer, d in drafts.items()}

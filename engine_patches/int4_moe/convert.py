@@ -1,90 +1,42 @@
 """`capbench quantize-int4`: routed-expert weights of a GLM-4.x / Kimi K2 safetensors checkpoint to INT4 W4A16.
 
-Output: compressed-tensors `pack-quantized`, int4, symmetric, group-wise (32 or 128), the layout Kimi K2 Thinking
-ships and SGLang loads with its WNA16 MoE schemes (Marlin, or Triton with `--moe-runner-backend triton`). Each
-routed expert projection `...mlp.experts.E.{gate,up,down}_proj.weight` becomes `weight_packed` (int32, 8 values a
-word), `weight_scale` (bf16, one per group) and `weight_shape`. Everything else stays as it was: attention, shared
-experts, dense MLPs, router, embeddings, lm_head (the config's ignore list says so).
+Output: compressed-tensors `pack-quantized`, int4, symmetric, group-wise (32 or 128; pack.py has the layout), which
+SGLang loads with its WNA16 MoE schemes (Marlin, or Triton with `--moe-runner-backend triton`). Each routed expert
+projection `...mlp.experts.E.{gate,up,down}_proj.weight` becomes `weight_packed`, `weight_scale` and
+`weight_shape`. Everything else stays as it was: attention, shared experts, dense MLPs, router, embeddings, lm_head.
+FP8 block-128 input (weight + weight_scale_inv): experts are dequantized, then quantized to INT4; the other FP8
+weights become BF16, as in Kimi K2 Thinking, because one compressed-tensors config cannot also describe
+DeepSeek-style `weight_scale_inv` blocks.
 
-FP8 block-128 input (weight + weight_scale_inv): experts are dequantized and then quantized to INT4; the other FP8
-weights are dequantized to BF16, as in Kimi K2 Thinking, because one compressed-tensors config cannot also describe
-DeepSeek-style `weight_scale_inv` blocks. Work goes shard by shard: one input shard (plus single tensors read from
-other shards when a scale lives elsewhere) is in memory at a time.
+How it is safe on a ~700 GB checkpoint:
+- everything is checked before any work: the group size against the deployment's tp/ep (layout.py), every
+  shard's header against its file size and the index against the shards (shards.py), every expert's shape;
+- shards are written into `<out>.partial/` and the directory is renamed to `<out>` at the very end, so an `<out>`
+  that exists is complete; each finished shard leaves a record in `<out>.partial/.capbench-int4/`, and `--resume`
+  continues after them;
+- shards are converted by worker processes in parallel (one input shard in memory per worker).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 from collections import defaultdict
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
+from multiprocessing import get_context
 from pathlib import Path
 
-import torch
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-from safetensors import safe_open
-from safetensors.torch import save_file
+from engine_patches.int4_moe.layout import check_group_size
+from engine_patches.int4_moe.pack import GROUP_SIZES
+from engine_patches.int4_moe.shards import INDEX, Checkpoint
 
 EXPERT_WEIGHT = re.compile(r"^(?P<module>.*\bmlp\.experts\.\d+\.(?:gate|up|down)_proj)\.weight$")
 LAYER_NUMBER = re.compile(r"\blayers\.(\d+)\.")
-FP8_BLOCK = 128
-INDEX = "model.safetensors.index.json"
-# Kimi K2 Thinking's ignore list, plus the router and GLM's MTP projections (never quantized here either)
-IGNORE = ["lm_head", r"re:.*self_attn.*", r"re:.*shared_experts.*", r"re:.*mlp\.(gate|up|gate_up|down)_proj.*",
-          r"re:.*mlp\.gate$", r"re:.*eh_proj.*", r"re:.*shared_head.*"]
-
-
-def quant_args(group_size: int):
-    from compressed_tensors.quantization import QuantizationArgs
-
-    return QuantizationArgs(num_bits=4, type="int", symmetric=True, strategy="group", group_size=group_size,
-                            dynamic=False, observer="minmax")
-
-
-def quantization_config(group_size: int) -> dict:
-    """The config.json block SGLang's CompressedTensorsConfig reads, built by compressed-tensors itself."""
-    from compressed_tensors.quantization import QuantizationConfig, QuantizationScheme
-
-    scheme = QuantizationScheme(targets=["Linear"], weights=quant_args(group_size))
-    config = QuantizationConfig(config_groups={"group_0": scheme}, quant_method="compressed-tensors",
-                                format="pack-quantized", quantization_status="compressed", ignore=IGNORE)
-    return config.model_dump(mode="json")
-
-
-def dequant_fp8_block(weight: torch.Tensor, scale_inv: torch.Tensor) -> torch.Tensor:
-    """DeepSeek-style FP8: one fp32 multiplier per 128x128 block."""
-    rows, cols = weight.shape
-    s = scale_inv.float().repeat_interleave(FP8_BLOCK, 0)[:rows].repeat_interleave(FP8_BLOCK, 1)[:, :cols]
-    return weight.float() * s
-
-
-def bf16_round_up(x: torch.Tensor) -> torch.Tensor:
-    """Positive fp32 scales to bf16, never downwards: a scale rounded down would push a group's max past +7.5
-    steps, where the symmetric INT4 grid (-8..7) clamps it by more than half a step."""
-    y = x.to(torch.bfloat16)
-    up = (y.view(torch.int16) + 1).view(torch.bfloat16)
-    return torch.where(y.float() < x, up, y)
-
-
-def quantize_expert(weight: torch.Tensor, group_size: int) -> tuple[dict[str, torch.Tensor], float, float]:
-    """Pack one expert projection with compressed-tensors; returns its tensors, squared error and squared norm."""
-    from compressed_tensors.compressors.pack_quantized.base import PackedQuantizationCompressor
-    from compressed_tensors.quantization import QuantizationScheme
-    from compressed_tensors.quantization.lifecycle.forward import fake_quantize
-    from compressed_tensors.quantization.utils.helpers import compute_dynamic_scales_and_zp
-
-    args = quant_args(group_size)
-    w = weight.float()
-    if w.ndim != 2 or w.shape[1] % group_size:
-        raise ValueError(f"expert weight of shape {tuple(w.shape)}: in_features must be a multiple of {group_size}")
-    scale, zp = compute_dynamic_scales_and_zp(w, args, module=None)
-    scale = bf16_round_up(scale).float()  # stored as bf16: quantize against the value that will be read
-    packed = PackedQuantizationCompressor.compress({"weight": w, "weight_scale": scale, "weight_zero_point": zp},
-                                                   QuantizationScheme(targets=["Linear"], weights=args))
-    err = fake_quantize(w, scale, zp, args) - w
-    return ({"weight_packed": packed["weight_packed"], "weight_scale": scale.to(torch.bfloat16),
-             "weight_shape": packed["weight_shape"]}, float(err.square().sum()), float(w.square().sum()))
+STATE = ".capbench-int4"  # inside <out>.partial: the plan and one record per finished shard
+REPORT = "int4_report.json"
 
 
 @dataclass
@@ -100,6 +52,12 @@ class LayerError:
         self.norm_sq += norm_sq
         self.worst = max(self.worst, (err_sq / norm_sq) ** 0.5 if norm_sq else 0.0)
 
+    def merge(self, other: dict) -> None:
+        self.tensors += other["tensors"]
+        self.err_sq += other["err_sq"]
+        self.norm_sq += other["norm_sq"]
+        self.worst = max(self.worst, other["worst"])
+
     @property
     def rel_err(self) -> float:
         return (self.err_sq / self.norm_sq) ** 0.5 if self.norm_sq else 0.0
@@ -110,130 +68,258 @@ class ConversionReport:
     group_size: int
     source_format: str
     shards: int = 0
+    resumed_shards: int = 0
     expert_tensors: int = 0
     bytes_in: int = 0
     bytes_out: int = 0
+    seconds: float = 0.0
+    bytes_read: int = 0  # shard bytes converted by this run (not the resumed ones)
+    workers: int = 1
     layers: dict[int, LayerError] = field(default_factory=lambda: defaultdict(LayerError))
+
+    def add_shard(self, record: dict) -> None:
+        self.shards += 1
+        self.expert_tensors += record["expert_tensors"]
+        self.bytes_in += record["bytes_in"]
+        self.bytes_out += record["bytes_out"]
+        for layer, e in record["layers"].items():
+            self.layers[int(layer)].merge(e)
 
     def to_json(self) -> dict:
         total = LayerError()
         for e in self.layers.values():
             total.err_sq, total.norm_sq = total.err_sq + e.err_sq, total.norm_sq + e.norm_sq
         return {"group_size": self.group_size, "source_format": self.source_format, "shards": self.shards,
-                "expert_tensors": self.expert_tensors, "bytes_in": self.bytes_in, "bytes_out": self.bytes_out,
-                "overall_rel_err": total.rel_err,
+                "resumed_shards": self.resumed_shards, "expert_tensors": self.expert_tensors,
+                "bytes_in": self.bytes_in, "bytes_out": self.bytes_out, "seconds": round(self.seconds, 3),
+                "bytes_read": self.bytes_read, "workers": self.workers, "overall_rel_err": total.rel_err,
                 "layers": {str(n): {"expert_tensors": e.tensors, "rel_err": e.rel_err, "worst_rel_err": e.worst}
                            for n, e in sorted(self.layers.items())}}
 
 
-class Checkpoint:
-    """Tensor names -> shard files of a safetensors checkpoint directory, with lazily opened shards."""
-
-    def __init__(self, root: Path):
-        self.root = root
-        index = root / INDEX
-        if index.is_file():
-            self.weight_map: dict[str, str] = json.loads(index.read_text())["weight_map"]
-        else:
-            self.weight_map = {}
-            for shard in sorted(root.glob("*.safetensors")):
-                with safe_open(shard, "pt") as f:
-                    self.weight_map.update({name: shard.name for name in f.keys()})
-        if not self.weight_map:
-            raise ValueError(f"no safetensors weights in {root}")
-        self.has_index = index.is_file()
-        self._open: dict[str, object] = {}
-
-    @property
-    def shards(self) -> list[str]:
-        return sorted(set(self.weight_map.values()))
-
-    def tensor(self, name: str) -> torch.Tensor:
-        shard = self.weight_map[name]
-        if shard not in self._open:
-            self._open[shard] = safe_open(self.root / shard, "pt")
-        return self._open[shard].get_tensor(name)
-
-    def release(self) -> None:
-        self._open.clear()
+@dataclass
+class Plan:
+    src: Path
+    dst: Path
+    partial: Path
+    group_size: int
+    fp8: bool
+    checkpoint: Checkpoint
+    todo: list[str]  # shards still to convert
+    done: dict[str, dict]  # shard -> its record (resumed)
 
 
-def _check_dirs(src: Path, dst: Path, group_size: int) -> None:
-    if group_size not in (32, 128):
+def _inside(a: Path, b: Path) -> bool:
+    return a == b or b in a.parents
+
+
+def _state(src: Path, group_size: int, ckpt: Checkpoint) -> dict:
+    return {"src": str(src), "group_size": group_size,
+            "shards": {s.name: s.size for s in ckpt.shards.values()}}
+
+
+def _check_experts(ckpt: Checkpoint, group_size: int) -> list[str]:
+    experts = [n for n in ckpt.weight_map if EXPERT_WEIGHT.match(n)]
+    if not experts:
+        raise ValueError(f"no routed-expert weights (*.mlp.experts.N.(gate|up|down)_proj.weight) in {ckpt.root}")
+    for name in experts:
+        shape = ckpt.info(name).shape
+        if len(shape) != 2 or shape[1] % group_size:
+            raise ValueError(f"{name} has shape {list(shape)}: in_features must be a multiple of {group_size}")
+        if ckpt.info(name).dtype == "F8_E4M3" and name + "_scale_inv" not in ckpt.weight_map:
+            raise ValueError(f"{name} is FP8 but the checkpoint has no {name}_scale_inv")
+    return experts
+
+
+def plan(src: str | Path, dst: str | Path, group_size: int = 32, tp: int = 8, ep: int = 1,
+         resume: bool = False) -> Plan:
+    """Every check that can fail, before any work; what is left to do."""
+    src, dst = Path(src).expanduser().resolve(), Path(dst).expanduser().resolve()
+    partial = dst.with_name(dst.name + ".partial")
+    if group_size not in GROUP_SIZES:
         raise ValueError(f"--group-size must be 32 or 128 (what SGLang's WNA16 MoE kernels take), got {group_size}")
     if not (src / "config.json").is_file():
         raise ValueError(f"{src} is not a checkpoint directory (no config.json)")
-    if dst.resolve() == src.resolve():
-        raise ValueError("--out must differ from --in")
-    if dst.exists() and any(dst.iterdir()):
+    if _inside(dst, src) or _inside(src, dst):
+        raise ValueError(f"--out {dst} must lie outside --in {src} (and the other way round)")
+    if dst.exists() and (not dst.is_dir() or any(dst.iterdir())):
         raise ValueError(f"{dst} exists and is not empty; choose a new directory")
-
-
-def convert(src: str | Path, dst: str | Path, group_size: int = 32, show_progress: bool = True) -> ConversionReport:
-    src, dst = Path(src), Path(dst)
-    _check_dirs(src, dst, group_size)
-    quant_args(group_size)  # import compressed-tensors now: fail before anything is written
+    try:
+        config = json.loads((src / "config.json").read_text())
+    except ValueError as e:
+        raise ValueError(f"{src / 'config.json'}: not JSON ({e})") from None
+    text = config.get("text_config") or config
+    if "moe_intermediate_size" in text and "hidden_size" in text:
+        check_group_size(group_size, int(text["moe_intermediate_size"]), int(text["hidden_size"]), tp, ep)
     ckpt = Checkpoint(src)
-    names = ckpt.weight_map
-    experts = [n for n in names if EXPERT_WEIGHT.match(n)]
-    if not experts:
-        raise ValueError(f"no routed-expert weights (*.mlp.experts.N.(gate|up|down)_proj.weight) in {src}")
-    fp8 = any(n.endswith(".weight_scale_inv") for n in names)
-    report = ConversionReport(group_size, "fp8-block128" if fp8 else "bf16")
-    dst.mkdir(parents=True, exist_ok=True)
-    new_map: dict[str, str] = {}
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
-    with Progress(*columns, disable=not show_progress) as progress:
-        task = progress.add_task("int4 experts", total=len(names))
+    _check_experts(ckpt, group_size)
+    fp8 = any(n.endswith(".weight_scale_inv") for n in ckpt.weight_map)
+    done: dict[str, dict] = {}
+    if partial.exists():
+        if not resume:
+            raise ValueError(f"{partial} holds an interrupted conversion: add --resume to continue it, "
+                             "or delete it to start again")
+        state_file = partial / STATE / "plan.json"
+        try:
+            state = json.loads(state_file.read_text())
+        except (OSError, ValueError):
+            raise ValueError(f"{partial} is not a capbench conversion (no {STATE}/plan.json); delete it") from None
+        if state != _state(src, group_size, ckpt):
+            raise ValueError(f"{partial} was started from another input or group size "
+                             f"({state.get('src')}, g{state.get('group_size')}); delete it to start again")
         for shard in ckpt.shards:
-            progress.update(task, description=f"int4 {shard}")
-            out: dict[str, torch.Tensor] = {}
-            for name in [n for n, s in names.items() if s == shard]:
-                progress.advance(task)
-                if name.endswith(".weight_scale_inv"):
-                    continue  # consumed with its weight
-                tensor = ckpt.tensor(name)
-                report.bytes_in += tensor.numel() * tensor.element_size()
-                scale_name = name[: -len("weight")] + "weight_scale_inv"
-                if name.endswith(".weight") and scale_name in names:
-                    scale_inv = ckpt.tensor(scale_name)
-                    report.bytes_in += scale_inv.numel() * scale_inv.element_size()
-                    tensor = dequant_fp8_block(tensor, scale_inv)
-                    if not EXPERT_WEIGHT.match(name):
-                        tensor = tensor.to(torch.bfloat16)
-                match = EXPERT_WEIGHT.match(name)
-                if match:
-                    packed, err_sq, norm_sq = quantize_expert(tensor, group_size)
-                    layer = LAYER_NUMBER.search(name)
-                    report.layers[int(layer.group(1)) if layer else -1].add(err_sq, norm_sq)
-                    report.expert_tensors += 1
-                    out.update({f"{match['module']}.{k}": v for k, v in packed.items()})
-                else:
-                    out[name] = tensor
-            save_file({k: v.contiguous() for k, v in out.items()}, dst / shard, metadata={"format": "pt"})
-            report.bytes_out += sum(v.numel() * v.element_size() for v in out.values())
-            new_map.update({k: shard for k in out})
-            report.shards += 1
-            ckpt.release()
-    _write_metadata(src, dst, ckpt, new_map, report, group_size)
+            record = partial / STATE / f"{shard}.json"
+            if record.is_file() and (partial / shard).is_file():
+                done[shard] = json.loads(record.read_text())
+    elif resume:
+        raise ValueError(f"nothing to resume: {partial} does not exist")
+    todo = [s for s in ckpt.shards if s not in done]
+    return Plan(src, dst, partial, group_size, fp8, ckpt, todo, done)
+
+
+def default_workers(ckpt: Checkpoint, shards: int) -> int:
+    """The machine's cores, bounded by memory: a worker holds about two shards' worth (in and out)."""
+    cores = os.cpu_count() or 1
+    largest = max((s.size for s in ckpt.shards.values()), default=1)
+    try:
+        available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        by_memory = max(1, available // (3 * largest))
+    except (ValueError, OSError, AttributeError):
+        by_memory = cores
+    return max(1, min(cores, by_memory, shards))
+
+
+def convert_shard(src: str, partial: str, shard: str, weight_map: dict[str, str], group_size: int,
+                  threads: int) -> dict:
+    """Worker process: one input shard -> one output shard (written under a temporary name, then renamed) and its
+    record. Returns the record."""
+    import torch
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    from engine_patches.int4_moe.pack import dequant_fp8_block, quantize
+
+    torch.set_num_threads(threads)
+    src_dir, out_dir = Path(src), Path(partial)
+    opened: dict[str, object] = {}
+
+    def tensor(name: str) -> torch.Tensor:
+        file = weight_map[name]
+        if file not in opened:
+            opened[file] = safe_open(src_dir / file, "pt")
+        return opened[file].get_tensor(name)
+
+    out: dict[str, torch.Tensor] = {}
+    layers: dict[int, LayerError] = defaultdict(LayerError)
+    experts = bytes_in = 0
+    for name in [n for n, s in weight_map.items() if s == shard]:
+        if name.endswith(".weight_scale_inv"):
+            continue  # consumed with its weight
+        t = tensor(name)
+        bytes_in += t.numel() * t.element_size()
+        scale_name = name[: -len("weight")] + "weight_scale_inv"
+        if name.endswith(".weight") and scale_name in weight_map:
+            scale_inv = tensor(scale_name)
+            bytes_in += scale_inv.numel() * scale_inv.element_size()
+            t = dequant_fp8_block(t, scale_inv)
+            if not EXPERT_WEIGHT.match(name):
+                t = t.to(torch.bfloat16)
+        match = EXPERT_WEIGHT.match(name)
+        if match:
+            packed, err_sq, norm_sq = quantize(t, group_size)
+            layer = LAYER_NUMBER.search(name)
+            layers[int(layer.group(1)) if layer else -1].add(err_sq, norm_sq)
+            experts += 1
+            out.update({f"{match['module']}.{k}": v for k, v in packed.items()})
+        else:
+            out[name] = t
+    tmp = out_dir / f".{shard}.tmp"
+    save_file({k: v.contiguous() for k, v in out.items()}, tmp, metadata={"format": "pt"})
+    os.replace(tmp, out_dir / shard)
+    record = {"shard": shard, "tensors": sorted(out), "expert_tensors": experts, "bytes_in": bytes_in,
+              "bytes_out": sum(v.numel() * v.element_size() for v in out.values()),
+              "layers": {str(k): {"tensors": e.tensors, "err_sq": e.err_sq, "norm_sq": e.norm_sq, "worst": e.worst}
+                         for k, e in layers.items()}}
+    record_file = out_dir / STATE / f"{shard}.json"
+    record_file.with_suffix(".tmp").write_text(json.dumps(record))
+    os.replace(record_file.with_suffix(".tmp"), record_file)
+    return record
+
+
+def convert(src: str | Path, dst: str | Path, group_size: int = 32, tp: int = 8, ep: int = 1,
+            workers: int | None = None, resume: bool = False, show_progress: bool = True) -> ConversionReport:
+    import time
+
+    from rich.progress import (
+        BarColumn,
+        DownloadColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+        TransferSpeedColumn,
+    )
+
+    p = plan(src, dst, group_size, tp, ep, resume)
+    (p.partial / STATE).mkdir(parents=True, exist_ok=True)
+    (p.partial / STATE / "plan.json").write_text(json.dumps(_state(p.src, group_size, p.checkpoint)))
+    report = ConversionReport(group_size, "fp8-block128" if p.fp8 else "bf16", resumed_shards=len(p.done))
+    for record in p.done.values():
+        report.add_shard(record)
+    n_workers = max(1, min(workers or default_workers(p.checkpoint, len(p.todo)), max(1, len(p.todo))))
+    report.workers = n_workers
+    threads = max(1, (os.cpu_count() or 1) // n_workers)
+    sizes = {name: s.size for name, s in p.checkpoint.shards.items()}
+    columns = (TextColumn("int4 g{task.fields[g]}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
+               TextColumn("{task.fields[shards]}"), TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn())
+    start = time.monotonic()
+    with Progress(*columns, disable=not show_progress) as progress:
+        task = progress.add_task("convert", total=sum(sizes[s] for s in p.todo), g=group_size,
+                                 shards=f"0/{len(p.todo)} shards ({len(p.done)} resumed), {n_workers} workers")
+        finished = 0
+        with ProcessPoolExecutor(n_workers, mp_context=get_context("spawn")) as pool:
+            pending = {pool.submit(convert_shard, str(p.src), str(p.partial), s, p.checkpoint.weight_map,
+                                   group_size, threads): s for s in p.todo}
+            while pending:
+                ready, _ = wait(pending, return_when=FIRST_COMPLETED)
+                for future in ready:
+                    shard = pending.pop(future)
+                    report.add_shard(future.result())
+                    finished += 1
+                    progress.update(task, advance=sizes[shard],
+                                    shards=f"{finished}/{len(p.todo)} shards ({len(p.done)} resumed), "
+                                           f"{n_workers} workers")
+    report.seconds = time.monotonic() - start
+    report.bytes_read = sum(sizes[s] for s in p.todo)
+    _finish(p, report)
     return report
 
 
-def _write_metadata(src: Path, dst: Path, ckpt: Checkpoint, new_map: dict, report: ConversionReport, g: int) -> None:
-    config = json.loads((src / "config.json").read_text())
-    config["quantization_config"] = quantization_config(g)  # replaces an FP8 block config: those weights are bf16 now
-    (dst / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    if ckpt.has_index:
-        index = {"metadata": {"total_size": report.bytes_out}, "weight_map": dict(sorted(new_map.items()))}
-        (dst / INDEX).write_text(json.dumps(index, indent=2) + "\n")
-    for item in src.iterdir():
+def _finish(p: Plan, report: ConversionReport) -> None:
+    """Index, config, the source's other files and the report into <out>.partial, then rename it to <out>."""
+    from engine_patches.int4_moe.pack import quantization_config
+
+    records = [json.loads((p.partial / STATE / f"{s}.json").read_text()) for s in p.checkpoint.shards]
+    config = json.loads((p.src / "config.json").read_text())
+    config["quantization_config"] = quantization_config(p.group_size)  # replaces an FP8 block config
+    (p.partial / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    if p.checkpoint.has_index:
+        weight_map = {t: r["shard"] for r in records for t in r["tensors"]}
+        index = {"metadata": {"total_size": sum(r["bytes_out"] for r in records)},
+                 "weight_map": dict(sorted(weight_map.items()))}
+        (p.partial / INDEX).write_text(json.dumps(index, indent=2) + "\n")
+    for item in p.src.iterdir():
         if item.suffix == ".safetensors" or item.name in (INDEX, "config.json"):
             continue
         if item.is_dir():
-            shutil.copytree(item, dst / item.name)
+            shutil.copytree(item, p.partial / item.name, dirs_exist_ok=True)
         else:
-            shutil.copy2(item, dst / item.name)
-    (dst / "int4_report.json").write_text(json.dumps(report.to_json(), indent=1) + "\n")
+            shutil.copy2(item, p.partial / item.name)
+    (p.partial / REPORT).write_text(json.dumps(report.to_json(), indent=1) + "\n")
+    shutil.rmtree(p.partial / STATE)
+    if p.dst.exists():
+        p.dst.rmdir()  # empty (plan checked)
+    os.replace(p.partial, p.dst)
 
 
 def print_report(report: ConversionReport, dst: str | Path) -> None:
@@ -248,7 +334,9 @@ def print_report(report: ConversionReport, dst: str | Path) -> None:
         table.add_row(layer, str(e["expert_tensors"]), f"{e['rel_err']:.4f}", f"{e['worst_rel_err']:.4f}")
     console = Console()
     console.print(table)
-    console.print(f"source {report.source_format}, {report.shards} shards, {report.expert_tensors} expert tensors; "
-                  f"overall relative error {data['overall_rel_err']:.4f}; "
-                  f"{report.bytes_in / 2**30:.2f} GiB -> {report.bytes_out / 2**30:.2f} GiB")
-    console.print(f"wrote {dst} (report: {Path(dst) / 'int4_report.json'})")
+    rate = report.bytes_read / report.seconds / 1e9 if report.seconds else 0.0
+    console.print(f"source {report.source_format}, {report.shards} shards ({report.resumed_shards} resumed), "
+                  f"{report.expert_tensors} expert tensors; overall relative error {data['overall_rel_err']:.4f}; "
+                  f"{report.bytes_in / 2**30:.2f} GiB -> {report.bytes_out / 2**30:.2f} GiB; "
+                  f"{report.workers} workers, {report.seconds:.1f} s ({rate:.3f} GB/s this run)")
+    console.print(f"wrote {dst} (report: {Path(dst) / REPORT})")

@@ -92,3 +92,39 @@ def test_cli_needs_two_targets_and_readable_prompts(tmp_path):
     out = subprocess.run(cmd + ["--target", "http://127.0.0.1:9", "--target", "http://127.0.0.1:9",
                                 "--prompts", str(bad)], capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and "bad.jsonl:1" in out.stderr
+
+
+def test_family_comes_from_the_served_model_name():
+    assert drift.family_of("moonshotai/Kimi-K2-Thinking") == "kimi"
+    assert drift.family_of("zai-org/GLM-4.6") == "glm" and drift.family_of("my-model") == "other"
+
+
+def test_gate_names_each_family_and_kind_that_misses_a_threshold():
+    summary = [{"family": "glm", "kind": "code", "errors": 0, "mean_kl": 0.2, "token_agreement": 0.97,
+                "exact_match": 0.5},
+               {"family": "glm", "kind": "chat", "errors": 1, "mean_kl": 0.01, "token_agreement": 0.8,
+                "exact_match": None}]
+    failures = drift.Gate(max_mean_kl=0.05, min_token_agreement=0.9).failures(summary)
+    assert failures == ["glm/code: mean_kl 0.2 > 0.05", "glm/chat: 1 prompts failed",
+                        "glm/chat: token_agreement 0.8 < 0.9"]
+    assert drift.Gate().failures(summary[:1]) == [] and not drift.Gate().active
+
+
+def test_cli_gate_exits_1_on_a_drifting_server_and_0_on_an_identical_one(tmp_path, twins):
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("\n".join(json.dumps(p) for p in drift.load_prompts(None)[::5]) + "\n")
+    cmd = [sys.executable, "-c", "from bench.cli import main; main()", "drift", "--prompts", str(prompts),
+           "--db", str(tmp_path / "g.duckdb"), "--json", "--max-mean-kl", "0.02", "--min-token-agreement", "0.95"]
+    bad = subprocess.run(cmd + ["--target", twins[0][0], "--target", twins[2][0]], capture_output=True, text=True,
+                         timeout=120)
+    assert bad.returncode == 1, bad.stderr
+    out = json.loads(bad.stdout)
+    assert out["family"] == "glm" and out["gate"]["passed"] is False
+    assert any(f.startswith("glm/all: token_agreement") for f in out["gate"]["failures"])
+    assert {s["kind"] for s in out["by_kind"]} == {"chat", "long-context", "code", "tool-call", "all"}
+    good = subprocess.run(cmd + ["--target", twins[0][0], "--target", twins[1][0]], capture_output=True, text=True,
+                          timeout=120)
+    assert good.returncode == 0, good.stderr
+    assert json.loads(good.stdout)["gate"] == {"thresholds": {"max_mean_kl": 0.02, "min_token_agreement": 0.95,
+                                                              "min_exact_match": None}, "passed": True,
+                                               "failures": []}

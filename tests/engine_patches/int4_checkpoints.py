@@ -1,4 +1,6 @@
-"""Tiny synthetic safetensors checkpoints shaped like GLM-4.x (BF16) and Kimi K2 (FP8 block-128), for tests."""
+"""Tiny synthetic safetensors checkpoints shaped like GLM-4.x (BF16) and Kimi K2 / DeepSeek-V3 (FP8 block-128),
+complete enough for SGLang 0.5.23's Glm4MoeForCausalLM / DeepseekV3ForCausalLM to build and load them at tp 8
+(8 attention heads, 8 routed experts, expert intermediate 256: 32 rows per rank, one g32 group)."""
 
 import json
 import math
@@ -7,7 +9,9 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-HIDDEN, MOE_INTER, DENSE_INTER, EXPERTS, LAYERS, VOCAB = 256, 128, 256, 4, 3, 96
+HIDDEN, MOE_INTER, DENSE_INTER, EXPERTS, LAYERS, VOCAB, HEADS = 256, 256, 512, 8, 3, 1024, 8
+GLM_KV_HEADS, HEAD_DIM = 2, 32
+Q_LORA, KV_LORA, ROPE, NOPE, V_DIM = 64, 64, 16, 32, 32
 
 
 def _w(gen, out_f, in_f):
@@ -29,6 +33,41 @@ def _fp8_block(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return q, scale
 
 
+def _attention(gen, kind: str) -> dict[str, torch.Tensor]:
+    if kind == "glm":
+        q, kv = HEADS * HEAD_DIM, GLM_KV_HEADS * HEAD_DIM
+        return {"q_proj.weight": _w(gen, q, HIDDEN), "q_proj.bias": torch.randn(q, generator=gen) * 0.02,
+                "k_proj.weight": _w(gen, kv, HIDDEN), "k_proj.bias": torch.randn(kv, generator=gen) * 0.02,
+                "v_proj.weight": _w(gen, kv, HIDDEN), "v_proj.bias": torch.randn(kv, generator=gen) * 0.02,
+                "o_proj.weight": _w(gen, HIDDEN, q)}
+    return {"q_a_proj.weight": _w(gen, Q_LORA, HIDDEN), "q_a_layernorm.weight": torch.ones(Q_LORA),
+            "q_b_proj.weight": _w(gen, HEADS * (NOPE + ROPE), Q_LORA),
+            "kv_a_proj_with_mqa.weight": _w(gen, KV_LORA + ROPE, HIDDEN),
+            "kv_a_layernorm.weight": torch.ones(KV_LORA), "kv_b_proj.weight": _w(gen, HEADS * (NOPE + V_DIM), KV_LORA),
+            "o_proj.weight": _w(gen, HIDDEN, HEADS * V_DIM)}
+
+
+def config(kind: str) -> dict:
+    common = {"hidden_size": HIDDEN, "intermediate_size": DENSE_INTER, "moe_intermediate_size": MOE_INTER,
+              "n_routed_experts": EXPERTS, "n_shared_experts": 1, "num_experts_per_tok": 2, "n_group": 1,
+              "topk_group": 1, "routed_scaling_factor": 2.5, "norm_topk_prob": True, "first_k_dense_replace": 1,
+              "num_hidden_layers": LAYERS, "num_attention_heads": HEADS, "vocab_size": VOCAB,
+              "max_position_embeddings": 4096, "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "hidden_act": "silu",
+              "tie_word_embeddings": False, "torch_dtype": "bfloat16"}
+    if kind == "glm":
+        return {**common, "architectures": ["Glm4MoeForCausalLM"], "model_type": "glm4_moe",
+                "num_key_value_heads": GLM_KV_HEADS, "head_dim": HEAD_DIM, "partial_rotary_factor": 0.5,
+                "attention_bias": True, "use_qk_norm": False, "num_nextn_predict_layers": 0}
+    return {**common, "architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3",
+            "num_key_value_heads": HEADS, "moe_layer_freq": 1, "q_lora_rank": Q_LORA, "kv_lora_rank": KV_LORA,
+            "qk_rope_head_dim": ROPE,
+            "qk_nope_head_dim": NOPE, "v_head_dim": V_DIM, "topk_method": "noaux_tc", "scoring_func": "sigmoid",
+            "num_nextn_predict_layers": 0, "rope_scaling": {  # Kimi K2's yarn, scaled down
+                "type": "yarn", "factor": 4.0, "original_max_position_embeddings": 1024, "beta_fast": 1.0,
+                "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0}, "quantization_config": {
+                "quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": [128, 128]}}
+
+
 def make_checkpoint(root: Path, kind: str, seed: int = 0) -> dict[str, torch.Tensor]:
     """kind: "glm" (BF16, Glm4MoeForCausalLM naming) or "kimi-fp8" (DeepseekV3 naming, FP8 block-128).
     Two shards, plus tokenizer files. Returns the full-precision (fp32) weights by name."""
@@ -37,19 +76,18 @@ def make_checkpoint(root: Path, kind: str, seed: int = 0) -> dict[str, torch.Ten
     weights: dict[str, torch.Tensor] = {"model.embed_tokens.weight": _w(gen, VOCAB, HIDDEN),
                                         "model.norm.weight": torch.ones(HIDDEN),
                                         "lm_head.weight": _w(gen, VOCAB, HIDDEN)}
-    attn = (["q_proj", "k_proj", "v_proj", "o_proj"] if kind == "glm"
-            else ["q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj"])
     for n in range(LAYERS):
         p = f"model.layers.{n}."
         weights[p + "input_layernorm.weight"] = torch.ones(HIDDEN)
-        for a in attn:
-            weights[p + f"self_attn.{a}.weight"] = _w(gen, HIDDEN, HIDDEN)
+        weights[p + "post_attention_layernorm.weight"] = torch.ones(HIDDEN)
+        weights.update({p + "self_attn." + k: v for k, v in _attention(gen, kind).items()})
         if n == 0:  # first dense layer
             for proj, shape in (("gate_proj", (DENSE_INTER, HIDDEN)), ("up_proj", (DENSE_INTER, HIDDEN)),
                                 ("down_proj", (HIDDEN, DENSE_INTER))):
                 weights[p + f"mlp.{proj}.weight"] = _w(gen, *shape)
             continue
         weights[p + "mlp.gate.weight"] = _w(gen, EXPERTS, HIDDEN)
+        weights[p + "mlp.gate.e_score_correction_bias"] = torch.zeros(EXPERTS)
         for owner in [f"experts.{e}" for e in range(EXPERTS)] + ["shared_experts"]:
             for proj, shape in (("gate_proj", (MOE_INTER, HIDDEN)), ("up_proj", (MOE_INTER, HIDDEN)),
                                 ("down_proj", (HIDDEN, MOE_INTER))):
@@ -59,11 +97,14 @@ def make_checkpoint(root: Path, kind: str, seed: int = 0) -> dict[str, torch.Ten
                 weights[p + f"mlp.{owner}.{proj}.weight"] = w
     stored: dict[str, torch.Tensor] = {}
     for name, w in weights.items():
-        if kind == "kimi-fp8" and w.ndim == 2 and "layers." in name and not name.endswith("mlp.gate.weight"):
+        fp8 = kind == "kimi-fp8" and w.ndim == 2 and "layers." in name and not name.endswith("mlp.gate.weight")
+        if fp8:
             q, s = _fp8_block(w)
             stored[name], stored[name + "_scale_inv"] = q, s
             full = s.repeat_interleave(128, 0)[: w.shape[0]].repeat_interleave(128, 1)[:, : w.shape[1]]
             weights[name] = q.float() * full
+        elif name.endswith("e_score_correction_bias"):
+            stored[name] = w  # fp32, as shipped
         else:
             stored[name] = w.to(torch.bfloat16)
             weights[name] = stored[name].float()
@@ -78,14 +119,7 @@ def make_checkpoint(root: Path, kind: str, seed: int = 0) -> dict[str, torch.Ten
     index = {"metadata": {"total_size": sum(v.numel() * v.element_size() for v in stored.values())},
              "weight_map": {k: f for f, ts in shards.items() for k in ts}}
     (root / "model.safetensors.index.json").write_text(json.dumps(index))
-    config = {"architectures": ["Glm4MoeForCausalLM" if kind == "glm" else "DeepseekV3ForCausalLM"],
-              "model_type": "glm4_moe" if kind == "glm" else "kimi_k2", "hidden_size": HIDDEN,
-              "moe_intermediate_size": MOE_INTER, "n_routed_experts": EXPERTS, "num_hidden_layers": LAYERS,
-              "first_k_dense_replace": 1, "torch_dtype": "bfloat16"}
-    if kind == "kimi-fp8":
-        config["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
-                                         "weight_block_size": [128, 128]}
-    (root / "config.json").write_text(json.dumps(config))
+    (root / "config.json").write_text(json.dumps(config("glm" if kind == "glm" else "kimi")))
     (root / "tokenizer.json").write_text('{"model": "tiny"}')
     (root / "generation_config.json").write_text('{"temperature": 0.6}')
     return weights

@@ -170,19 +170,6 @@ def test_mla_scaled_fp8_writes_and_reads(tmp_path, restore_pools):
         assert report[i]["latent_one"] > 5 * report[i]["latent_cal"]
 
 
-def test_mtp_draft_layer_past_the_calibrated_ones_keeps_scale_one(tmp_path, restore_pools):
-    """The NextN draft models inherit the loader; their single `model.decoder` layer has id num_hidden_layers."""
-    path = write_scales(build_scales("mla", {i: (900.0, 10.0) for i in range(LAYERS)}, LAYERS, 1), tmp_path / "s.json")
-    draft = TinyDecoder(1, mla=True)
-    decoder = draft.model.layers[0]
-    del draft.model.layers
-    draft.model.decoder = decoder
-    decoder.self_attn.attn_mqa.layer_id = LAYERS
-    draft.config.num_hidden_layers = LAYERS
-    loading.deepseek_v2_load_kv_cache_scales(draft, str(path))
-    assert decoder.self_attn.attn_mqa.k_scale is None and LAYERS not in loading.MLA_SCALES
-
-
 def test_patched_sglang_signatures_are_the_ones_the_wrappers_expect():
     """SGLang moves fast: the wrappers pass these parameters by name and position (pinned to 0.5.23)."""
     import inspect

@@ -6,11 +6,20 @@ import json
 import pytest
 import torch
 from compressed_tensors.compressors.pack_quantized.base import PackedQuantizationCompressor
-from compressed_tensors.quantization import QuantizationScheme
+from compressed_tensors.quantization import QuantizationArgs, QuantizationConfig, QuantizationScheme
+from compressed_tensors.quantization.utils.helpers import compute_dynamic_scales_and_zp
 from safetensors import safe_open
 
-from engine_patches.int4_moe.convert import EXPERT_WEIGHT, convert, quant_args
+from engine_patches.int4_moe import pack
+from engine_patches.int4_moe.convert import EXPERT_WEIGHT, convert
 from tests.engine_patches.int4_checkpoints import EXPERTS, HIDDEN, make_checkpoint
+
+TP = {"glm": 8, "kimi-fp8": 2}  # g128 needs 128 expert rows per rank: tp 2 of the tiny 256
+
+
+def quant_args(group_size: int) -> QuantizationArgs:
+    return QuantizationArgs(num_bits=4, type="int", symmetric=True, strategy="group", group_size=group_size,
+                            dynamic=False, observer="minmax")
 
 
 @pytest.fixture(scope="module")
@@ -20,7 +29,7 @@ def converted(tmp_path_factory):
     for kind, group in (("glm", 32), ("kimi-fp8", 128)):
         root = tmp_path_factory.mktemp(f"{kind}-{group}")
         weights = make_checkpoint(root / "in", kind)
-        report = convert(root / "in", root / "out", group_size=group, show_progress=False)
+        report = convert(root / "in", root / "out", group_size=group, tp=TP[kind], show_progress=False)
         out[kind] = (weights, root / "out", report, group)
     return out
 
@@ -52,8 +61,9 @@ def test_experts_round_trip_within_int4_error_rest_untouched(converted, kind):
     for name, w in weights.items():
         m = EXPERT_WEIGHT.match(name)
         if not m:  # attention, shared experts, dense MLP, router, embeddings, lm_head: as they were (FP8 -> bf16)
-            assert name in tensors and tensors[name].dtype == torch.bfloat16
-            assert torch.equal(tensors[name].float(), w.to(torch.bfloat16).float()), name
+            shipped = torch.float32 if name.endswith("e_score_correction_bias") else torch.bfloat16
+            assert name in tensors and tensors[name].dtype == shipped
+            assert torch.equal(tensors[name].float(), w.to(shipped).float()), name
             continue
         assert name not in tensors and tensors[m["module"] + ".weight_packed"].dtype == torch.int32
         w_hat = decompress(tensors, m["module"], group)
@@ -75,14 +85,32 @@ def test_experts_round_trip_within_int4_error_rest_untouched(converted, kind):
     assert json.loads((out_dir / "int4_report.json").read_text())["group_size"] == group
 
 
-def test_refuses_bad_input(converted, tmp_path):
-    _, out_dir, _, _ = converted["glm"]
-    with pytest.raises(ValueError, match="group-size"):
-        convert(out_dir, tmp_path / "x", group_size=64, show_progress=False)
-    with pytest.raises(ValueError, match="not empty"):
-        convert(out_dir, out_dir.parent / "in", group_size=32, show_progress=False)
-    with pytest.raises(ValueError, match="no config.json"):
-        convert(tmp_path, tmp_path / "y", group_size=32, show_progress=False)
+@pytest.mark.parametrize("group", [32, 128])
+def test_packing_is_bit_identical_to_compressed_tensors(group):
+    """pack.quantize writes what compressed-tensors' own compressor writes from the same (bf16 round-up) scales."""
+    gen = torch.Generator().manual_seed(group)
+    for rows, cols in ((256, 512), (96, 1024)):
+        w = (torch.randn(rows, cols, generator=gen) * 0.02).to(torch.bfloat16).float()
+        w[5, 9] = 0.7  # an outlier
+        ours, err_sq, norm_sq = pack.quantize(w, group)
+        args = quant_args(group)
+        scale, zp = compute_dynamic_scales_and_zp(w, args, module=None)
+        scale = pack.bf16_round_up(scale).float()
+        theirs = PackedQuantizationCompressor.compress({"weight": w, "weight_scale": scale, "weight_zero_point": zp},
+                                                       QuantizationScheme(targets=["Linear"], weights=args))
+        assert torch.equal(ours["weight_packed"], theirs["weight_packed"])
+        assert torch.equal(ours["weight_shape"], theirs["weight_shape"])
+        assert torch.equal(ours["weight_scale"], scale.to(torch.bfloat16))
+        back = decompress({f"m.{k}": v for k, v in ours.items()}, "m", group)
+        assert err_sq == pytest.approx(float((back - w).square().sum()), rel=1e-3) and norm_sq > 0
+
+
+def test_quantization_config_is_what_compressed_tensors_builds():
+    scheme = QuantizationScheme(targets=["Linear"], weights=quant_args(32))
+    built = QuantizationConfig(config_groups={"group_0": scheme}, quant_method="compressed-tensors",
+                               format="pack-quantized", quantization_status="compressed",
+                               ignore=pack.IGNORE).model_dump(mode="json")
+    assert pack.quantization_config(32) == built
 
 
 @pytest.mark.parametrize("kind", ["glm", "kimi-fp8"])
