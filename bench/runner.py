@@ -42,6 +42,7 @@ class RunOptions:
     profile: str = "poisson"
     overrides: dict = field(default_factory=dict)  # rate, users, duration, ... from the command line
     workload: str = "chat"
+    lengths: tuple[str, str] | None = None  # --input-len/--output-len: a synthetic workload instead
     db: Path = Path("data/capbench.duckdb")
     label: str = ""
     model: str | None = None
@@ -126,8 +127,12 @@ def prepare(opts: RunOptions) -> tuple[profiles.Profile, workloads.Workload, str
     try:
         prof = profiles.load(opts.profile, opts.overrides)
         wl_name = "trace" if prof.type == "trace" and opts.workload == "chat" else opts.workload
-        wl = (workloads.from_dict({"name": "trace", "type": "trace"}, opts.seed, opts.api) if wl_name == "trace"
-              else workloads.load(wl_name, opts.seed, opts.api))
+        if opts.lengths:
+            wl = workloads.synthetic(*opts.lengths, opts.seed, opts.api)
+        elif wl_name == "trace":
+            wl = workloads.from_dict({"name": "trace", "type": "trace"}, opts.seed, opts.api)
+        else:
+            wl = workloads.load(wl_name, opts.seed, opts.api)
     except (profiles.ProfileError, workloads.WorkloadError) as e:
         raise BadInput(str(e)) from None
     if opts.api_key_env:

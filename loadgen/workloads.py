@@ -17,7 +17,7 @@ from pathlib import Path
 import yaml
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "workloads"
-OVERLAYS = DATA / "loadgen"  # load-test-only workloads, and load-test keys laid over a simulate workload of that name
+DEFAULT_TOOL_OUTPUT = {"dist": "lognormal", "median": 1200, "sigma": 0.7, "min": 50, "max": 16000}
 KINDS = ("synthetic", "shared_prefix", "long_context", "multi_turn", "agentic_coding", "sharegpt", "trace")
 
 _WORDS = (
@@ -141,6 +141,7 @@ class Workload:
     name: str
     type: str = "synthetic"
     api: str = "chat"
+    description: str = ""
     seed: int = 0
     input: Lengths = field(default_factory=lambda: Lengths("fixed", {"value": 256}))
     output: Lengths = field(default_factory=lambda: Lengths("fixed", {"value": 128}))
@@ -151,6 +152,7 @@ class Workload:
     def to_dict(self) -> dict:
         """What from_dict reads back: the form a run's config stores and sends to workers."""
         return {"name": self.name, "type": self.type, "api": self.api, "seed": self.seed,
+                **({"description": self.description} if self.description else {}),
                 "input": {"dist": self.input.dist, **self.input.params},
                 "output": {"dist": self.output.dist, **self.output.params}, "ignore_eos": self.ignore_eos,
                 **self.options}
@@ -220,8 +222,7 @@ class Workload:
         session, turn = self._session(i)
         srng = seeded(self.seed, self.name, "session", session)
         sys_len = int(self.options.get("system_tokens", 4096))
-        tool_out = Lengths.parse(self.options.get("tool_output", {"dist": "lognormal", "median": 1200, "sigma": 0.7,
-                                                                   "min": 50, "max": 16000}))
+        tool_out = Lengths.parse(self.options.get("tool_output", DEFAULT_TOOL_OUTPUT))
         system = text(seeded(self.seed, self.name, "system"), sys_len)
         task = self.input.sample(srng)
         messages = [{"role": "system", "content": system}, {"role": "user", "content": text(srng, task)}]
@@ -240,15 +241,19 @@ class Workload:
         return self._spec(messages, self.output.sample(srng), total, {"tools": _TOOLS})
 
     def _sharegpt_req(self, rng: random.Random, i: int) -> RequestSpec:
-        convs = self._load_sharegpt()
-        conv = convs[seeded(self.seed, self.name, "order", i // len(convs)).randrange(len(convs))
-                     if self.options.get("shuffle", True) else i % len(convs)]
-        prompt, answer = conv
+        convs = self.sharegpt_pairs()
+        epoch, k = divmod(i, len(convs))
+        if self.options.get("shuffle", True):  # every conversation once per epoch, in a seeded order
+            order = list(range(len(convs)))
+            seeded(self.seed, self.name, "order", epoch).shuffle(order)
+            k = order[k]
+        prompt, answer = convs[k]
         max_out = int(self.options.get("max_output_tokens", 2048))
         return self._spec([{"role": "user", "content": prompt}], max(1, min(max_out, len(answer) // 4)),
                           max(1, len(prompt) // 4))
 
-    def _load_sharegpt(self) -> list[tuple[str, str]]:
+    def sharegpt_pairs(self) -> list[tuple[str, str]]:
+        """(prompt, reply) of the file's first human/gpt turns, read once."""
         if self._sharegpt is None:
             path = Path(self.options.get("path", ""))
             if not path.is_file() and not path.is_absolute():
@@ -298,7 +303,7 @@ _TOOLS = [
 
 # ---- loading -------------------------------------------------------------------------------------------------------
 def names() -> list[str]:
-    return sorted({p.stem for p in DATA.glob("*.yaml")} | {p.stem for p in OVERLAYS.glob("*.yaml")})
+    return sorted(p.stem for p in DATA.glob("*.yaml"))
 
 
 def _read(path: Path) -> dict:
@@ -312,58 +317,55 @@ def _read(path: Path) -> dict:
 
 
 def load(name_or_path: str, seed: int | None = None, api: str | None = None) -> Workload:
-    """A built-in name (data/workloads/NAME.yaml, the simulate workloads, with data/workloads/loadgen/NAME.yaml
-    laid over it; or the overlay alone), a YAML file path, or a ShareGPT JSON file path."""
+    """A built-in name (data/workloads/NAME.yaml), a workload YAML path, or a ShareGPT JSON path."""
     path = Path(name_or_path)
     if path.suffix == ".json" and path.is_file():
         return from_dict({"name": path.stem, "type": "sharegpt", "path": str(path)}, seed, api)
-    if path.is_file():
-        spec = _read(path)
-        spec.setdefault("name", path.stem)
-        return from_dict(spec, seed, api)
-    parts = [p for p in (DATA / f"{name_or_path}.yaml", OVERLAYS / f"{name_or_path}.yaml") if p.is_file()]
-    if not parts:
-        raise WorkloadError(f"unknown workload {name_or_path!r}: not a file, and not one of {', '.join(names())}")
-    spec = {"name": name_or_path}
-    for p in parts:
-        spec.update(_read(p))
+    if not path.is_file():
+        path = DATA / f"{name_or_path}.yaml"
+        if not path.is_file():
+            raise WorkloadError(f"unknown workload {name_or_path!r}: not a file, and not one of {', '.join(names())}")
+    spec = _read(path)
+    spec.setdefault("name", path.stem)
     return from_dict(spec, seed, api)
 
 
-def _from_simulate(spec: dict) -> dict:
-    """The simulate schema (bench/workload.py: input_len, output_len, system_prompt, sessions) in our terms."""
-    out = dict(spec)
+def synthetic(input_len: str, output_len: str, seed: int | None = None, api: str | None = None) -> Workload:
+    """Random prompts and answers of N tokens, or uniform:A-B (bench_serving's random dataset), e.g. for
+    `capbench run --input-len 1024 --output-len uniform:128-512`."""
+    def lengths(text: str, what: str) -> dict:
+        kind, _, value = text.strip().lower().rpartition(":")
+        try:
+            if kind == "uniform":
+                lo, _, hi = value.partition("-")
+                out = {"dist": "uniform", "min": int(lo), "max": int(hi)}
+                ok = 1 <= out["min"] <= out["max"]
+            elif not kind:
+                out = {"dist": "fixed", "value": int(value)}
+                ok = out["value"] >= 1
+            else:
+                ok = False
+        except ValueError:
+            ok = False
+        if not ok:
+            raise WorkloadError(f"{what} takes N or uniform:A-B (tokens, 1 <= A <= B), not {text!r}")
+        return out
 
-    def lengths(v: dict) -> dict | int:
-        if not isinstance(v, dict):
-            return v
-        clip = {k: v[k] for k in ("min", "max") if k in v}
-        if "fixed" in v:
-            return {"dist": "fixed", "value": v["fixed"]}
-        if "uniform" in v:
-            return {"dist": "uniform", "min": v["uniform"][0], "max": v["uniform"][1]}
-        if "lognormal" in v:
-            return {"dist": "lognormal", **v["lognormal"], **clip}
-        return v
+    i, o = lengths(input_len, "--input-len"), lengths(output_len, "--output-len")
+    name = f"synthetic-{input_len}-{output_len}".replace(":", "")
+    return from_dict({"name": name, "type": "synthetic", "input": i, "output": o}, seed, api)
 
-    if "input_len" in spec:
-        out.setdefault("input", lengths(spec["input_len"]))
-    if "output_len" in spec:
-        out.setdefault("output", lengths(spec["output_len"]))
-    if spec.get("system_prompt"):
-        out.setdefault("type", "shared_prefix")
-        out.setdefault("groups", spec["system_prompt"].get("groups", 1))
-        out.setdefault("system_tokens", spec["system_prompt"].get("tokens", 1024))
-    if spec.get("sessions"):
-        out["type"] = out.get("type") if out.get("type") not in (None, "shared_prefix") else "multi_turn"
-        out.setdefault("concurrent_sessions", spec["sessions"].get("count", 8))
-    return out
+
+OLD_KEYS = ("input_len", "output_len", "system_prompt", "sessions")
 
 
 def from_dict(spec: dict, seed: int | None = None, api: str | None = None) -> Workload:
-    """Our schema: {name, type, api, input, output, ...type options}. The simulate schema (input_len, output_len,
-    system_prompt, sessions) is read too, and a `loadgen:` block, if present, holds what only load tests need."""
-    spec = _from_simulate({**spec, **(spec.get("loadgen") or {})})
+    """The schema (data/workloads/README.md): {name, type, api, description, input, output, ...type options}."""
+    old = [k for k in OLD_KEYS if k in spec]
+    if old:
+        raise WorkloadError(f"workload {spec.get('name', '?')}: {', '.join(old)} belong to an older schema; write "
+                            "input:/output: {dist: ...}, groups:/system_tokens:, concurrent_sessions:/turns: "
+                            "(data/workloads/README.md)")
     kind = spec.get("type", "synthetic")
     if kind not in KINDS:
         raise WorkloadError(f"unknown workload type {kind!r} (one of {', '.join(KINDS)})")
@@ -372,10 +374,10 @@ def from_dict(spec: dict, seed: int | None = None, api: str | None = None) -> Wo
         raise WorkloadError(f"api must be chat or completions, not {api!r}")
     if kind == "agentic_coding" and api != "chat":
         raise WorkloadError("agentic_coding needs the chat API (tool calls)")
-    known = {"name", "type", "api", "input", "output", "seed", "ignore_eos", "loadgen", "description",
-             "input_len", "output_len", "system_prompt", "sessions"}
+    known = {"name", "type", "api", "input", "output", "seed", "ignore_eos", "description"}
     seed = int(spec.get("seed", 0)) if seed is None else seed
     return Workload(name=str(spec.get("name", kind)), type=kind, api=api, seed=seed,
+                    description=str(spec.get("description", "")),
                     input=Lengths.parse(spec.get("input", 256)), output=Lengths.parse(spec.get("output", 128)),
                     options={k: v for k, v in spec.items() if k not in known},
                     ignore_eos=bool(spec.get("ignore_eos", True)))

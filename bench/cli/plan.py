@@ -68,8 +68,8 @@ def simulate(
     context: int = typer.Option(None, help="Context length (default: the model's maximum)."),
     workload: str = typer.Option(None, help="A workload name (data/workloads: chat, long-context, agentic-coding, "
                                  "...) or a workload YAML path."),
-    input_len: int = typer.Option(None, help="Fixed prompt tokens (instead of --workload)."),
-    output_len: int = typer.Option(None, help="Fixed output tokens (instead of --workload)."),
+    input_len: str = typer.Option(None, help="Prompt tokens: N, or uniform:A-B (instead of --workload)."),
+    output_len: str = typer.Option(None, help="Output tokens: N, or uniform:A-B (instead of --workload)."),
     rate: float = typer.Option(None, help="Offered requests per second (Poisson); 'inf' sends all at once."),
     sweep: bool = typer.Option(False, help="Sweep rates up to saturation; find the highest rate meeting --slo."),
     compare_kv: bool = typer.Option(False, help="Run BF16-KV and FP8-KV side by side."),
@@ -93,10 +93,10 @@ def simulate(
         raise BadInput("give --workload or --input-len/--output-len, not both")
     if workload:
         wl = load_workload(workload)
-    elif input_len and output_len and input_len > 0 and output_len > 0:
+    elif input_len and output_len:
         wl = fixed_workload(input_len, output_len)
     else:
-        raise BadInput("give --workload NAME or both --input-len and --output-len (positive)")
+        raise BadInput("give --workload NAME or both --input-len and --output-len (N or uniform:A-B)")
     target = parse_slo(slo)
     eff = load_efficiency(gpu, calibration)
     if num_requests < 10:

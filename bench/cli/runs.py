@@ -25,6 +25,8 @@ def run(
                                     "e.g. --param burstiness=0.5."),
     workload: str = typer.Option(None, help="Workload name (data/workloads), YAML path, or ShareGPT JSON "
                                  "(default: chat)."),
+    input_len: str = typer.Option(None, help="Synthetic prompts of N tokens, or uniform:A-B (instead of --workload)."),
+    output_len: str = typer.Option(None, help="Answers of N tokens, or uniform:A-B (with --input-len)."),
     db: str = DB,
     label: str = typer.Option("", help="A label for the run."),
     model: str = typer.Option(None, help="Model name to send (default: the server's first /v1/models entry)."),
@@ -57,8 +59,13 @@ def run(
         overrides[key] = yaml.safe_load(value)
     if workers < 0 or expect_workers < 0:
         raise BadInput("--workers and --expect-workers are counts >= 0")
+    if (input_len is None) != (output_len is None):
+        raise BadInput("give both --input-len and --output-len (N or uniform:A-B), or neither")
+    if input_len is not None and workload is not None:
+        raise BadInput("give --workload or --input-len/--output-len, not both")
     opts = runner.RunOptions(
-        target=target, profile=profile, overrides=overrides, workload=workload or "chat", db=db, label=label,
+        target=target, profile=profile, overrides=overrides, workload=workload or "chat",
+        lengths=(input_len, output_len) if input_len is not None else None, db=db, label=label,
         model=model, api_key_env=api_key_env, slo=parse_slo(slo), warmup_s=warmup, workers=workers,
         expect_workers=expect_workers, master_bind=master_bind, master_port=master_port, seed=seed, api=api,
         stream=stream, timeout_s=timeout, max_inflight=max_inflight, live=live)

@@ -17,9 +17,8 @@ from functools import lru_cache
 
 from bench.errors import BadInput
 from bench.model import capacity as cap
-from bench.model import catalog, simulate
+from bench.model import catalog, simulate, workload
 from bench.model.slo import SYNTAX, Slo
-from bench.model.workload import WORKLOADS as WORKLOAD_DIR
 from bench.model.workload import Workload, fixed_workload, load_workload
 
 HOURS_PER_MONTH = 730
@@ -27,7 +26,7 @@ HOURS_PER_MONTH = 730
 
 def workload_names() -> list[str]:
     """Named request mixes in data/workloads (the ones `capbench simulate --workload` takes)."""
-    return sorted(p.stem for p in WORKLOAD_DIR.glob("*.yaml"))
+    return workload.names()
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,7 @@ def measured_vs_predicted(con: duckdb.DuckDBPyConnection, run_id: str, slo: Slo 
     except BadInput as e:
         out["why_not"] = str(e)
         return out
-    if cfg["workload"] and (workload.WORKLOADS / f"{cfg['workload']}.yaml").is_file():
+    if cfg["workload"] and workload.workload_path(cfg["workload"]):
         wl = load_workload(cfg["workload"])
     else:
         wl = fixed_workload(max(1, round((s["input_tokens"] or 0) / s["ok"])),

@@ -112,11 +112,10 @@ def test_trace_rows_with_shared_hash_ids_share_prefix_text():
     assert (a.body["max_tokens"], b.body["max_tokens"]) == (5, 7)
 
 
-def test_built_in_workloads_and_the_simulate_schema():
+def test_built_in_workloads_one_schema():
     for name in workloads.names():
         spec = workloads.load(name).request(0)
         assert spec.body["max_tokens"] >= 1 and spec.input_tokens >= 1
-    # the simulate workloads of the same names, with the load-test overlay laid over them
     agentic, chat = workloads.load("agentic-coding"), workloads.load("chat")
     assert agentic.type == "agentic_coding" and agentic.options["system_tokens"] == 6000
     assert agentic.options["concurrent_sessions"] == 32
@@ -124,10 +123,16 @@ def test_built_in_workloads_and_the_simulate_schema():
     sp = workloads.load("shared-prefix")  # 16 system prompts x 32 questions, then again
     n = 16 * 32
     assert sp.request(5) == sp.request(5 + n) and sp.request(5) != sp.request(5 + 16)
-    w = workloads.from_dict({"name": "sim", "input_len": {"lognormal": {"median": 300, "sigma": 0.9}, "max": 900},
-                             "output_len": {"fixed": 256}, "system_prompt": {"groups": 8, "tokens": 1200}})
-    assert w.type == "shared_prefix" and w.options["groups"] == 8 and w.output.sample(random.Random()) == 256
-    assert w.input.params["max"] == 900
+    with pytest.raises(WorkloadError, match="older schema"):  # the simulator's old keys say what to write instead
+        workloads.from_dict({"name": "sim", "input_len": {"fixed": 300}, "output_len": {"fixed": 256}})
+
+
+def test_sharegpt_sends_every_conversation_once_per_epoch():
+    w = workloads.load("sharegpt")
+    n = len(w.sharegpt_pairs())
+    prompts = [(w.request(i).body["messages"][0]["content"], w.request(i).body["max_tokens"]) for i in range(2 * n)]
+    assert len(set(prompts[:n])) == len(set(w.sharegpt_pairs())) == n  # the file's pairs are all different
+    assert set(prompts[:n]) == set(prompts[n:]) and prompts[:n] != prompts[n:]
 
 
 def test_bad_workloads_say_what_is_wrong(tmp_path):

@@ -6,7 +6,8 @@ from bench.model import Deployment, PerfModel, Request, Scheduler, catalog
 from bench.model.capacity import capacity
 from bench.model.simulate import percentile, run, sweep
 from bench.model.slo import Slo
-from bench.model.workload import Lengths, SystemPrompt, Workload, fixed_workload, load_workload, make_requests
+from bench.model.workload import fixed_workload, load_workload, make_requests
+from loadgen import workloads as lg
 
 
 def kimi(kv: str = "bf16") -> Deployment:
@@ -101,8 +102,8 @@ def test_queue_grows_when_offered_load_exceeds_capacity():
 
 def test_prefix_cache_hits_grow_with_sharing():
     def hit_rate(groups: int | None) -> float:
-        wl = Workload(name="t", input_len=Lengths(fixed=200), output_len=Lengths(fixed=20),
-                      system_prompt=SystemPrompt(groups=groups, tokens=2000) if groups else None)
+        spec = {"type": "shared_prefix", "groups": groups, "system_tokens": 2000} if groups else {"type": "synthetic"}
+        wl = lg.from_dict({"name": "t", "input": 200, "output": 20, **spec})
         return run(kimi(), wl, rate=2.0, n=200, min_seconds=0).cache_hit_rate
 
     none, many, few = hit_rate(None), hit_rate(50), hit_rate(2)
@@ -113,8 +114,10 @@ def test_prefix_cache_hits_grow_with_sharing():
 
 def test_multi_turn_sessions_hit_their_own_history():
     wl = load_workload("agentic-coding")
-    reqs = make_requests(wl, rate=1.0, n=50, seed=1, block=16, context=262144)
-    assert any(r.prompt_len > 20_000 for r in reqs)  # contexts grow turn by turn
+    reqs = make_requests(wl, rate=1.0, n=64, seed=1, block=16, context=262144)
+    first, second = reqs[:32], reqs[32:]  # 32 sessions: turn 0, then turn 1 of the same sessions
+    assert all(b.prompt_len > a.prompt_len and b.prompt_keys[:len(a.prompt_keys)] == a.prompt_keys
+               for a, b in zip(first, second, strict=True))  # a turn resends the one before
     p = run(kimi(), wl, rate=0.2, n=60, min_seconds=0)
     assert p.cache_hit_rate > 0.5
 
