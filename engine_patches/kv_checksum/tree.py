@@ -105,11 +105,14 @@ class ChecksummedUnifiedRadixCache(HiCacheChecksums, UnifiedRadixCache):
         if self.kv_bad_nodes and self._kv_unlocked:
             self._drop_bad_nodes()  # here, before any walk: the scheduler holds no node it has not locked
         admission = params.req is not None and params.req is self.kv_admitting
-        if admission or self.kv_bad_nodes:
-            cut = self._safe_prefix(params, admission)
-            if cut is not None:
-                params = replace(params, key=self._limited(params.key, cut))
-        return super()._match_tree(params)
+        cut = self._safe_prefix(params, admission) if admission or self.kv_bad_nodes else None
+        if cut is None:
+            return super()._match_tree(params)
+        # The cut match splits a node at the first bad page: the clean head gets a new id, the bad rest keeps its
+        # id. Only then are bad nodes dropped, so the clean head stays cached.
+        result = super()._match_tree(replace(params, key=self._limited(params.key, cut)))
+        self._drop_bad_nodes()
+        return result
 
     def _safe_prefix(self, params: MatchPrefixParams, admission: bool) -> int | None:
         """Key position before the first bad page of the device path `params.key` would match, or None."""
@@ -195,10 +198,7 @@ class ChecksummedUnifiedRadixCache(HiCacheChecksums, UnifiedRadixCache):
     # ---- bad nodes ----
 
     def _condemn(self, path_nodes) -> None:
-        fresh = [n.node_id for n in path_nodes if n.node_id not in self.kv_bad_nodes]
-        self.kv_bad_nodes.update(fresh)
-        if fresh:
-            self._drop_bad_nodes()
+        self.kv_bad_nodes.update(n.node_id for n in path_nodes)
 
     def _drop_bad_nodes(self) -> None:
         """Drop bad nodes that are unlocked device leaves without a host copy, leaves first, until none is left

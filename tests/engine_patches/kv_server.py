@@ -11,8 +11,9 @@ and position, then the seal-on-fill hook on its out_cache_loc, as the ModelRunne
 sampling (each request's output tokens are given in advance), and two CUDA-only HiCache primitives (host-memory
 registration and the host<->device copy kernel), done with torch on CPU.
 
-Oracle: before each prefill "forward", the cached prefix each request is about to read is compared with the KV
-its tokens should have (written the same way into a shadow pool): a difference is a served corrupt page.
+Oracle: before a request's first prefill "forward", the cached prefix it was handed (from the device tree, or
+loaded from host) is compared with the KV its tokens should have (written the same way into a shadow pool): a
+difference is a served corrupt page. (A request's later chunks read its own KV, not the cache's.)
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from sglang.srt.mem_cache.cache_init_params import CacheInitParams
 from sglang.srt.mem_cache.common import checkpoint_kv_cache, release_kv_cache
 from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, MLATokenToKVPool, ReqToTokenPool
 from sglang.srt.mem_cache.registry import TreeCacheBuildContext, create_tree_cache
-from sglang.srt.runtime_context import get_context, get_parallel
+from sglang.srt.runtime_context import get_context, get_memory, get_parallel
 from sglang.srt.sampling.sampling_params import SamplingParams
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
@@ -119,6 +120,7 @@ class Server:
     chunk: int | None = None  # chunked prefill size
     server_args: dict = field(default_factory=dict)
     max_reqs: int = 16
+    after_forward: object = None  # called with the batch after its KV is written and sealed (fault injection)
 
     def __post_init__(self):
         g = self.g
@@ -139,8 +141,12 @@ class Server:
             self.allocator = PagedTokenToKVPoolAllocator(size, g.page_size, DTYPES[g.dtype], "cpu", self.pool,
                                                          need_sort=False)
         self.req_pool = ReqToTokenPool(self.max_reqs, 4 * size, "cpu", False)
+        memory = get_memory()  # the fields kv_cache_builder fills from the server arguments
         params = CacheInitParams(disable=False, req_to_token_pool=self.req_pool,
-                                 token_to_kv_pool_allocator=self.allocator, page_size=g.page_size)
+                                 token_to_kv_pool_allocator=self.allocator, page_size=g.page_size,
+                                 eviction_policy=memory.radix_eviction_policy,
+                                 eviction_policy_config=memory.radix_eviction_policy_config,
+                                 enable_session_radix_cache=memory.enable_session_radix_cache)
         if self.hicache:
             hicache_on_cpu()
         ctx = TreeCacheBuildContext(
@@ -257,8 +263,9 @@ class Server:
             if prefill:
                 ids = req.full_untruncated_fill_ids
                 start, end = req.prefix_len, req.extend_end
-                req.admitted_prefix = getattr(req, "admitted_prefix", None) or req.prefix_len
-                self._check_served(req, ids)
+                if not hasattr(req, "admitted_prefix"):  # its first chunk: the prefix came from the cache
+                    req.admitted_prefix = req.prefix_len
+                    self._check_served(req, ids)
             else:
                 ids = req.origin_input_ids + req.output_ids
                 start, end = len(ids) - 1, len(ids)
@@ -270,6 +277,8 @@ class Server:
         assert torch.equal(loc, batch.out_cache_loc.to(torch.int64)), "rows and out_cache_loc disagree"
         write_kv(self.pool, self.layers, self.g, loc, torch.cat(tokens), torch.cat(positions))
         hooks.seal_after_forward(self.pool, batch.out_cache_loc)
+        if self.after_forward is not None:
+            self.after_forward(batch)
 
     def _check_served(self, req: Req, ids) -> None:
         """Compare the cached prefix the request is about to read with the KV of its tokens."""
@@ -286,6 +295,16 @@ class Server:
             bad |= (a != b).any(dim=1)
         self.served.pages += n // P
         self.served.corrupt += int(bad.sum())
+
+    # ---- faults ----
+
+    def page_of(self, req: Req, position: int) -> int:
+        """The page holding token `position` of a live request's row."""
+        return int(self.req_pool.req_to_token[req.kv.req_pool_idx, position]) // self.g.page_size
+
+    def flip(self, page: int, buffer: int = 0, byte: int = 3, bit: int = 2) -> None:
+        """Flip one bit of one device page, in one buffer of the pool."""
+        flip_page(pool_buffers(self.pool)[buffer], page, self.g.page_size, byte, bit)
 
     # ---- accounting ----
 
@@ -314,6 +333,12 @@ def _diff(pages: torch.Tensor, expected: torch.Tensor) -> str:
     twice = (counts > 1).nonzero().flatten().add(1).tolist()[:8]
     lost = (counts == 0).nonzero().flatten().add(1).tolist()[:8]
     return f"twice {twice}, lost {lost}"
+
+
+def flip_page(buf: torch.Tensor, page: int, page_size: int, byte: int, bit: int) -> None:
+    page_bytes = page_size * buf[0].numel() * buf.element_size()
+    assert byte < page_bytes
+    buf.view(-1).view(torch.uint8)[page * page_bytes + byte] ^= 1 << bit
 
 
 def write_kv(pool, layers, g: Geometry, loc: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor) -> None:
