@@ -72,13 +72,13 @@ class HostSeals:
             out[:, b] = mix64(words ^ position_keys(b, words.shape[1], "cpu")).sum(dim=1)
         return out
 
-    def bad_pages(self, host_pages: torch.Tensor) -> tuple[list[int], int]:
-        """Host pages (of `host_pages`) that are unsealed, known bad, or differ from their seals; and how many of
-        them were found bad now."""
+    def bad_pages(self, host_pages: torch.Tensor) -> tuple[list[int], list[int]]:
+        """Rows of `host_pages` that are unsealed, known bad, or differ from their seals; and the rows found bad
+        by this check."""
         known = self.bad[host_pages] | ~self.sealed[host_pages]
         new = (self.partials(host_pages) != self.sums[host_pages]).any(dim=1) & ~known
         self.bad[host_pages] |= new
-        return (known | new).nonzero().flatten().tolist(), int(new.sum())
+        return (known | new).nonzero().flatten().tolist(), new.nonzero().flatten().tolist()
 
 
 def host_buffers(host_pool) -> tuple[list[torch.Tensor], bool]:
@@ -160,8 +160,8 @@ class HiCacheChecksums:
         m.pages_verified.inc(len(host_pages))
         m.seconds.inc(time.perf_counter() - t0)
         if new:
-            m.mismatches.labels(source="load").inc(new)
-        for row in bad[:64]:
+            m.mismatches.labels(source="load").inc(len(new))
+        for row in new[:64]:
             self.kv_log.write("kv_checksum_mismatch", None, int(host_pages[row]), {"part": "host", "source": "load"})
         if self._agree_min(0 if bad else 1) == 1:
             return True

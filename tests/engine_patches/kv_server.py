@@ -123,13 +123,22 @@ class Server:
     after_forward: object = None  # called with the batch after its KV is written and sealed (fault injection)
 
     def __post_init__(self):
-        g = self.g
         self.context = get_context().override_server_args(
             radix_cache_backend=self._backend(), **self.server_args)
         self.args = self.context.install()
-        self.parallel = get_parallel().override(tp_rank=0, dcp_enabled=False, attn_dcp_size=1, attn_dcp_rank=0)
+        self.parallel = get_parallel().override(tp_rank=0, pp_rank=0, dcp_enabled=False, attn_dcp_size=1,
+                                                attn_dcp_rank=0)
         self.parallel.__enter__()
+        try:
+            self._build()
+        except BaseException:
+            self.close()
+            raise
+
+    def _build(self) -> None:
         from sglang.srt.configs.model_config import ModelConfig
+
+        g = self.g
 
         hooks.install_admission_mark()
         self.model_config = ModelConfig(model_dir())
