@@ -73,6 +73,17 @@ def test_triton_kernel_is_bit_identical_to_reference(kind, dtype):
     assert torch.equal(kernel(pages), page_checksums_reference(buffers, pages, page_size))
 
 
+def test_the_fill_seal_writes_only_the_pages_it_is_given_into_the_table():
+    """The decode-step seal: page ids with -1 for "not full yet", rows written in place, nothing else touched."""
+    gen = torch.Generator().manual_seed(6)
+    buffers = pool_like("mla", torch.float8_e4m3fn, 10 * 4, gen)
+    table = torch.full((10, len(buffers)), 7, dtype=torch.int64)
+    PageChecksummer(buffers, 4).partials_into(table, torch.tensor([3, -1, 8, -1]))
+    expected = torch.full_like(table, 7)
+    expected[[3, 8]] = page_partials_reference(buffers, torch.tensor([3, 8]), 4)
+    assert torch.equal(table, expected)
+
+
 def test_kernel_handles_buffers_of_different_widths():
     gen = torch.Generator().manual_seed(2)
     k = [torch.randn(16, 2, 64, generator=gen).to(torch.bfloat16) for _ in range(2)]
