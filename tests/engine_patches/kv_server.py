@@ -74,6 +74,9 @@ def model_dir() -> str:
     return str(d)
 
 
+TRANSFER_WATCHERS: list = []  # called with (src_layers, src_indices, dst_indices) before each HiCache copy
+
+
 def hicache_on_cpu() -> None:
     """HiCache's two CUDA-only primitives, on CPU: host buffers need no cudaHostRegister, and the copy kernel
     (sgl_kernel's transfer_kv_direct, absent without CUDA) is an index copy per layer."""
@@ -82,6 +85,8 @@ def hicache_on_cpu() -> None:
     import sglang.srt.mem_cache.pool_host.mla as mla
 
     def transfer_kv_direct(src_layers, dst_layers, src_indices, dst_indices, page_size):
+        for watch in TRANSFER_WATCHERS:
+            watch(src_layers, src_indices, dst_indices)
         for src, dst in zip(src_layers, dst_layers, strict=True):
             dst[dst_indices.to(dst.device)] = src[src_indices.to(src.device)]
 
@@ -211,7 +216,9 @@ class Server:
     def _prefill(self) -> bool:
         if self.chunked is not None:
             checkpoint_kv_cache(self.chunked, self.tree)  # the scheduler's stash of a chunked request
-        adder = PrefillAdder(self.g.page_size, self.tree, self.allocator, self.running, 0.0, 1 << 30, self.chunk)
+        # new_token_ratio 1.0: admission reserves each request's whole output, so decode never runs out of pages
+        # and this loop needs no retraction (SGLang's scheduler starts lower and retracts when it must).
+        adder = PrefillAdder(self.g.page_size, self.tree, self.allocator, self.running, 1.0, 1 << 30, self.chunk)
         if self.chunked is not None:
             self.chunked.init_next_round_input()
             self.chunked = adder.add_chunked_req(self.chunked)
