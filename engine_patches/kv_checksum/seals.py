@@ -33,8 +33,17 @@ class Check:
 
 class PageSeals:
     def __init__(self, kv_pool, page_size: int):
-        self.buffers = pool_buffers(kv_pool)
-        self.layers = buffer_layers(kv_pool)
+        self._init(pool_buffers(kv_pool), buffer_layers(kv_pool), page_size)
+
+    @classmethod
+    def of_buffers(cls, buffers: list[torch.Tensor], page_size: int) -> PageSeals:
+        """A seal table over bare [slots, ...] buffers (the GPU check's pools, shaped like SGLang's)."""
+        seals = cls.__new__(cls)
+        seals._init(buffers, [(i, "kv") for i in range(len(buffers))], page_size)
+        return seals
+
+    def _init(self, buffers: list[torch.Tensor], layers: list[tuple[int, str]], page_size: int) -> None:
+        self.buffers, self.layers = buffers, layers
         for b in self.buffers:
             paged_words(b, page_size)  # refuse pages that are not whole 64-bit words now, not at the first seal
         self.page_size = page_size
