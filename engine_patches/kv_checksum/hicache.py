@@ -7,9 +7,10 @@ checked against them before it is loaded back to the GPU.
   is caught at load time, because the seals are the ones taken when the pages were filled.
 - Load (host -> device): before the controller queues the copy, the host pages are checksummed on the CPU in the
   device's word order and compared with the carried seals. A mismatch refuses the load: SGLang's admission then
-  recomputes those tokens, the host pages stay marked bad and are never loaded (they are freed when host eviction
-  reaches them). A clean load hands the carried seals to the new device pages, checked again at the next
-  admission like any cached page.
+  recomputes those tokens. The bad host copy is never loaded; once the recomputed KV is back in the tree (the
+  insert gives the host-only node a device copy again), it is written over the bad host copy, with its seals, by
+  the host pool's own device-to-host copy. A clean load hands the carried seals to the new device pages, checked
+  again at the next admission like any cached page.
 
 Not covered: storage backends (L3), refused at construction; host layouts other than layer_first, page_first and
 page_first_direct; HND device pools and FP4 scale buffers (the host pool does not mirror them).
@@ -113,10 +114,15 @@ class HiCacheChecksums:
         host_pool = self.cache_controller.mem_pool_host.anchor_entry.host_pool
         self.kv_host_seals = HostSeals(host_pool, self.kv_seals.buffers, self.page_size)
         self._kv_loading: dict[int, torch.Tensor] = {}  # load ack node id -> device pages in flight
+        self._kv_rewrites: dict[int, tuple[torch.Tensor, int, int]] = {}  # node -> bad host copy (indices, span)
         free, load = host_pool.free, self.cache_controller.load
 
         def free_and_forget(indices: torch.Tensor) -> int:
             self.kv_host_seals.forget(indices)
+            freed = set(indices.cpu().tolist())
+            for node_id, (host, _, _) in list(self._kv_rewrites.items()):
+                if freed.intersection(host.tolist()):
+                    del self._kv_rewrites[node_id]  # the bad host copy is gone: nothing to rewrite
             return free(indices)
 
         def checked_load(host_indices: torch.Tensor, *args, node_id: int = -1, **kwargs):
@@ -136,6 +142,7 @@ class HiCacheChecksums:
             self.kv_host_seals.sealed.zero_()
             self.kv_host_seals.bad.zero_()
             self._kv_loading.clear()
+            self._kv_rewrites.clear()
 
     def _execute_kv_backup(self, node_id, device_value, comp_xfers, sidecar_xfers):
         if self.kv_host_seals is None or device_value.numel() == 0:
@@ -166,9 +173,45 @@ class HiCacheChecksums:
         if self._agree_min(0 if bad else 1) == 1:
             return True
         self._log_action("load_refused", node=node_id, host_pages=len(bad))
+        path = self.tree_core.collect_path_info([node_id])[0]
+        host_only = [n for n in path if n.full_value_len is None]
+        if host_only and host_only[-1].node_id == node_id:
+            start, end = host_only[0].path_start, host_only[-1].path_end
+            if end - start == len(host_indices):
+                self._kv_rewrites[node_id] = (host_indices.cpu().clone(), start, end)
         return False
 
+    def kv_rewrite_host_copies(self) -> None:
+        """Write recomputed KV over host copies that failed their check, once it is back on the device."""
+        for node_id, (host, start, end) in list(self._kv_rewrites.items()):
+            try:
+                path = self.tree_core.collect_path_info([node_id])[0]
+            except KeyError:
+                del self._kv_rewrites[node_id]
+                continue
+            if not path or path[-1].path_end != end or any(n.full_value_len is None for n in path):
+                continue  # not (wholly) back on the device yet
+            device = self.path_device_indices(node_id)[start:end]
+            pages = self.kv_seals.pages_of(device)
+            if self._agree_min(0 if self._check(pages, source="offload").bad_rows else 1) == 0:
+                continue
+            cc = self.cache_controller
+            entry = cc.mem_pool_host.anchor_entry
+            host_idx, device_idx = cc.move_indices(host.to(device.device) if cc.io_backend == "kernel" else host,
+                                                   device)
+            entry.host_pool.backup_from_device_all_layer(entry.device_pool, host_idx, device_idx, cc.io_backend)
+            if device.is_cuda:
+                torch.cuda.current_stream().synchronize()  # the bytes are on host before anything can load them
+            self.kv_host_seals.carry(self.kv_host_seals.pages_of(host), self.kv_seals.sums[pages].cpu())
+            del self._kv_rewrites[node_id]
+            self._log_action("host_copy_rewritten", node=node_id)
+
     def _seal_loading(self, host_indices: torch.Tensor, device_indices: torch.Tensor, node_id: int) -> None:
+        # The nodes being loaded get new device pages, from a host copy that just passed its check: whatever was
+        # found bad in their old device pages is gone.
+        for n in self.tree_core.collect_path_info([node_id])[0]:
+            if n.full_value_len is None:
+                self.kv_bad_nodes.discard(n.node_id)
         seals = self.kv_seals
         pages = seals.pages_of(device_indices)
         sums = self.kv_host_seals.sums[self.kv_host_seals.pages_of(host_indices)].to(seals.device)

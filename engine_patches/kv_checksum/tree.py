@@ -153,6 +153,8 @@ class ChecksummedUnifiedRadixCache(HiCacheChecksums, UnifiedRadixCache):
             # At most what the request already holds: SGLang re-walks its own path and inserts nothing new.
             up_to = max(limit, protected)
         super().checkpoint_into_tree(req, up_to=up_to, **kwargs)
+        if self.kv_host_seals is not None and self._kv_rewrites:
+            self.kv_rewrite_host_copies()
         if limit < aligned:
             self._log_action("insert_truncated", at=limit, rid=req.rid)
             if self.kv_mode == "strict" and not req.finished():
