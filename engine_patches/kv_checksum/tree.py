@@ -6,16 +6,18 @@ When pages are checked (PageSeals holds the seals):
   page, so the request recomputes from there (strict mode aborts it instead). The many other matches the
   scheduler makes while it orders its queue check nothing: they only steer scheduling, and skip nodes already
   known bad.
-- Insert: a checkpoint (chunk end, release) checks the request's own pages before they enter the tree, and looks
-  up the bad marks of the prefix it holds. The insert stops before the first bad page: nothing at or after a
-  corrupt page is cached, and the pages the request keeps are freed once by SGLang's own release.
+- Insert: a checkpoint (chunk end, end of prefill, release) checks the request's own pages before they enter the
+  tree, and looks up the bad marks of the prefix it holds and of tree pages its insert would share. The insert
+  stops before the first bad page: nothing at or after a corrupt page is cached, and the pages the request keeps
+  are freed once by SGLang's own release.
 - Scrub: idle sealed pages are checked round-robin at `scrub_pages_per_s`.
 - HiCache offload and load: hicache.py.
 
-A node found bad stays in the tree only while a request holds it: it is dropped as soon as it is an unlocked,
-host-less device leaf (SGLang's own drop, which refuses locked subtrees); until then matches are cut before it
-and inserts stop before it, so it is neither served nor extended. Decisions that change the tree are agreed
-across tensor-parallel ranks (the smallest cut wins), so every rank's tree stays the same.
+A node found bad is dropped as soon as it is an unlocked device leaf without a host copy (SGLang's own
+drop_subtree_no_host, called only after the lock anchors show it unlocked: it fails on a locked node); until then
+(a request holds it, or it has children) matches are cut before it and inserts stop before it, so it is neither
+served nor extended, and ordinary eviction reclaims it. Decisions that change the tree are agreed across
+tensor-parallel ranks (the smallest cut wins, one CPU all-reduce), so every rank's tree stays the same.
 """
 
 from __future__ import annotations
@@ -83,9 +85,10 @@ class ChecksummedUnifiedRadixCache(HiCacheChecksums, UnifiedRadixCache):
 
     def reset(self) -> None:
         super().reset()
-        self.kv_seals.sealed.zero_()
-        self.kv_seals.bad.zero_()
+        for flags in (self.kv_seals.sealed, self.kv_seals.bad, self.kv_seals.pending):
+            flags.zero_()  # the pool's pages are all free again; SGLang clears its allocator without freeing
         self.kv_bad_nodes.clear()
+        self.kv_anchors.clear()
 
     @contextmanager
     def kv_admission(self, req):
