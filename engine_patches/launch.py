@@ -82,9 +82,12 @@ PATCHES: list[Patch] = [
 
 
 def _apply_kv_checksum(o: PatchOptions) -> None:
+    from engine_patches.kv_checksum import hooks
     from engine_patches.kv_checksum.patch import register_backend
 
     register_backend(o.kv_checksum, o.kv_scrub_pages_per_s, o.integrity_log)
+    after_import("sglang.srt.model_executor.model_runner", hooks.install_seal_on_fill)
+    after_import("sglang.srt.managers.schedule_batch", hooks.install_admission_mark)
 
 
 class BadLaunch(ValueError):
@@ -101,17 +104,47 @@ def validate(o: PatchOptions, sglang_args: list[str]) -> None:
     if o.kv_scrub_pages_per_s and o.kv_checksum == "off":
         raise BadLaunch("--kv-scrub-pages-per-s needs --kv-checksum verify or strict")
     if o.kv_checksum != "off":
-        if any(a == "--radix-cache-backend" or a.startswith("--radix-cache-backend=") for a in sglang_args):
-            raise BadLaunch("--kv-checksum selects its own --radix-cache-backend; drop yours")
-        if "--disable-radix-cache" in sglang_args:
-            raise BadLaunch("--kv-checksum checks pages reused from the radix cache; drop --disable-radix-cache")
-        if "--enable-hierarchical-cache" in sglang_args or "--enable-hicache" in sglang_args:
-            raise BadLaunch("--kv-checksum does not cover HiCache host tiers; drop --enable-hierarchical-cache")
+        _validate_kv_checksum(sglang_args)
     _validate_fp8_scales(o, sglang_args)
     if o.integrity_log:
         parent = Path(o.integrity_log).expanduser().resolve().parent
         if not parent.is_dir():
             raise BadLaunch(f"--integrity-log directory does not exist: {parent}")
+
+
+# SGLang options whose KV paths the checksums do not follow: one line each, and the launch is refused.
+KV_CHECKSUM_CONFLICTS = {
+    "--radix-cache-backend": "--kv-checksum selects its own --radix-cache-backend; drop yours",
+    "--disable-radix-cache": "--kv-checksum checks pages reused from the radix cache; drop --disable-radix-cache",
+    "--hicache-storage-backend": "--kv-checksum does not travel to HiCache storage backends; drop "
+                                 "--hicache-storage-backend (host-memory HiCache is covered)",
+    "--speculative-algorithm": "--kv-checksum cannot run with --speculative-algorithm: draft tokens rewrite "
+                               "pages after they fill",
+    "--enable-lmcache": "--kv-checksum covers SGLang's unified radix tree, not LMCache's; drop --enable-lmcache",
+    "--enable-flexkv": "--kv-checksum covers SGLang's unified radix tree, not FlexKV's; drop --enable-flexkv",
+    "--enable-unified-cache-external-linker": "--kv-checksum does not check pages the external linker loads; "
+                                              "drop --enable-unified-cache-external-linker",
+}
+
+
+SCALED_KV_DTYPES = ("nvfp4", "fp4_mx_block16", "mxfp8")  # pools with per-block scale buffers
+
+
+def _has_flag(sglang_args: list[str], flag: str) -> bool:
+    return any(a == flag or a.startswith(flag + "=") for a in sglang_args)
+
+
+def _validate_kv_checksum(sglang_args: list[str]) -> None:
+    for flag, message in KV_CHECKSUM_CONFLICTS.items():
+        if _has_flag(sglang_args, flag):
+            raise BadLaunch(message)
+    hicache = _has_flag(sglang_args, "--enable-hierarchical-cache") or _has_flag(sglang_args, "--enable-hicache")
+    if hicache and os.environ.get("SGLANG_USE_HND_KVCACHE", "").lower() in ("1", "true", "yes"):
+        raise BadLaunch("--kv-checksum follows pages to HiCache host memory for NHD pools only; unset "
+                        "SGLANG_USE_HND_KVCACHE or drop --enable-hierarchical-cache")
+    if hicache and _server_arg(sglang_args, "--kv-cache-dtype", "auto") in SCALED_KV_DTYPES:
+        raise BadLaunch("--kv-checksum cannot follow KV scale buffers to HiCache host memory; drop "
+                        "--enable-hierarchical-cache or use another --kv-cache-dtype")
 
 
 def _server_arg(sglang_args: list[str], flag: str, default: str) -> str:
@@ -292,6 +325,14 @@ class _AfterImport(importlib.abc.MetaPathFinder):
 
         spec.loader.exec_module = exec_then_patch
         return spec
+
+
+def after_import(module: str, callback) -> None:
+    """Run `callback()` once `module` is imported in this process: now if it already is."""
+    if module in sys.modules:
+        callback()
+    else:
+        sys.meta_path.insert(0, _AfterImport(module, [callback]))
 
 
 def install_hooks() -> list[str]:

@@ -23,6 +23,7 @@ KV_COUNTERS = {
     "pages_verified": "capbench_kv_pages_verified_total",
     "mismatches": "capbench_kv_checksum_mismatch_total",
     "checksum_seconds": "capbench_kv_checksum_seconds_total",
+    "verifications": "capbench_kv_verifications_total",  # by source: admission, insert, scrub, offload, load
 }
 # Server metrics the Runs page charts by default (others can be added there); histograms are left out.
 SERVER_METRICS = ("sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:token_usage", "sglang:gen_throughput",

@@ -1,8 +1,8 @@
 """The 64-bit KV page checksum: definition and torch reference.
 
 A page's checksum covers every buffer of the pool for that page: every layer's K and V rows (MHA/GQA pools)
-or latent rows (MLA pools). Each buffer's page is read as little-endian 64-bit words (bf16 quads, fp8 octets;
-fp8 pools store uint8 and are read the same way), and
+or latent rows (MLA pools), and the per-token scale rows of FP4/MXFP8 pools. Each buffer's page is read as
+little-endian 64-bit words (bf16 quads, fp8 octets; fp8 pools store uint8 and are read the same way), and
 
     checksum(page) = sum over (buffer b, word w) of mix64(word[b, w] XOR key(b, w))   (mod 2^64)
     key(b, w)      = ((b << 32) | w) * GOLDEN XOR SEED                               (mod 2^64)
@@ -63,10 +63,39 @@ def position_keys(buffer_index: int, words: int, device: torch.device | str) -> 
 
 
 def pool_buffers(kv_pool) -> list[torch.Tensor]:
-    """The per-layer buffers of an SGLang KV pool, in checksum order: MLA latents, or all K then all V."""
+    """The per-layer buffers of an SGLang KV pool, in checksum order, each as [slots, ...] rows whose page p is
+    rows [p * page_size, (p + 1) * page_size): MLA latents, or all K then all V; FP4 pools add their per-token
+    scale buffers after the data. HND pools store [pages, heads, page_size, dim]: a page is still one contiguous
+    block, so those buffers are viewed as page_size rows a page."""
+    layout = getattr(kv_pool, "kv_cache_layout", "nhd")
+    if layout not in ("nhd", "hnd"):
+        raise ValueError(f"KV checksums cover NHD and HND pools, not the {layout!r} layout")
     if hasattr(kv_pool, "kv_buffer"):
-        return list(kv_pool.kv_buffer)
-    return [*kv_pool.k_buffer, *kv_pool.v_buffer]
+        buffers = [*kv_pool.kv_buffer, *_scales(kv_pool, "kv_scale_buffer")]
+    elif hasattr(kv_pool, "k_buffer"):
+        buffers = [*kv_pool.k_buffer, *kv_pool.v_buffer, *_scales(kv_pool, "k_scale_buffer"),
+                   *_scales(kv_pool, "v_scale_buffer")]
+    else:
+        raise ValueError(f"KV checksums do not know the buffers of {type(kv_pool).__name__}")
+    if layout == "hnd":
+        buffers = [b.view(b.shape[0] * kv_pool.page_size, -1) for b in buffers]
+    return buffers
+
+
+def _scales(kv_pool, name: str) -> list[torch.Tensor]:
+    """A pool's per-layer scale buffers (FP4, MXFP8), or none (plain pools leave the attribute None or unset)."""
+    return list(getattr(kv_pool, name, None) or [])
+
+
+def buffer_layers(kv_pool) -> list[tuple[int, str]]:
+    """(layer id, part) of each buffer of `pool_buffers`, for logging a mismatch."""
+    start = getattr(kv_pool, "start_layer", 0) or 0
+    if hasattr(kv_pool, "kv_buffer"):
+        parts = ["kv"] + (["kv_scale"] if _scales(kv_pool, "kv_scale_buffer") else [])
+    else:
+        parts = ["k", "v"] + (["k_scale", "v_scale"] if _scales(kv_pool, "k_scale_buffer") else [])
+    layers = kv_pool.layer_num
+    return [(start + i, part) for part in parts for i in range(layers)]
 
 
 def paged_words(buffer: torch.Tensor, page_size: int) -> torch.Tensor:

@@ -21,19 +21,22 @@ BLOCK = 1024
 def _page_checksum_kernel(
     buffer_ptrs,  # int64 [buffers]: data_ptr of each layer buffer
     page_words,  # int64 [buffers]: 64-bit words per page in each buffer
-    pages,  # int64 [n]: page ids
-    partial,  # int64 [n, buffers]: out
+    pages,  # int64 [n]: page ids; with SCATTER, -1 means "skip"
+    partial,  # int64 [n, buffers] out, or with SCATTER the table [pool pages, buffers] written at row `page`
     n_buffers,
     GOLDEN: tl.constexpr,
     SEED: tl.constexpr,
     MIX1: tl.constexpr,
     MIX2: tl.constexpr,
     BLOCK: tl.constexpr,
+    SCATTER: tl.constexpr,
 ):
     i = tl.program_id(0)
     b = tl.program_id(1)
     page = tl.load(pages + i)
-    words = tl.load(page_words + b)
+    wanted = page >= 0
+    page = tl.maximum(page, 0)
+    words = tl.where(wanted, tl.load(page_words + b), 0)
     base = tl.load(buffer_ptrs + b).to(tl.pointer_type(tl.uint64))
     start = base + page * words
     offs = tl.arange(0, BLOCK)
@@ -50,7 +53,8 @@ def _page_checksum_kernel(
         x = x * MIX2
         x = x ^ (x >> 31)
         acc += tl.where(live, x, 0)
-    tl.store(partial + i * n_buffers + b, tl.sum(acc, axis=0).to(tl.int64, bitcast=True))
+    row = page if SCATTER else i
+    tl.store(partial + row * n_buffers + b, tl.sum(acc, axis=0).to(tl.int64, bitcast=True), mask=wanted)
 
 
 class PageChecksummer:
@@ -75,9 +79,21 @@ class PageChecksummer:
         if n:
             _page_checksum_kernel[(n, nb)](
                 self.ptrs, self.words, pages, partial, nb,
-                GOLDEN=GOLDEN, SEED=SEED, MIX1=MIX1, MIX2=MIX2, BLOCK=self.block, num_warps=self.num_warps,
+                GOLDEN=GOLDEN, SEED=SEED, MIX1=MIX1, MIX2=MIX2, BLOCK=self.block, SCATTER=False,
+                num_warps=self.num_warps,
             )  # fmt: skip
         return partial
+
+    def partials_into(self, table: torch.Tensor, pages: torch.Tensor) -> None:
+        """Write each page's per-buffer sums into row `page` of `table` [pool pages, buffers]; pages < 0 are
+        skipped. Nothing is read back to the host, so a decode step can seal its filled pages without a sync."""
+        pages = pages.to(device=self.ptrs.device, dtype=torch.int64).contiguous()
+        if pages.numel():
+            _page_checksum_kernel[(pages.numel(), len(self.buffers))](
+                self.ptrs, self.words, pages, table, len(self.buffers),
+                GOLDEN=GOLDEN, SEED=SEED, MIX1=MIX1, MIX2=MIX2, BLOCK=self.block, SCATTER=True,
+                num_warps=self.num_warps,
+            )  # fmt: skip
 
     def __call__(self, pages: torch.Tensor) -> torch.Tensor:
         return self.partials(pages).sum(dim=1)

@@ -18,6 +18,7 @@ class KVChecksumMetrics:
     pages_verified: object
     mismatches: object
     seconds: object
+    verifications: object
 
 
 @cache
@@ -27,9 +28,15 @@ def kv_checksum_metrics() -> KVChecksumMetrics:
     # prometheus_client appends _total to counter names.
     return KVChecksumMetrics(
         pages_checksummed=Counter(
-            "capbench_kv_pages_checksummed", "KV pages checksummed when sealed into the radix cache"
+            "capbench_kv_pages_checksummed", "KV pages sealed (checksummed when they filled, or at their first check)"
         ),
-        pages_verified=Counter("capbench_kv_pages_verified", "KV pages verified before reuse or by the scrub"),
+        pages_verified=Counter("capbench_kv_pages_verified", "KV pages compared with their seals"),
         mismatches=Counter("capbench_kv_checksum_mismatch", "KV pages whose checksum did not match", ["source"]),
         seconds=Counter("capbench_kv_checksum_seconds", "Host seconds spent computing and comparing KV checksums"),
+        verifications=Counter(
+            "capbench_kv_verifications",
+            "Batched KV page checks (one kernel launch and one host read-back on a GPU) by where they ran: "
+            "admission, insert, scrub, offload, load",
+            ["source"],
+        ),
     )

@@ -73,6 +73,46 @@ def test_triton_kernel_is_bit_identical_to_reference(kind, dtype):
     assert torch.equal(kernel(pages), page_checksums_reference(buffers, pages, page_size))
 
 
+def test_the_fill_seal_writes_only_the_pages_it_is_given_into_the_table():
+    """The decode-step seal: page ids with -1 for "not full yet", rows written in place, nothing else touched."""
+    gen = torch.Generator().manual_seed(6)
+    buffers = pool_like("mla", torch.float8_e4m3fn, 10 * 4, gen)
+    table = torch.full((10, len(buffers)), 7, dtype=torch.int64)
+    PageChecksummer(buffers, 4).partials_into(table, torch.tensor([3, -1, 8, -1]))
+    expected = torch.full_like(table, 7)
+    expected[[3, 8]] = page_partials_reference(buffers, torch.tensor([3, 8]), 4)
+    assert torch.equal(table, expected)
+
+
+def test_the_gpu_fill_path_seals_like_the_reference_path():
+    """PageSeals.seal_filled on its kernel path (as on a GPU: masked pages, flags set with no host read-back),
+    run here with the interpreted kernel, leaves the same seal table as the CPU path."""
+    from engine_patches.kv_checksum.seals import PageSeals
+    from tests.engine_patches.kv_server import Geometry, make_pool
+
+    pool = make_pool(Geometry("mla", "fp8", page_size=4, pages=12))
+    gen = torch.Generator().manual_seed(7)
+    for buf in pool_like_buffers(pool):
+        buf.copy_(torch.randint(0, 256, buf.shape, dtype=torch.uint8, generator=gen).view(buf.dtype))
+    cpu, gpu_like = PageSeals(pool, 4), PageSeals(pool, 4)
+    gpu_like._kernel = PageChecksummer(gpu_like.buffers, 4)
+    slots = torch.tensor([5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 19, 23])  # pages 1..3 and 4..5 complete
+    for seals in (cpu, gpu_like):
+        seals.bad[2] = True  # a stale bad mark is cleared by a fresh seal
+        seals.seal_filled(slots)
+    assert gpu_like.take_fill_count() == cpu.take_fill_count() == 5
+    real = torch.tensor([1, 2, 3, 4, 5])
+    assert torch.equal(gpu_like.sums[real], cpu.sums[real])
+    assert torch.equal(gpu_like.sealed[1:], cpu.sealed[1:]) and cpu.sealed[real].all()
+    assert not gpu_like.bad[1:].any() and not cpu.bad.any()
+
+
+def pool_like_buffers(pool) -> list[torch.Tensor]:
+    from engine_patches.kv_checksum.checksum import pool_buffers
+
+    return [b.view(torch.uint8) for b in pool_buffers(pool)]
+
+
 def test_kernel_handles_buffers_of_different_widths():
     gen = torch.Generator().manual_seed(2)
     k = [torch.randn(16, 2, 64, generator=gen).to(torch.bfloat16) for _ in range(2)]

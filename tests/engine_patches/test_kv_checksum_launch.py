@@ -14,6 +14,8 @@ from engine_patches.kv_checksum import sglang_symbols
 from engine_patches.launch import PatchOptions, build_command
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+HICACHE_ARGS = {"enable_hierarchical_cache": True, "hicache_ratio": 2.0, "hicache_io_backend": "direct",
+                "hicache_mem_layout": "layer_first"}
 TORCHVISION_OPS = """
 import torch
 _lib = torch.library.Library("torchvision", "DEF")
@@ -39,24 +41,35 @@ def test_every_touched_symbol_exists(symbol):
 
 
 def test_touched_fields_exist_on_real_objects():
-    import torch
-    from sglang.srt.mem_cache.allocator.paged import PagedTokenToKVPoolAllocator
-    from sglang.srt.mem_cache.base_prefix_cache import MatchPrefixParams, MatchResult
-    from sglang.srt.mem_cache.cache_init_params import CacheInitParams
-    from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, MLATokenToKVPool, ReqToTokenPool
-    from sglang.srt.mem_cache.radix_cache import RadixCache, TreeNode
+    from array import array
 
-    assert set(sglang_symbols.MATCH_RESULT_FIELDS) <= set(MatchResult._fields)
+    from sglang.srt.managers.schedule_batch import Req
+    from sglang.srt.mem_cache.base_prefix_cache import MatchPrefixParams
+    from sglang.srt.mem_cache.radix_cache import RadixKey
+    from sglang.srt.mem_cache.unified_cache.unified_tree_core_interface import TreePathNodeInfo
+    from sglang.srt.sampling.sampling_params import SamplingParams
+
+    from tests.engine_patches.kv_server import Geometry, Server, make_pool
+
     assert set(sglang_symbols.MATCH_PREFIX_PARAMS_FIELDS) <= set(MatchPrefixParams.__dataclass_fields__)
-    mha = MHATokenToKVPool(64, 16, torch.bfloat16, 1, 16, 2, "cpu", False)
-    mla = MLATokenToKVPool(64, 16, torch.bfloat16, 32, 16, 2, "cpu", False)
-    alloc = PagedTokenToKVPoolAllocator(64, 16, torch.bfloat16, "cpu", mha, need_sort=False)
-    cache = RadixCache(CacheInitParams(disable=False, req_to_token_pool=ReqToTokenPool(2, 64, "cpu", False),
-                                       token_to_kv_pool_allocator=alloc, page_size=16))
-    objects = {"RadixCache": cache, "TreeNode": TreeNode(), "MHATokenToKVPool": mha, "MLATokenToKVPool": mla}
-    for name, attrs in sglang_symbols.INSTANCE_ATTRS.items():
-        for attr in attrs:
-            assert hasattr(objects[name], attr), f"{name}.{attr} is gone"
+    assert set(sglang_symbols.TREE_PATH_NODE_FIELDS) <= set(TreePathNodeInfo.__struct_fields__)
+    server = Server(Geometry("mha"), hicache=True, server_args=HICACHE_ARGS)
+    try:
+        req = Req("r", "", array("q", [1, 2, 3]), SamplingParams())
+        host = server.tree.cache_controller.mem_pool_host.anchor_entry.host_pool
+        mla_server = Server(Geometry("mla"), hicache=True, server_args=HICACHE_ARGS)
+        mla_host = mla_server.tree.cache_controller.mem_pool_host.anchor_entry.host_pool
+        mla_server.close()
+        objects = {"UnifiedRadixCache": server.tree, "Req": req, "ReqKvInfo": req.kv,
+                   "RadixKey": RadixKey(array("q", [1])), "MHATokenToKVPool": server.pool,
+                   "MLATokenToKVPool": make_pool(Geometry("mla")), "MHATokenToKVPoolHost": host,
+                   "MLATokenToKVPoolHost": mla_host}
+        for name, attrs in sglang_symbols.INSTANCE_ATTRS.items():
+            assert type(objects[name]).__name__ == name or name == "UnifiedRadixCache"
+            for attr in attrs:
+                assert hasattr(objects[name], attr), f"{name}.{attr} is gone"
+    finally:
+        server.close()
 
 
 @pytest.mark.parametrize("module,cls,assignment", sglang_symbols.ASSIGNED_IN_SOURCE)
@@ -73,7 +86,8 @@ def test_counters_appear_on_sglangs_metrics_endpoint(tmp_path, monkeypatch):
         from engine_patches.kv_checksum.metrics import kv_checksum_metrics
         m = kv_checksum_metrics()
         m.pages_checksummed.inc(7); m.pages_verified.inc(5); m.seconds.inc(0.25)
-        m.mismatches.labels(source="match").inc()
+        m.mismatches.labels(source="admission").inc()
+        m.verifications.labels(source="insert").inc(3)
     """)
     env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(tmp_path), "PYTHONPATH": REPO}
     subprocess.run([sys.executable, "-c", child], env=env, check=True, timeout=60)
@@ -88,8 +102,9 @@ def test_counters_appear_on_sglangs_metrics_endpoint(tmp_path, monkeypatch):
     text = TestClient(app).get("/metrics").text
     assert "capbench_kv_pages_checksummed_total 7.0" in text
     assert "capbench_kv_pages_verified_total 5.0" in text
-    assert 'capbench_kv_checksum_mismatch_total{source="match"} 1.0' in text
+    assert 'capbench_kv_checksum_mismatch_total{source="admission"} 1.0' in text
     assert "capbench_kv_checksum_seconds_total 0.25" in text
+    assert 'capbench_kv_verifications_total{source="insert"} 3.0' in text
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:
@@ -122,22 +137,46 @@ def test_off_adds_nothing():
     assert argv[-2:] == ["--model-path", "zai-org/GLM-4.6"]
 
 
-@pytest.mark.parametrize("args,message", [
-    (["--kv-checksum", "paranoid"], "--kv-checksum must be one of"),
-    (["--kv-checksum", "verify", "--", "--radix-cache-backend", "flexkv"], "drop yours"),
-    (["--kv-checksum", "verify", "--", "--disable-radix-cache"], "drop --disable-radix-cache"),
-    (["--kv-scrub-pages-per-s", "10"], "needs --kv-checksum"),
-    (["--kv-checksum", "verify", "--integrity-log", "/nonexistent/dir/x.jsonl"], "does not exist"),
+HICACHE = ["--enable-hierarchical-cache"]
+
+
+@pytest.mark.parametrize("args,message,env", [
+    (["--kv-checksum", "paranoid"], "--kv-checksum must be one of", {}),
+    (["--kv-checksum", "verify", "--", "--radix-cache-backend", "flexkv"], "drop yours", {}),
+    (["--kv-checksum", "verify", "--", "--disable-radix-cache"], "drop --disable-radix-cache", {}),
+    (["--kv-scrub-pages-per-s", "10"], "needs --kv-checksum", {}),
+    (["--kv-checksum", "verify", "--integrity-log", "/nonexistent/dir/x.jsonl"], "does not exist", {}),
+    (["--kv-checksum", "verify", "--", *HICACHE, "--hicache-storage-backend", "file"], "storage backends", {}),
+    (["--kv-checksum", "verify", "--", "--speculative-algorithm", "EAGLE"], "draft tokens rewrite", {}),
+    (["--kv-checksum", "strict", "--", "--enable-lmcache"], "not LMCache's", {}),
+    (["--kv-checksum", "verify", "--", *HICACHE], "NHD pools only", {"SGLANG_USE_HND_KVCACHE": "1"}),
+    (["--kv-checksum", "verify", "--", *HICACHE, "--kv-cache-dtype", "nvfp4"], "scale buffers", {}),
 ])
-def test_bad_input_is_one_line_and_exit_2(args, message):
+def test_bad_input_is_one_line_and_exit_2(args, message, env, monkeypatch):
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
     r = cli("sglang-launch", *args, "--dry-run")
     assert r.returncode == 2
     assert r.stderr.count("\n") == 1 and message in r.stderr and "Traceback" not in r.stderr
 
 
+@pytest.mark.parametrize("args,env", [
+    (HICACHE, {}),  # host-memory HiCache is covered
+    (["--kv-cache-dtype", "nvfp4"], {}),  # FP4 scale buffers are part of the checksum
+    (["--page-size", "16"], {"SGLANG_USE_HND_KVCACHE": "1"}),  # HND pools are covered (device side)
+])
+def test_covered_configurations_launch(args, env, monkeypatch):
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    r = cli("sglang-launch", "--kv-checksum", "verify", "--dry-run", "--", "--model-path", "zai-org/GLM-4.6", *args)
+    assert r.returncode == 0, r.stderr
+
+
 def test_patches_reach_processes_spawned_like_sglangs_schedulers(tmp_path):
     """The launcher's environment, a parent that spawns a child with multiprocessing 'spawn' (as SGLang starts its
-    schedulers), and the child building its tree cache through SGLang's registry: it gets the checksummed one."""
+    schedulers), and the child building its tree cache the way SGLang's scheduler does (create_tree_cache with the
+    launch's --radix-cache-backend): it gets the checksummed unified tree, and the fill and admission hooks are on
+    SGLang's classes once it imports them."""
     log = tmp_path / "events.jsonl"
     _, env = build_command(PatchOptions("verify", 3.0, str(log)), [])
     parent = tmp_path / "parent.py"
@@ -146,7 +185,9 @@ def test_patches_reach_processes_spawned_like_sglangs_schedulers(tmp_path):
         from sglang.srt.mem_cache.allocator.paged import PagedTokenToKVPoolAllocator
         from sglang.srt.mem_cache.cache_init_params import CacheInitParams
         from sglang.srt.mem_cache.memory_pool import MLATokenToKVPool, ReqToTokenPool
-        from sglang.srt.mem_cache.registry import TreeCacheBuildContext, get_radix_cache_factory
+        from sglang.srt.mem_cache.registry import TreeCacheBuildContext, create_tree_cache
+        from sglang.srt.runtime_context import get_context, get_parallel
+        get_context().override_server_args(radix_cache_backend="capbench_kv_checksum").install()
         pool = MLATokenToKVPool(64, 16, torch.bfloat16, 32, 16, 2, "cpu", False)
         alloc = PagedTokenToKVPoolAllocator(64, 16, torch.bfloat16, "cpu", pool, need_sort=False)
         params = CacheInitParams(disable=False, req_to_token_pool=ReqToTokenPool(2, 64, "cpu", False),
@@ -154,8 +195,13 @@ def test_patches_reach_processes_spawned_like_sglangs_schedulers(tmp_path):
         ctx = TreeCacheBuildContext(server_args=None, params=params, is_hybrid_swa=False, is_hybrid_ssm=False,
                                     enable_hierarchical_cache=False, disable_radix_cache=False, tp_worker=None,
                                     model_config=None, tp_size=1, tp_rank=0, tp_group=None)
-        cache = get_radix_cache_factory("capbench_kv_checksum")(ctx)
-        q.put([type(cache).__name__, cache.kv_mode, cache.scrub_pages_per_s, str(cache.kv_log.path)])
+        with get_parallel().override(tp_rank=0):
+            cache = create_tree_cache(ctx)
+        from sglang.srt.managers.schedule_batch import Req
+        from sglang.srt.model_executor.model_runner import ModelRunner
+        hooked = [getattr(ModelRunner.forward, "_capbench_seals", False),
+                  getattr(Req.init_next_round_input, "_capbench_admission", False)]
+        q.put([type(cache).__name__, cache.kv_mode, cache.scrub_pages_per_s, str(cache.kv_log.path), *hooked])
     """).replace("\n", "\n    ") + textwrap.dedent("""
 
     if __name__ == "__main__":
@@ -171,7 +217,8 @@ def test_patches_reach_processes_spawned_like_sglangs_schedulers(tmp_path):
     """))
     r = subprocess.run([sys.executable, str(parent)], env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
-    assert r.stdout.strip().splitlines()[-1] == str(["ChecksummedRadixCache", "verify", 3.0, str(log)])
+    assert r.stdout.strip().splitlines()[-1] == str(["ChecksummedUnifiedRadixCache", "verify", 3.0, str(log),
+                                                     True, True])
 
 
 def test_boot_runs_the_sitecustomize_it_shadows(tmp_path):

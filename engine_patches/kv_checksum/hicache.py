@@ -1,0 +1,230 @@
+"""HiCache with KV page checksums: the seals travel with pages offloaded to the host pool, and a host copy is
+checked against them before it is loaded back to the GPU.
+
+- Offload (device -> host): the node's device pages are checked first; a bad page refuses the backup (SGLang then
+  keeps the node device-only, or drops it under write-back). Otherwise the pages' seals are copied to the host
+  page ids the controller allocated. The copy itself runs later; whatever changes the bytes before or during it
+  is caught at load time, because the seals are the ones taken when the pages were filled.
+- Load (host -> device): before the controller queues the copy, the host pages are checksummed on the CPU in the
+  device's word order and compared with the carried seals. A mismatch refuses the load: SGLang's admission then
+  recomputes those tokens. The bad host copy is never loaded; once the recomputed KV is back in the tree (the
+  insert gives the host-only node a device copy again), it is written over the bad host copy, with its seals, by
+  the host pool's own device-to-host copy. A clean load hands the carried seals to the new device pages, checked
+  again at the next admission like any cached page.
+
+Not covered: storage backends (L3), refused at construction; host layouts other than layer_first, page_first and
+page_first_direct; HND device pools and FP4 scale buffers (the host pool does not mirror them).
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from engine_patches.kv_checksum.checksum import mix64, position_keys
+
+HOST_LAYOUTS = ("layer_first", "page_first", "page_first_direct")
+
+
+class HostSeals:
+    """Seals of the host pool's pages, kept in host memory, and the CPU checksum of host pages."""
+
+    def __init__(self, host_pool, device_buffers: list[torch.Tensor], page_size: int):
+        self.page_size = page_size
+        self.views, self.page_major = host_buffers(host_pool)
+        if len(self.views) != len(device_buffers):
+            raise ValueError(f"the host pool mirrors {len(self.views)} KV buffers of the device's "
+                             f"{len(device_buffers)} (FP4 scales and layer-sharded pools do not travel to host)")
+        for view, dev in zip(self.views, device_buffers, strict=True):
+            host_row = view[0, 0] if self.page_major else view[0]
+            if host_row.numel() * host_row.element_size() != dev[0].numel() * dev.element_size():
+                raise ValueError("host and device KV rows differ in size; checksums cannot follow pages to host")
+        pages = host_pool.size // page_size + 1
+        self.sums = torch.zeros((pages, len(self.views)), dtype=torch.int64)
+        self.sealed = torch.zeros(pages, dtype=torch.bool)
+        self.bad = torch.zeros(pages, dtype=torch.bool)
+
+    def pages_of(self, host_indices: torch.Tensor) -> torch.Tensor:
+        slots = host_indices.cpu().to(torch.int64).view(-1, self.page_size)
+        first = slots[:, 0]
+        aligned = (first % self.page_size == 0) & (slots == first[:, None] + torch.arange(self.page_size)).all(dim=1)
+        if not bool(aligned.all()):
+            raise ValueError("host slots are not whole aligned pages")
+        return first // self.page_size
+
+    def carry(self, host_pages: torch.Tensor, sums: torch.Tensor) -> None:
+        self.sums[host_pages] = sums
+        self.sealed[host_pages] = True
+        self.bad[host_pages] = False
+
+    def forget(self, host_indices: torch.Tensor) -> None:
+        pages = host_indices.cpu().to(torch.int64)[:: self.page_size] // self.page_size
+        self.sealed[pages] = False
+        self.bad[pages] = False
+
+    def partials(self, host_pages: torch.Tensor) -> torch.Tensor:
+        """Per-buffer sums [pages, buffers] of host pages, read in the device's word order."""
+        out = torch.empty((len(host_pages), len(self.views)), dtype=torch.int64)
+        slots = (host_pages[:, None] * self.page_size + torch.arange(self.page_size)).flatten()
+        for b, view in enumerate(self.views):
+            rows = view.index_select(0, host_pages if self.page_major else slots).contiguous()
+            words = rows.view(torch.uint8).view(torch.int64).view(len(host_pages), -1)
+            out[:, b] = mix64(words ^ position_keys(b, words.shape[1], "cpu")).sum(dim=1)
+        return out
+
+    def bad_pages(self, host_pages: torch.Tensor) -> tuple[list[int], list[int]]:
+        """Rows of `host_pages` that are unsealed, known bad, or differ from their seals; and the rows found bad
+        by this check."""
+        known = self.bad[host_pages] | ~self.sealed[host_pages]
+        new = (self.partials(host_pages) != self.sums[host_pages]).any(dim=1) & ~known
+        self.bad[host_pages] |= new
+        return (known | new).nonzero().flatten().tolist(), new.nonzero().flatten().tolist()
+
+
+def host_buffers(host_pool) -> tuple[list[torch.Tensor], bool]:
+    """The host pool's buffers in the device's checksum order, as [slots, ...] views, or [pages, page_size, ...]
+    views for the page-major direct layout (second value True)."""
+    layout = host_pool.layout
+    if layout not in HOST_LAYOUTS:
+        raise ValueError(f"KV checksums cannot follow pages to the {layout!r} HiCache host layout")
+    if hasattr(host_pool, "k_buffer"):
+        parts = [host_pool.k_buffer, host_pool.v_buffer]
+    else:
+        parts = [host_pool.kv_buffer]
+    views = [part[layer] if layout == "layer_first" else part[:, layer]
+             for part in parts for layer in range(host_pool.layer_num)]
+    return views, layout == "page_first_direct"
+
+
+class HiCacheChecksums:
+    """Mixin for the checksummed UnifiedRadixCache: its HiCache entry points."""
+
+    kv_host_seals: HostSeals | None = None
+
+    def init_hicache(self, server_args, params) -> None:
+        super().init_hicache(server_args, params)
+        if self.cache_controller is None:
+            return
+        if self.enable_storage or getattr(self.cache_controller, "storage_backend", None) is not None:
+            raise ValueError("KV checksums do not travel to HiCache storage backends; drop "
+                             "--hicache-storage-backend or --kv-checksum")
+        if getattr(self.token_to_kv_pool_allocator.get_kvcache(), "kv_cache_layout", "nhd") != "nhd":
+            raise ValueError("KV checksums follow pages to HiCache host memory for NHD pools only")
+        host_pool = self.cache_controller.mem_pool_host.anchor_entry.host_pool
+        self.kv_host_seals = HostSeals(host_pool, self.kv_seals.buffers, self.page_size)
+        self._kv_loading: dict[int, torch.Tensor] = {}  # load ack node id -> device pages in flight
+        self._kv_rewrites: dict[int, tuple[torch.Tensor, int, int]] = {}  # node -> bad host copy (indices, span)
+        free, load = host_pool.free, self.cache_controller.load
+
+        def free_and_forget(indices: torch.Tensor) -> int:
+            self.kv_host_seals.forget(indices)
+            freed = set(indices.cpu().tolist())
+            for node_id, (host, _, _) in list(self._kv_rewrites.items()):
+                if freed.intersection(host.tolist()):
+                    del self._kv_rewrites[node_id]  # the bad host copy is gone: nothing to rewrite
+            return free(indices)
+
+        def checked_load(host_indices: torch.Tensor, *args, node_id: int = -1, **kwargs):
+            if host_indices.numel() and not self._host_copy_clean(host_indices, node_id):
+                return None
+            device_indices = load(host_indices, *args, node_id=node_id, **kwargs)
+            if device_indices is not None and host_indices.numel():
+                self._seal_loading(host_indices, device_indices, node_id)
+            return device_indices
+
+        host_pool.free = free_and_forget
+        self.cache_controller.load = checked_load
+
+    def reset(self) -> None:
+        super().reset()
+        if self.kv_host_seals is not None:
+            self.kv_host_seals.sealed.zero_()
+            self.kv_host_seals.bad.zero_()
+            self._kv_loading.clear()
+            self._kv_rewrites.clear()
+
+    def _execute_kv_backup(self, node_id, device_value, comp_xfers, sidecar_xfers):
+        if self.kv_host_seals is None or device_value.numel() == 0:
+            return super()._execute_kv_backup(node_id, device_value, comp_xfers, sidecar_xfers)
+        pages = self.kv_seals.pages_of(device_value)
+        check = self._check(pages, source="offload")
+        if self._agree_min(0 if check.bad_rows else 1) == 0:
+            self.kv_bad_nodes.add(node_id)  # dropped later: this runs inside an insert or match walk
+            self._log_action("offload_refused", node=node_id)
+            return None
+        host_indices = super()._execute_kv_backup(node_id, device_value, comp_xfers, sidecar_xfers)
+        if host_indices is not None:
+            self.kv_host_seals.carry(self.kv_host_seals.pages_of(host_indices), self.kv_seals.sums[pages].cpu())
+        return host_indices
+
+    def _host_copy_clean(self, host_indices: torch.Tensor, node_id: int) -> bool:
+        host_pages = self.kv_host_seals.pages_of(host_indices)
+        t0 = time.perf_counter()
+        bad, new = self.kv_host_seals.bad_pages(host_pages)
+        m = self.kv_metrics
+        m.verifications.labels(source="load").inc()
+        m.pages_verified.inc(len(host_pages))
+        m.seconds.inc(time.perf_counter() - t0)
+        if new:
+            m.mismatches.labels(source="load").inc(len(new))
+        for row in new[:64]:
+            self.kv_log.write("kv_checksum_mismatch", None, int(host_pages[row]), {"part": "host", "source": "load"})
+        if self._agree_min(0 if bad else 1) == 1:
+            return True
+        self._log_action("load_refused", node=node_id, host_pages=len(bad))
+        path = self.tree_core.collect_path_info([node_id])[0]
+        host_only = [n for n in path if n.full_value_len is None]
+        if host_only and host_only[-1].node_id == node_id:
+            start, end = host_only[0].path_start, host_only[-1].path_end
+            if end - start == len(host_indices):
+                self._kv_rewrites[node_id] = (host_indices.cpu().clone(), start, end)
+        return False
+
+    def kv_rewrite_host_copies(self) -> None:
+        """Write recomputed KV over host copies that failed their check, once it is back on the device."""
+        for node_id, (host, start, end) in list(self._kv_rewrites.items()):
+            try:
+                path = self.tree_core.collect_path_info([node_id])[0]
+            except KeyError:
+                del self._kv_rewrites[node_id]
+                continue
+            if not path or path[-1].path_end != end or any(n.full_value_len is None for n in path):
+                continue  # not (wholly) back on the device yet
+            device = self.path_device_indices(node_id)[start:end]
+            pages = self.kv_seals.pages_of(device)
+            if self._agree_min(0 if self._check(pages, source="offload").bad_rows else 1) == 0:
+                continue
+            cc = self.cache_controller
+            entry = cc.mem_pool_host.anchor_entry
+            host_idx, device_idx = cc.move_indices(host.to(device.device) if cc.io_backend == "kernel" else host,
+                                                   device)
+            entry.host_pool.backup_from_device_all_layer(entry.device_pool, host_idx, device_idx, cc.io_backend)
+            if device.is_cuda:
+                torch.cuda.current_stream().synchronize()  # the bytes are on host before anything can load them
+            self.kv_host_seals.carry(self.kv_host_seals.pages_of(host), self.kv_seals.sums[pages].cpu())
+            del self._kv_rewrites[node_id]
+            self._log_action("host_copy_rewritten", node=node_id)
+
+    def _seal_loading(self, host_indices: torch.Tensor, device_indices: torch.Tensor, node_id: int) -> None:
+        # The nodes being loaded get new device pages, from a host copy that just passed its check: whatever was
+        # found bad in their old device pages is gone.
+        for n in self.tree_core.collect_path_info([node_id])[0]:
+            if n.full_value_len is None:
+                self.kv_bad_nodes.discard(n.node_id)
+        seals = self.kv_seals
+        pages = seals.pages_of(device_indices)
+        sums = self.kv_host_seals.sums[self.kv_host_seals.pages_of(host_indices)].to(seals.device)
+        seals.sums[pages] = sums
+        seals.sealed[pages] = True
+        seals.bad[pages] = False
+        seals.pending[pages] = True  # bytes still in flight: not compared until the load is acknowledged
+        self._kv_loading[node_id] = pages
+
+    def loading_check(self, finish_count=None) -> None:
+        before = set(self.ongoing_load_back)
+        super().loading_check(finish_count)
+        for node_id in before - set(self.ongoing_load_back):
+            pages = self._kv_loading.pop(node_id, None)
+            if pages is not None:
+                self.kv_seals.pending[pages] = False

@@ -1,0 +1,67 @@
+"""The two hooks the checksummed tree needs outside itself, installed on SGLang's classes in every process:
+
+- seal on fill: after each `ModelRunner.forward` (eager or a replayed CUDA graph alike: the hook runs outside the
+  graph), the pages that forward's KV writes completed are sealed, on the forward stream, with no host sync.
+  Every writer counts, fused kernels included, because the seal reads the pool's bytes, not the write calls.
+- admission: `Req.init_next_round_input` is the match the scheduler makes to admit a request into a prefill
+  batch; the tree checks the pages of that match, and of no other (ordering the queue matches every waiting
+  request, often).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from engine_patches.kv_checksum.seals import PageSeals
+
+_SEALS: dict[int, PageSeals] = {}  # id(KV pool) -> its seal table, registered by the checksummed tree
+
+
+def register_seals(kv_pool, seals: PageSeals) -> None:
+    _SEALS[id(kv_pool)] = seals
+
+
+def seal_after_forward(kv_pool, out_cache_loc: torch.Tensor | None) -> None:
+    """Seal the pages completed by a forward that wrote KV at `out_cache_loc` (no-op for unchecked pools)."""
+    seals = _SEALS.get(id(kv_pool))
+    if seals is not None and out_cache_loc is not None and out_cache_loc.numel():
+        seals.seal_filled(out_cache_loc)
+
+
+def install_seal_on_fill() -> None:
+    from sglang.srt.model_executor.model_runner import ModelRunner
+
+    forward = ModelRunner.forward
+    if getattr(forward, "_capbench_seals", False):
+        return
+
+    @functools.wraps(forward)
+    def forward_and_seal(self, forward_batch, *args, **kwargs):
+        out = forward(self, forward_batch, *args, **kwargs)
+        if not self.is_draft_worker:
+            seal_after_forward(self.token_to_kv_pool, getattr(forward_batch, "out_cache_loc", None))
+        return out
+
+    forward_and_seal._capbench_seals = True
+    ModelRunner.forward = forward_and_seal
+
+
+def install_admission_mark() -> None:
+    from sglang.srt.managers.schedule_batch import Req
+
+    init = Req.init_next_round_input
+    if getattr(init, "_capbench_admission", False):
+        return
+
+    @functools.wraps(init)
+    def init_marked(self, tree_cache=None, cow_mamba=None):
+        admission = getattr(tree_cache, "kv_admission", None)
+        if admission is None:
+            return init(self, tree_cache, cow_mamba)
+        with admission(self):
+            return init(self, tree_cache, cow_mamba)
+
+    init_marked._capbench_admission = True
+    Req.init_next_round_input = init_marked
