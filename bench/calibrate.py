@@ -23,9 +23,9 @@ from bench.errors import BadInput
 from bench.model import Deployment, Efficiency, Request, load_efficiency, parse_spec, simulate
 from bench.store import Store
 
-FITTED = ("hbm_eff", "bf16_eff", "layer_floor_us", "step_overhead_ms")
+FITTED = ("hbm_eff", "bf16_eff", "kernel_us", "step_overhead_ms")
 METRICS = ("ttft_p50", "ttft_p90", "tpot_p50", "tpot_p90", "output_tps")
-BOUNDS = {"hbm_eff": (0.05, 1.0), "bf16_eff": (0.02, 1.0), "layer_floor_us": (1.0, 5000.0),
+BOUNDS = {"hbm_eff": (0.05, 1.0), "bf16_eff": (0.02, 1.0), "kernel_us": (0.1, 100.0),
           "step_overhead_ms": (0.01, 200.0)}
 
 

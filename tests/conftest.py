@@ -14,6 +14,8 @@ if LOCUST_PART:
 import pytest  # noqa: E402
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
+# the rate cache (model/rate.py) of this test session only: answers are computed, never read from a user's cache
+os.environ["CAPBENCH_CACHE"] = __import__("tempfile").mkdtemp(prefix="capbench-cache-")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 

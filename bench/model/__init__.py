@@ -7,25 +7,40 @@ scheduler  continuous batching on the KV budget, as SGLang's scheduler does it (
 workload   request mixes as the simulator draws them
 slo        the SLO: a per-request bound (goodput) and a percentile bound (the highest rate within it)
 simulate   the scheduler in virtual time: one rate, or a sweep to the highest rate within the SLO
-plan       the planning question and its answer: options compared, rate per instance, GPUs and cost
+rate       the highest rate one instance serves within the SLO, simulated until it converges
+option     one deployment option: its capacity, its rate within the SLO, its cost
+plan       the search over GPUs, tp, DP attention, EP, KV dtype and expert weights: the recommendation
+corpus     published SGLang measurements (data/measurements)
+validate   the corpus replayed through the model: predicted vs published
+fit        the model's factors fitted to the corpus, with leave-one-source-out error
+calibration the factors and where they come from (data/calibration)
 spec       a deployment on one line: MODEL@GPUxN,key=value
 launch     SGLang command lines for a deployment
 """
 
-from bench.model import capacity, catalog, launch, perfmodel, plan, scheduler, simulate, slo, spec, workload
-from bench.model.capacity import Capacity, Deployment
-from bench.model.perfmodel import Efficiency, PerfModel, load_efficiency
-from bench.model.plan import (
-    HOURS_PER_MONTH,
-    Option,
-    Plan,
-    Prediction,
-    Question,
-    make_plan,
-    on_other_gpus,
-    search_rate,
-    workload_names,
+from bench.model import (
+    calibration,
+    capacity,
+    catalog,
+    corpus,
+    fit,
+    launch,
+    perfmodel,
+    plan,
+    rate,
+    scheduler,
+    simulate,
+    slo,
+    spec,
+    validate,
+    workload,
 )
+from bench.model.calibration import Efficiency, load_efficiency
+from bench.model.capacity import Capacity, Deployment
+from bench.model.option import HOURS_PER_MONTH, Config, Option
+from bench.model.perfmodel import PerfModel, usd_per_million
+from bench.model.plan import Plan, Question, make_plan, workload_names
+from bench.model.rate import Prediction, search_rate
 from bench.model.scheduler import Request, Scheduler
 from bench.model.simulate import Point, Sweep
 from bench.model.slo import Slo, parse_slo
@@ -33,8 +48,9 @@ from bench.model.spec import Spec, parse_spec
 from bench.model.workload import Workload, fixed_workload, load_workload
 
 __all__ = [
-    "capacity", "catalog", "launch", "perfmodel", "plan", "scheduler", "simulate", "slo", "spec", "workload",
-    "Capacity", "Deployment", "Efficiency", "PerfModel", "load_efficiency", "HOURS_PER_MONTH", "Option", "Plan",
-    "Prediction", "Question", "make_plan", "on_other_gpus", "search_rate", "workload_names", "Request", "Scheduler",
-    "Point", "Sweep", "Slo", "parse_slo", "Spec", "parse_spec", "Workload", "fixed_workload", "load_workload",
+    "calibration", "capacity", "catalog", "corpus", "fit", "launch", "perfmodel", "plan", "rate",
+    "scheduler", "simulate", "slo", "spec", "validate", "workload", "Efficiency", "load_efficiency",
+    "Capacity", "Deployment", "HOURS_PER_MONTH", "Config", "Option", "PerfModel", "Plan", "Question", "make_plan",
+    "workload_names", "Prediction", "search_rate", "Request", "Scheduler", "Point", "Sweep", "Slo", "parse_slo",
+    "Spec", "parse_spec", "Workload", "fixed_workload", "load_workload", "usd_per_million",
 ]

@@ -178,8 +178,10 @@ def mem_fraction_static(model: Model, gpu: GPU, tp: int, dp: int = 1, pp: int = 
     return frac
 
 
-def max_running_requests(tokens: int, context_len: int) -> int:
-    estimated = max(min(int(tokens / context_len * 512), 4096), 2048)
+def max_running_requests(tokens: int, context_len: int, given: int | None = None, dp: int = 1) -> int:
+    """Per DP rank, as KVCacheConfigurator.resolve_max_num_reqs: the given --max-running-requests split over the DP
+    ranks, else SGLang's estimate from the pool; never more than half the pool's tokens."""
+    estimated = max(1, given // dp) if given else max(min(int(tokens / context_len * 512), 4096), 2048)
     return min(estimated, tokens // 2)
 
 
@@ -196,7 +198,11 @@ class Deployment:
     context: int | None = None
     mem_fraction: float | None = None
     page_size: int | None = None  # None: SGLang's default on this GPU
-    mtp: bool = False
+    mtp: bool = False  # speculative decoding with the model's MTP layer (EAGLE): its KV, its draft steps
+    ep: int = 1  # expert-parallel size (SGLang --ep-size): experts split over ep groups of tp/ep GPUs
+    mtp_steps: int = 3  # draft tokens per step (--speculative-num-steps, top-k 1)
+    accept_length: float | None = None  # tokens kept per step on average; None: from the calibrated accept rate
+    max_running: int | None = None  # SGLang --max-running-requests (default: SGLang's; 48 with MTP)
 
     def __post_init__(self) -> None:
         if self.page_size is None:
@@ -217,6 +223,14 @@ class Deployment:
             raise BadInput(f"--page-size must be positive, got {self.page_size}")
         if self.mtp and not self.model.mtp_layers:
             raise BadInput(f"{self.model.id} has no MTP layers")
+        if self.max_running is not None and self.max_running < 1:
+            raise BadInput(f"--max-running-requests must be positive, got {self.max_running}")
+        if self.ep < 1 or self.tp % self.ep:
+            raise BadInput(f"--ep must divide --tp ({self.tp}), got {self.ep}")
+        if self.mtp and not 1 <= self.mtp_steps <= 8:
+            raise BadInput(f"MTP draft steps must be 1 to 8, got {self.mtp_steps}")
+        if self.accept_length is not None and not 1 <= self.accept_length <= self.mtp_steps + 1:
+            raise BadInput(f"accept length must be between 1 and steps + 1, got {self.accept_length}")
 
     @property
     def context_len(self) -> int:
@@ -266,7 +280,9 @@ def capacity(dep: Deployment, with_ratios: bool = True) -> Capacity:
     cell = cell_bytes(model, dep.kv_dtype, attn_tp, dep.mtp)
     tokens = int(max(budget, 0) // cell) // dep.page_size * dep.page_size
     fits = tokens >= dep.page_size and tokens >= 2
-    running = max_running_requests(tokens, dep.context_len) if fits else 0
+    # speculative decoding resets the default to 48 (arg_groups/speculative_hook.py _handle_eagle_family)
+    given = dep.max_running or (48 if dep.mtp else None)
+    running = max_running_requests(tokens, dep.context_len, given, dep.dp) if fits else 0
     cap = Capacity(
         model=model.id, gpu=gpu.id, tp=dep.tp, dp=dep.dp, nodes=dep.nodes, kv_dtype=dep.kv_dtype,
         weights=dep.weights, context=dep.context_len, page_size=dep.page_size, mem_fraction_static=frac,

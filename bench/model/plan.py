@@ -1,40 +1,48 @@
-"""A capacity plan: for one question (model, GPU, tp, workload, SLO, price, target rate) the four-way comparison
-(BF16 vs FP8 KV x native vs INT4 experts), each option's capacity, predicted throughput at the SLO, cost, GPUs
-needed for the target rate, and the recommendation. The Planner page and `capbench report` both call `make_plan`,
-so they show the same figures.
+"""A capacity plan: for a model, workload, SLO, target load and prices, the search over deployments that the CLI
+(`capbench plan`), the Planner and the report all use, so they show the same figures.
 
-Predictions come from `capbench simulate`'s machinery (simulate.py: SGLang-like continuous batching on the
-KV budget, step times from the roofline performance model): `search_rate` finds the highest Poisson rate at which
-the SLO percentile of TTFT and TPOT holds, by bisection under the saturation throughput. "quick" fidelity (the
-dashboard) simulates fewer requests per rate than "full" (the report).
+Searched: every GPU of the catalog (or those asked for), tensor parallelism from the smallest power of two that
+holds the weights up to two nodes, DP attention off or over all tp GPUs, EP off or over all tp GPUs, BF16 or FP8
+KV, the native expert weights or the other format (INT4 for BF16/FP8 checkpoints, FP8 for INT4 ones), and the
+replicas the target load needs. Each configuration is first sized (SGLang's memory arithmetic: rejected when
+the weights do not fit or the KV pool cannot hold the workload's longest request), then screened by a burst
+(its saturation throughput gives an optimistic $ per 1M tokens), and the finalists (the asked-for configuration,
+the cheapest by the screen, the best of each GPU, and the KV-dtype x weights variants of the best) get the
+converged highest rate within the SLO (rate.py). The recommendation is the finalist that serves the target load
+for the least money a month.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field, replace
-from functools import lru_cache
 
 from bench.errors import BadInput
-from bench.model import capacity as cap
-from bench.model import catalog, simulate, workload
+from bench.model import catalog, workload
+from bench.model.capacity import capacity, weight_formats
+from bench.model.option import HOURS_PER_MONTH, Config, Option
+from bench.model.rate import Prediction, saturation_tps, search_rate
 from bench.model.slo import SYNTAX, Slo
 from bench.model.workload import Workload, fixed_workload, load_workload
 
-HOURS_PER_MONTH = 730
+__all__ = ["HOURS_PER_MONTH", "Config", "Option", "Plan", "Prediction", "Question", "make_plan", "workload_names"]
+FINALISTS = 6  # cheapest configurations by the screen that are simulated, besides the asked-for one and each GPU's best
+SCREEN_REQUESTS = 300
 
 
 def workload_names() -> list[str]:
-    """Named request mixes in data/workloads (the ones `capbench simulate --workload` takes)."""
+    """Named request mixes in data/workloads the simulator takes."""
     return workload.names()
 
 
 @dataclass(frozen=True)
 class Question:
     model: str = "kimi-k2-thinking"
-    gpu: str = "h200"
-    tp: int = 8
-    gpus: int | None = None  # GPUs on hand; default one instance (tp)
+    gpu: str = "h200"  # the GPU you asked about (its price may be yours); others are searched at catalog prices
+    tp: int = 8  # your configuration: shown beside the search, never left out of it
+    gpus: int | None = None  # GPUs on hand of `gpu`: what they serve is shown
     kv_dtype: str = "fp8_e4m3"
     weights: str = "native"
     context: int | None = None
@@ -42,14 +50,19 @@ class Question:
     input_tokens: int = 2000
     output_tokens: int = 500
     slo: Slo = Slo(ttft_s=2.0, tpot_s=0.05)
-    price_per_gpu_hour: float | None = None  # default: the catalog's indicative price
+    price_per_gpu_hour: float | None = None  # for `gpu`; default: the catalog's indicative price
     target_rate_rps: float = 10.0
-    fidelity: str = "quick"
+    search_gpus: tuple[str, ...] | None = None  # None: every GPU in the catalog
+    dp: int = 1
+    ep: int = 1
 
-    def deployment(self, **changes) -> cap.Deployment:
+    @property
+    def chosen(self) -> Config:
+        return Config(self.gpu, self.tp, self.dp, self.ep, self.kv_dtype, self.weights)
+
+    def deployment(self, **changes):
         q = replace(self, **changes)
-        return cap.Deployment(catalog.model(q.model), catalog.gpu(q.gpu), q.tp, kv_dtype=q.kv_dtype,
-                              weights=q.weights, context=q.context)
+        return q.chosen.deployment(q.model, q.context)
 
     def request_mix(self) -> Workload:
         if self.workload:
@@ -58,14 +71,17 @@ class Question:
 
     def describe_workload(self) -> str:
         if self.workload:
-            wl = self.request_mix()
-            return f"'{wl.name}'" + (f" ({wl.description})" if wl.description else "")
+            return workload.describe(self.request_mix())
         return f"{self.input_tokens:,} input and {self.output_tokens:,} output tokens per request"
+
+    def price_of(self, gpu: str) -> float:
+        if gpu == self.gpu and self.price_per_gpu_hour is not None:
+            return self.price_per_gpu_hour
+        return catalog.gpu(gpu).price_per_gpu_hour
 
     @property
     def price(self) -> float:
-        return self.price_per_gpu_hour if self.price_per_gpu_hour is not None else catalog.gpu(
-            self.gpu).price_per_gpu_hour
+        return self.price_of(self.gpu)
 
     @property
     def gpus_on_hand(self) -> int:
@@ -80,86 +96,13 @@ class Question:
             raise BadInput(f"target rate must be positive, got {self.target_rate_rps}")
         if self.gpus is not None and (self.gpus < self.tp or self.gpus % self.tp):
             raise BadInput(f"GPU count {self.gpus} must be a multiple of tp {self.tp}")
-        if self.fidelity not in FIDELITY:
-            raise BadInput(f"fidelity must be one of {', '.join(FIDELITY)}")
+        for g in self.search_gpus or ():
+            catalog.gpu(g)
+        self.deployment()  # validates model, GPU, tp, dp, ep, KV dtype, weights, context
         ctx = self.context or catalog.model(self.model).max_context
         if not self.workload and self.input_tokens + self.output_tokens > ctx:
             raise BadInput(f"input + output tokens ({self.input_tokens + self.output_tokens}) exceed the context "
                            f"length {ctx}")
-
-
-@dataclass(frozen=True)
-class Prediction:
-    batch: int  # mean sequences running at the best rate
-    rate_rps: float  # highest request rate one instance sustains within the SLO
-    output_tps: float
-    ttft_s: float  # at the SLO's percentile
-    tpot_s: float
-    limited_by: str  # what the next higher rate missed: TTFT pNN or TPOT pNN (or "search limit")
-
-
-@dataclass
-class Option:
-    """One configuration of the four-way comparison."""
-
-    kv_dtype: str
-    weights: str
-    capacity: cap.Capacity
-    prediction: Prediction | None
-    price: float
-    tp: int
-    target_rate_rps: float
-    gpus_on_hand: int
-    chosen: bool = False
-
-    @property
-    def label(self) -> str:
-        """e.g. 'int4-g32 experts (native), fp8_e4m3 KV'."""
-        experts = cap.weight_formats(catalog.model(self.capacity.model), self.weights)[0]
-        return f"{experts} experts{' (native)' if self.weights == 'native' else ''}, {self.kv_dtype} KV"
-
-    @property
-    def usd_per_m_output(self) -> float | None:
-        p = self.prediction
-        if p is None or p.output_tps <= 0:
-            return None
-        return self.price / 3600 * self.tp / p.output_tps * 1e6
-
-    @property
-    def instances_needed(self) -> int | None:
-        p = self.prediction
-        if p is None or p.rate_rps <= 0:
-            return None
-        return max(1, math.ceil(self.target_rate_rps / p.rate_rps - 1e-9))
-
-    @property
-    def gpus_needed(self) -> int | None:
-        n = self.instances_needed
-        return None if n is None else n * self.tp
-
-    @property
-    def monthly_cost(self) -> float | None:
-        g = self.gpus_needed
-        return None if g is None else g * self.price * HOURS_PER_MONTH
-
-    @property
-    def rate_on_hand_rps(self) -> float | None:
-        p = self.prediction
-        return None if p is None else p.rate_rps * (self.gpus_on_hand // self.tp)
-
-    def to_row(self) -> dict:
-        c, p = self.capacity, self.prediction
-        return {
-            "config": self.label, "weights": self.weights, "kv_dtype": self.kv_dtype, "chosen": self.chosen,
-            "fits": c.fits, "weights_gb_per_gpu": c.weight_bytes_per_gpu / 1e9, "kv_pool_tokens": c.kv_pool_tokens,
-            "concurrent_seqs_at_context": c.max_concurrent_sequences_at_context,
-            "max_running_requests": c.max_running_requests,
-            "batch": p.batch if p else None, "rate_rps": p.rate_rps if p else None,
-            "output_tps": p.output_tps if p else None, "ttft_s": p.ttft_s if p else None,
-            "tpot_s": p.tpot_s if p else None, "limited_by": p.limited_by if p else None,
-            "usd_per_m_output": self.usd_per_m_output, "gpus_needed": self.gpus_needed,
-            "monthly_cost": self.monthly_cost, "rate_on_hand_rps": self.rate_on_hand_rps,
-        }
 
 
 @dataclass
@@ -170,140 +113,203 @@ class Plan:
     notes: list[str] = field(default_factory=list)
 
     @property
-    def baseline(self) -> Option:
-        return self.options[0]
-
-    @property
     def chosen(self) -> Option:
         return next(o for o in self.options if o.chosen)
 
     @property
     def recommended(self) -> Option | None:
-        """The option that meets the target rate with the fewest GPUs (then the cheapest per token)."""
-        ok = [o for o in self.options if o.gpus_needed is not None]
-        if not ok:
-            return None
-        return min(ok, key=lambda o: (o.gpus_needed, o.usd_per_m_output or math.inf, -o.capacity.kv_pool_tokens))
+        return next((o for o in self.options if o.recommended), None)
 
-    def gain(self, option: Option, key: str) -> float | None:
-        base, value = self.baseline.to_row()[key], option.to_row()[key]
-        if base in (None, 0) or value is None:
-            return None
-        return value / base
+    @property
+    def simulated(self) -> list[Option]:
+        return [o for o in self.options if o.simulated]
+
+    def four_way(self, around: Option | None = None) -> list[Option]:
+        """The KV dtype x expert weights variants at one GPU and parallelism (the recommended one's by default):
+        what FP8 KV and INT4 experts buy. The first is the BF16-KV, native-weights baseline."""
+        o = around or self.recommended or self.chosen
+        c = o.config
+        same = [x for x in self.simulated if (x.config.gpu, x.config.tp, x.config.dp, x.config.ep) ==
+                (c.gpu, c.tp, c.dp, c.ep)]
+        return sorted(same, key=lambda x: (x.weights != "native", x.kv_dtype != "bf16"))
+
+    def by_gpu(self) -> list[Option]:
+        """The cheapest simulated option of each GPU that serves the load (the GPU comparison)."""
+        best: dict[str, Option] = {}
+        for o in self.simulated:
+            g = o.config.gpu
+            if o.monthly_cost is not None and (g not in best or o.monthly_cost < best[g].monthly_cost):
+                best[g] = o
+        return sorted(best.values(), key=lambda o: o.monthly_cost)
+
+    def gain(self, option: Option, base: Option, key: str) -> float | None:
+        a, b = option.to_row()[key], base.to_row()[key]
+        return None if a is None or not b else a / b
 
     def rows(self) -> list[dict]:
+        return [o.to_row() for o in self.options]
+
+
+def _configs(q: Question) -> list[Config]:
+    model = catalog.model(q.model)
+    native_experts = model.native_weights.experts
+    alt = "fp8" if native_experts.startswith("int4") else "int4-g32"
+    out = []
+    for gpu_id in q.search_gpus or sorted(catalog.gpus()):
+        gpu = catalog.gpu(gpu_id)
+        for tp in (1, 2, 4, 8, 16, 32):
+            if tp > 2 * gpu.gpus_per_node:
+                break
+            for dp in ((1, tp) if tp > 1 else (1,)):
+                for ep in ((1, tp) if tp > 1 else (1,)):
+                    for kv in ("bf16", "fp8_e4m3"):
+                        for w in ("native", alt):
+                            out.append(Config(gpu_id, tp, dp, ep, kv, w))
+    if q.chosen not in out:
+        out.append(q.chosen)
+    return out
+
+
+def _longest(wl: Workload) -> int:
+    """The longest request (prompt + answer) the workload asks for, from its length bounds."""
+    def top(lengths) -> int:
+        p = lengths.params
+        return int(p.get("max") or p.get("value") or max((b[1] for b in p.get("bins", [])), default=0) or 0)
+
+    base = int(wl.options.get("system_tokens", 0))
+    if wl.type in ("multi_turn", "agentic_coding"):
+        return 0  # sessions grow with their turns: bounded by the context, not checked here
+    return base + top(wl.input) + top(wl.output)
+
+
+def _size(q: Question, cfg: Config, wl: Workload, longest: int) -> Option:
+    dep = cfg.deployment(q.model, q.context)
+    c = capacity(dep, with_ratios=False)
+    o = Option(cfg, q.model, c, q.price_of(cfg.gpu), q.target_rate_rps, chosen=cfg == q.chosen,
+               gpus_on_hand=q.gpus_on_hand if cfg.gpu == q.gpu else None)
+    if not c.fits:
+        o.rejected_because = (f"the weights do not fit: {c.weight_bytes_per_gpu / 1e9:,.1f} GB per GPU, short by "
+                              f"{c.short_by_bytes_per_gpu / 1e9:,.1f} GB")
+    elif longest and c.kv_pool_tokens_total < longest:
+        o.rejected_because = (f"KV pool of {c.kv_pool_tokens_total:,} tokens cannot hold the workload's longest "
+                              f"request ({longest:,} tokens)")
+    return o
+
+
+def _screen(args: tuple) -> float:
+    q, cfg, wl = args
+    return saturation_tps(cfg.deployment(q.model, q.context), wl, SCREEN_REQUESTS)
+
+
+def _simulate(args: tuple) -> Prediction | None:
+    q, cfg, wl = args
+    return search_rate(cfg.deployment(q.model, q.context), wl, q.slo)
+
+
+def _map(fn, jobs: list, workers: int, tick: Callable[[], None]) -> list:
+    if workers <= 1 or len(jobs) <= 1:
         out = []
-        for o in self.options:
-            row = o.to_row()
-            for key in ("kv_pool_tokens", "concurrent_seqs_at_context", "rate_rps", "output_tps"):
-                row[f"{key}_gain"] = self.gain(o, key)
-            out.append(row)
+        for j in jobs:
+            out.append(fn(j))
+            tick()
+        return out
+    with ProcessPoolExecutor(min(workers, len(jobs))) as pool:
+        out = []
+        for r in pool.map(fn, jobs):
+            out.append(r)
+            tick()
         return out
 
 
-# How hard search_rate() looks: (requests per rate at least, simulated seconds of arrivals per rate, bisection
-# steps). The burst that gives the starting rate offers BURST requests.
-FIDELITY = {"quick": (200, 30.0, 5), "full": (1000, 300.0, 7)}
-BURST = 1000
-MAX_DOUBLINGS = 8
+def _front(opts: list[Option], better: Callable[[Option, Option], bool]) -> set[int]:
+    return {id(o) for o in opts if not any(better(x, o) for x in opts if x is not o)}
 
 
-def search_rate(dep: cap.Deployment, wl: Workload, slo: Slo, fidelity: str = "quick") -> Prediction | None:
-    """The highest Poisson rate at which `capbench simulate`'s scheduler meets the SLO (judged as
-    `simulate --sweep` judges a rate: by its TTFT and TPOT percentiles; an overloaded server's queue shows in TTFT).
-    Starts at the throughput of a burst, doubles while the SLO holds, then bisects between the last rate that met
-    it and the first that missed. None when the model does not fit."""
-    n, seconds, steps = FIDELITY[fidelity]
-    if not cap.capacity(dep, with_ratios=False).fits:
-        return None
-    q = slo.percentile
-
-    def at(rate: float) -> simulate.Point:
-        return simulate.run(dep, wl, rate, n, min_seconds=seconds)
-
-    rate = max(simulate.run(dep, wl, math.inf, BURST).achieved_rps, 0.01)
-    lo, best, hi, miss = 0.0, None, None, None
-    for _ in range(MAX_DOUBLINGS):
-        p = at(rate)
-        if not slo.met(p):
-            hi, miss = rate, p
-            break
-        lo, best, rate = rate, p, rate * 2
-    if hi is None:  # still within the SLO at the last doubling: report that rate, say why it stopped there
-        return Prediction(round(best.mean_running), best.rate, best.output_tok_s, getattr(best, f"ttft_p{q}"),
-                          getattr(best, f"tpot_p{q}"), "search limit")
-    for _ in range(steps):
-        mid = (lo + hi) / 2
-        p = at(mid)
-        if slo.met(p):
-            lo, best = mid, p
-        else:
-            hi, miss = mid, p
-    limited = _limit(miss, slo)
-    if best is None:
-        return Prediction(0, 0.0, 0.0, getattr(miss, f"ttft_p{q}"), getattr(miss, f"tpot_p{q}"), limited)
-    return Prediction(round(best.mean_running), best.rate, best.output_tok_s, getattr(best, f"ttft_p{q}"),
-                      getattr(best, f"tpot_p{q}"), limited)
-
-
-def _limit(miss: simulate.Point, slo: Slo) -> str:
-    """Which SLO bound the first rate past the best one missed (the one missed by more)."""
-    q = slo.percentile
-    over = {name: getattr(miss, f"{metric}_p{q}") / bound
-            for name, metric, bound in (("TTFT", "ttft", slo.ttft_s), ("TPOT", "tpot", slo.tpot_s),
-                                        ("E2E", "e2e", slo.e2e_s)) if bound is not None}
-    return f"{max(over, key=over.get)} p{q}"
-
-
-@lru_cache(maxsize=256)
-def _search_cached(q: Question) -> Prediction | None:
-    """search_rate for a question reduced to what the simulation depends on (price, GPUs on hand and target rate
-    do not change it), so the Planner re-simulates only when the deployment, workload or SLO change."""
-    return search_rate(q.deployment(), q.request_mix(), q.slo, q.fidelity)
-
-
-def make_plan(q: Question, progress=None) -> Plan:
-    """progress: called once per option simulated (a rich progress bar's advance, say)."""
+def make_plan(q: Question, progress: Callable[[str, int, int], None] | None = None, workers: int = 1) -> Plan:
+    """progress(stage, done, total) as the search advances; workers: processes for the screen and the finalists."""
     q.check()
-    dep = q.deployment()
-    q.request_mix()  # a bad workload name fails here, before any simulation
-    model = catalog.model(q.model)
+    wl = q.request_mix()
+    say = progress or (lambda *_: None)
+    longest = _longest(wl)
+    options = [_size(q, cfg, wl, longest) for cfg in _configs(q)]
+    alive = [o for o in options if o.rejected_because is None]
+    done = [0]
 
-    def same(c: cap.Capacity) -> bool:  # 'native' and the format it names are one choice (Kimi K2 Thinking: int4)
-        return c.kv_dtype == q.kv_dtype and cap.weight_formats(model, c.weights) == cap.weight_formats(model,
-                                                                                                        q.weights)
+    def tick(stage: str, total: int) -> Callable[[], None]:
+        def f() -> None:
+            done[0] += 1
+            say(stage, done[0], total)
+        return f
 
-    caps = cap.compare(dep)
-    if not any(same(c) for c in caps):
-        caps.append(cap.capacity(dep))  # a choice outside the four-way (e.g. fp8_e5m2, int4-g128): shown too
-    options = []
-    for c in caps:
-        pred = _search_cached(replace(q, kv_dtype=c.kv_dtype, weights=c.weights, gpus=None, price_per_gpu_hour=None,
-                                      target_rate_rps=1.0))
-        options.append(Option(c.kv_dtype, c.weights, c, pred, q.price, q.tp, q.target_rate_rps, q.gpus_on_hand,
-                              chosen=same(c)))
-        if progress:
-            progress()
-    plan = Plan(q, options, dep.context_len)
-    for o in options:
-        if not o.capacity.fits:
-            plan.notes.append(f"{o.label} does not fit {q.tp} x {q.gpu}.")
-        elif o.prediction is not None and o.prediction.rate_rps == 0:
-            plan.notes.append(f"{o.label}: even the lowest rate tried misses the SLO ({o.prediction.limited_by}).")
+    for o, tps in zip(alive, _map(_screen, [(q, o.config, wl) for o in alive], workers,
+                                  tick("screening", len(alive))), strict=True):
+        o.saturation_tps = tps
+
+    def optimistic(o: Option) -> float:
+        return o.price * o.tp / o.saturation_tps if o.saturation_tps else math.inf
+
+    ranked = sorted(alive, key=optimistic)
+    picks = ranked[:FINALISTS] + [o for o in alive if o.chosen]
+    for gpu in {o.config.gpu for o in alive}:
+        picks += [o for o in ranked if o.config.gpu == gpu][:1]
+    if ranked:
+        b = ranked[0].config
+        picks += [o for o in alive if (o.config.gpu, o.config.tp, o.config.dp, o.config.ep) ==
+                  (b.gpu, b.tp, b.dp, b.ep)]
+    finalists = list({id(o): o for o in picks}.values())
+
+    def simulate_all(opts: list[Option]) -> None:
+        done[0] = 0
+        for o, pred in zip(opts, _map(_simulate, [(q, o.config, wl) for o in opts], workers,
+                                      tick("simulating finalists", len(opts))), strict=True):
+            o.prediction = pred
+            if pred is not None and pred.rate_rps == 0:
+                o.rejected_because = (f"no rate meets the SLO: {pred.limited_by} is {_seconds(pred, q.slo)} even "
+                                      "at the lowest rate tried")
+
+    simulate_all(finalists)
+    for _ in range(3):  # the KV dtype x weights variants of the cheapest, so the four-way is complete
+        serving = [o for o in finalists if o.serves]
+        if not serving:
+            break
+        b = min(serving, key=lambda o: (o.monthly_cost, o.gpus_needed, o.usd_per_m_output)).config
+        more = [o for o in alive if o not in finalists and (o.config.gpu, o.config.tp, o.config.dp, o.config.ep) ==
+                (b.gpu, b.tp, b.dp, b.ep)]
+        if not more:
+            break
+        simulate_all(more)
+        finalists += more
+    serving = [o for o in finalists if o.serves]
+    if serving:
+        best = min(serving, key=lambda o: (o.monthly_cost, o.gpus_needed, o.usd_per_m_output))
+        best.recommended = True
+        cheapest = best.usd_per_m_output
+        for o in alive:
+            if not o.simulated and o.rejected_because is None:
+                o.rejected_because = (f"screened out: even at saturation ${optimistic(o) / 3600 * 1e6:,.2f} per 1M "
+                                      f"output tokens, the recommended serves at ${cheapest:,.2f} within the SLO")
+        front = _front(serving, lambda a, b: a.output_tps_per_gpu >= b.output_tps_per_gpu and
+                       a.prediction.tps_per_user >= b.prediction.tps_per_user and
+                       (a.output_tps_per_gpu, a.prediction.tps_per_user) != (b.output_tps_per_gpu,
+                                                                              b.prediction.tps_per_user))
+        front_cost = _front(serving, lambda a, b: a.usd_per_m_output <= b.usd_per_m_output and
+                            a.prediction.e2e_s <= b.prediction.e2e_s and
+                            (a.usd_per_m_output, a.prediction.e2e_s) != (b.usd_per_m_output, b.prediction.e2e_s))
+        for o in serving:
+            o.pareto, o.pareto_cost = id(o) in front, id(o) in front_cost
+    plan = Plan(q, options, q.context or catalog.model(q.model).max_context)
+    if not serving:
+        plan.notes.append("No configuration searched serves this workload within the SLO: relax the SLO, shorten "
+                          "the requests, or look at the rejections below.")
+    chosen = plan.chosen
+    if chosen.rejected_because:
+        plan.notes.append(f"Your configuration ({chosen.label}): {chosen.rejected_because}.")
+    if weight_formats(catalog.model(q.model), "native")[0].startswith("int4"):
+        plan.notes.append(f"{q.model} ships INT4 experts: the other expert format searched is FP8 block-128.")
     return plan
 
 
-def on_other_gpus(q: Question, kv_dtype: str, weights: str, progress=None) -> list[Option]:
-    """One configuration at the question's tp on every other catalog GPU, at the catalog's prices: what the same
-    load would need and cost there."""
-    out = []
-    for gpu_id in sorted(catalog.gpus()):
-        if gpu_id == q.gpu:
-            continue
-        other = replace(q, gpu=gpu_id, kv_dtype=kv_dtype, weights=weights, gpus=None, price_per_gpu_hour=None)
-        c = cap.capacity(other.deployment(), with_ratios=False)
-        pred = _search_cached(replace(other, target_rate_rps=1.0)) if c.fits else None
-        out.append(Option(kv_dtype, weights, c, pred, other.price, q.tp, q.target_rate_rps, q.tp))
-        if progress:
-            progress()
-    return out
+def _seconds(pred: Prediction, slo: Slo) -> str:
+    name = pred.limited_by.split()[0].lower()
+    value = {"ttft": pred.ttft_s, "tpot": pred.tpot_s, "e2e": pred.e2e_s}.get(name)
+    return "-" if value is None else (f"{value * 1e3:,.0f} ms" if value < 1 else f"{value:,.1f} s")

@@ -16,12 +16,15 @@ unused blocks are evicted least recently used first, deepest first. SGLang's rad
 granularity (page_size 1); this cache at block granularity, so hits are rounded down to whole blocks.
 
 Per-request work is O(1) per step: a decoding request's output count is derived from the decode-step
-counter, and finishes come off a heap, so `simulate` runs 10k requests in seconds.
+counter, and finishes come off a heap, so `simulate` runs 10k requests in seconds. With MTP (speculative
+decoding) a decode step keeps the performance model's accept_length tokens per request on average, so a request
+needs ceil(output / accept_length) decode steps and its KV grows by accept_length a step.
 """
 
 from __future__ import annotations
 
 import heapq
+import math
 from collections import OrderedDict, deque
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
@@ -117,7 +120,7 @@ class PrefixCache:
                 lru[key] = None
 
     def evict(self, tokens: int) -> int:
-        n = min(len(self.lru), -(-tokens // self.block_size))
+        n = min(len(self.lru), math.ceil(tokens / self.block_size))
         ref, pop = self.ref, self.lru.popitem
         self.version += 1
         for _ in range(n):
@@ -141,7 +144,9 @@ class Scheduler:
         self.prefilling: list[Request] = []  # admitted, prompt not yet done (at most one is part-way)
         self.decoding: set[Request] = set()
         self.heap: list[tuple[int, int, Request]] = []  # (decode step it finishes at, tie, request)
-        self.steps = 0  # decode steps so far: a decoding request's output count is gen_base + steps - d0
+        self.steps = 0  # decode steps so far: a decoding request's output is gen_base + accept * (steps - d0)
+        self.accept = perf.accept_length  # tokens kept per request per decode step (1 without MTP)
+        self.per_step = math.ceil(self.accept)  # KV slots a decode step needs per request
         self.private = 0  # KV tokens held by requests outside cached blocks
         self.new_token_ratio = INIT_NEW_TOKEN_RATIO
         # sums over decoding requests, so a step's context and reserve are O(1)
@@ -168,17 +173,17 @@ class Scheduler:
     def generated(self, req: Request) -> int:
         """Output tokens of req so far."""
         if req.state == "running":
-            return req.gen_base + self.steps - req.d0
+            return min(req.max_new, req.gen_base + int(self.accept * (self.steps - req.d0)))
         return req.gen_base
 
     def _decode_ctx(self) -> int:
         n = len(self.decoding)
-        return self.sum_prompt + self.sum_gen_base + n * self.steps - self.sum_d0
+        return self.sum_prompt + self.sum_gen_base + int(self.accept * (n * self.steps - self.sum_d0))
 
     def _reserve(self) -> float:
         """Output tokens the running requests are still expected to need (SGLang clips each at 4096)."""
         n = len(self.decoding)
-        gen = self.sum_gen_base + n * self.steps - self.sum_d0
+        gen = self.sum_gen_base + self.accept * (n * self.steps - self.sum_d0)
         pending = sum(min(r.max_new, CLIP_MAX_NEW_TOKENS) - r.gen_base for r in self.prefilling)
         return max(0, self.sum_budget - gen + pending) * self.new_token_ratio
 
@@ -222,7 +227,11 @@ class Scheduler:
         self.sum_d0 += req.d0
         self.sum_budget += min(req.max_new, CLIP_MAX_NEW_TOKENS)
         self._tie += 1
-        heapq.heappush(self.heap, (req.d0 + req.max_new - req.gen_base, self._tie, req))
+        heapq.heappush(self.heap, (self._finish_step(req), self._tie, req))
+
+    def _finish_step(self, req: Request) -> int:
+        """The decode step at which a running request has all its output."""
+        return req.d0 + math.ceil((req.max_new - req.gen_base) / self.accept - 1e-9)
 
     def _leave_decode(self, req: Request) -> None:
         gen = self.generated(req)
@@ -231,7 +240,7 @@ class Scheduler:
         self.sum_gen_base -= req.gen_base
         self.sum_d0 -= req.d0
         self.sum_budget -= min(req.max_new, CLIP_MAX_NEW_TOKENS)
-        req.private += gen - req.gen_base  # the decode steps' KV, counted in self.private as they ran
+        req.private += self.accept * (self.steps - req.d0)  # the decode steps' KV, as self.private counted it
         req.gen_base = gen
         req.state = "left"
 
@@ -283,7 +292,7 @@ class Scheduler:
 
     def _make_room(self) -> None:
         """A decode step needs one KV token per running request: evict, then retract (fewest outputs first)."""
-        need = len(self.decoding)
+        need = self.per_step * len(self.decoding)
         if self.free_tokens < need:
             self.cache.evict(need - self.free_tokens)
         while self.free_tokens < need and len(self.decoding) > 1:
@@ -294,10 +303,11 @@ class Scheduler:
             victim.retractions += 1
             self.stats["retractions"] += 1
             self.waiting.appendleft(victim)
-            need = len(self.decoding)
+            n = len(self.decoding)
+            need = self.per_step * n
             total = self.sum_budget or 1
-            gen = self.sum_gen_base + need * self.steps - self.sum_d0
-            self.new_token_ratio = min(1.0, (gen + RETRACT_DECODE_STEPS * need) / total)
+            gen = self.sum_gen_base + self.accept * (n * self.steps - self.sum_d0)
+            self.new_token_ratio = min(1.0, (gen + RETRACT_DECODE_STEPS * n) / total)
             if self.free_tokens < need:
                 self.cache.evict(need - self.free_tokens)
 
@@ -307,7 +317,7 @@ class Scheduler:
         decode = bool(self.decoding) and (self.mixed_chunk or not prefill)
         if decode:
             self._make_room()
-            if self.free_tokens < len(self.decoding) and prefill:
+            if self.free_tokens < self.per_step * len(self.decoding) and prefill:
                 decode = False  # mixed step with no room to decode: prefill alone (callers keep prompt +
                 # output of one request within the pool, so a lone request always fits)
         n = len(self.decoding) if decode else 0
@@ -327,13 +337,13 @@ class Scheduler:
         first, done = [], []
         if step.decode:
             self.steps += 1
-            self.private += len(self.decoding)
-            self.stats["generation_tokens"] += len(self.decoding)
+            self.private += self.accept * len(self.decoding)
+            self.stats["generation_tokens"] += self.accept * len(self.decoding)
             self.new_token_ratio = max(MIN_NEW_TOKEN_RATIO, self.new_token_ratio
                                        - (INIT_NEW_TOKEN_RATIO - MIN_NEW_TOKEN_RATIO) / RATIO_DECAY_STEPS)
             while self.heap and self.heap[0][0] <= self.steps:
                 _, _, req = heapq.heappop(self.heap)
-                if req.state == "running" and req.d0 + req.max_new - req.gen_base == self.steps:
+                if req.state == "running" and self._finish_step(req) == self.steps:
                     self._finish(req, now)
                     done.append(req)
         for req, k in step.prefill:

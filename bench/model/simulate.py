@@ -77,24 +77,44 @@ def _overlap(a: float, b: float, lo: float, hi: float) -> float:
     return max(0.0, min(b, hi) - max(a, lo)) / (b - a)
 
 
-def play(sched: Scheduler, reqs: list[Request]) -> tuple[float, float]:
-    """Run requests (sorted by arrival) through the scheduler in virtual time until all are done.
+def play(sched: Scheduler, reqs: list[Request], concurrency: int | None = None) -> tuple[float, float]:
+    """Run requests through the scheduler in virtual time until all are done. Open loop (concurrency None): each
+    request is sent at its `arrival` (sorted). Closed loop: `concurrency` requests are in flight, and one is sent
+    the moment another finishes (sglang.bench_serving --max-concurrency); their arrivals are set here. A request
+    reaches the scheduler the model's request overhead after it is sent (HTTP, tokenizing, queueing).
     Returns (sum over steps of running requests x step time, busy time)."""
+    delay = sched.perf.request_overhead_s
     t, i, n, running_time, busy = 0.0, 0, len(reqs), 0.0, 0.0
+    ready: list[tuple[float, int]] = []  # (time it reaches the scheduler, index), sent and on its way
+    if concurrency is not None:
+        for req in reqs[:concurrency]:
+            req.arrival = 0.0
+        ready = [(delay, k) for k in range(min(concurrency, n))]
+        i = len(ready)
+    else:
+        ready = [(r.arrival + delay, k) for k, r in enumerate(reqs)]
+        i = n
+    head = 0
     while True:
-        while i < n and reqs[i].arrival <= t:
-            sched.submit(reqs[i])
-            i += 1
+        while head < len(ready) and ready[head][0] <= t:
+            sched.submit(reqs[ready[head][1]])
+            head += 1
         step = sched.plan()
         if step is None:
-            if i < n:
-                t = reqs[i].arrival
+            if head < len(ready):
+                t = ready[head][0]
                 continue
             return running_time, busy
         running_time += sched.num_running * step.duration
         busy += step.duration
         t += step.duration
-        sched.commit(step, t)
+        _, done = sched.commit(step, t)
+        if concurrency is not None:
+            for _ in done:
+                if i < n:
+                    reqs[i].arrival = t
+                    ready.append((t + delay, i))
+                    i += 1
 
 
 def run(dep: Deployment, wl: Workload, rate: float, n: int = 1000, seed: int = 0,

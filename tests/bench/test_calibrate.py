@@ -11,7 +11,7 @@ from bench.errors import BadInput
 from bench.model import Deployment, Efficiency, catalog
 from bench.store import Store
 
-HIDDEN = {"hbm_eff": 0.45, "bf16_eff": 0.35, "layer_floor_us": 150.0, "step_overhead_ms": 4.0}
+HIDDEN = {"hbm_eff": 0.45, "bf16_eff": 0.35, "kernel_us": 8.0, "step_overhead_ms": 4.0}
 
 
 def synthetic_run(dep: Deployment, users: int, prompt: int, output: int, n: int, hidden: Efficiency):
@@ -23,20 +23,19 @@ def synthetic_run(dep: Deployment, users: int, prompt: int, output: int, n: int,
     return run
 
 
-def test_fit_recovers_hidden_factors_when_the_model_is_right():
+def test_fit_recovers_what_hidden_factors_predict_when_the_model_is_right():
+    """Runs 'measured' with hidden factors: the fit reproduces them, and predicts a run it was not fitted on (the
+    factors themselves trade off, e.g. bandwidth against per-step overhead at small batch: judge predictions)."""
     dep = Deployment(catalog.model("glm-4.6"), catalog.gpu("h200"), 8)
     hidden = Efficiency(**HIDDEN)
     runs = [synthetic_run(dep, 1, 200, 64, 40, hidden), synthetic_run(dep, 64, 3000, 128, 300, hidden),
             synthetic_run(dep, 16, 8000, 16, 60, hidden)]
+    held_out = synthetic_run(dep, 96, 24000, 256, 200, hidden)  # long contexts: another regime
     start = Efficiency()
     before, fitted = cal.errors(runs, start), cal.fit(runs, start)
     after = cal.errors(runs, fitted)
     assert max(after.values()) < 0.05 < max(before.values())
-    assert fitted.hbm_eff == pytest.approx(HIDDEN["hbm_eff"], rel=0.15)
-    assert fitted.bf16_eff == pytest.approx(HIDDEN["bf16_eff"], rel=0.15)
-    # the per-layer floor and the per-step overhead both add a constant to small steps: judge their sum
-    floor_plus = lambda e: e.layer_floor_us * 92 / 1000 + e.step_overhead_ms  # noqa: E731
-    assert floor_plus(fitted) == pytest.approx(floor_plus(hidden), rel=0.15)
+    assert max(cal.errors([held_out], fitted).values()) < 0.10 < max(cal.errors([held_out], start).values())
 
 
 def capbench(*args: str, timeout: float = 180) -> subprocess.CompletedProcess:

@@ -1,24 +1,25 @@
+"""The performance model's terms, by hand, and the properties a planner relies on."""
+
 import json
 import math
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from bench.errors import BadInput
 from bench.model import catalog
+from bench.model.calibration import Efficiency, load_efficiency
 from bench.model.capacity import Deployment, bytes_per_weight, cell_bytes, weight_bytes
-from bench.model.perfmodel import (
-    Efficiency,
-    PerfModel,
-    cost_per_million_tokens,
-    expected_experts,
-    load_efficiency,
-    prefill_pairs,
-    summary,
-)
+from bench.model.perfmodel import PerfModel, cost_per_million_tokens, expected_experts, prefill_pairs, summary
 
 
 def kimi(**kw) -> Deployment:
     return Deployment(catalog.model("kimi-k2-thinking"), catalog.gpu("h200"), 8, **kw)
+
+
+def priors() -> Efficiency:
+    return load_efficiency("h200", fitted=False)
 
 
 def test_expected_experts_grows_from_top_k_to_all():
@@ -26,96 +27,149 @@ def test_expected_experts_grows_from_top_k_to_all():
     assert expected_experts(384, 8, 0) == 0
     values = [expected_experts(384, 8, b) for b in (1, 4, 16, 64, 256, 4096)]
     assert values == sorted(values) and values[-1] == pytest.approx(384, rel=1e-6)
-    # by hand: 2 tokens hit 8 + 8 * (1 - 8/384) distinct experts on average
     assert expected_experts(384, 8, 2) == pytest.approx(8 + 8 * (1 - 8 / 384))
 
 
 def test_memory_term_by_hand_at_batch_one():
-    """Bytes of one decode step at batch 1, context 0: 8 of 384 experts' bytes + every other weight but the
-    input embedding, over 4.8 TB/s * hbm_eff."""
-    dep, eff = kimi(), Efficiency()
+    """One decode step at batch 1, context 0: 8 of 384 experts' bytes + every other weight but the input
+    embedding, over 4.8 TB/s * hbm_eff."""
+    dep, eff = kimi(), priors()
     wb = weight_bytes(dep.model, "native", 8)
     expected = (wb.routed_experts * 8 / 384 + wb.total - wb.routed_experts - wb.embeddings / 2) / (4.8e12 * eff.hbm_eff)
     assert PerfModel(dep, eff).parts(1, 0)["memory"] == pytest.approx(expected)
 
 
+def test_fixed_kernel_costs_come_from_the_counted_kernels():
+    eff = priors()
+    pm = PerfModel(kimi(), eff)
+    assert pm.parts(1, 0)["fixed"] == pytest.approx(61 * 22 * eff.kernel_us * 1e-6)
+    glm = PerfModel(Deployment(catalog.model("glm-4.6"), catalog.gpu("h200"), 8), eff)
+    assert glm.parts(1, 0)["fixed"] == pytest.approx(92 * 18 * eff.kernel_us * 1e-6)
+
+
+def test_memory_and_compute_overlap_partly():
+    eff = priors()
+    pm = PerfModel(kimi(), eff)
+    p = pm.parts(64, 64 * 2000)
+    core = max(p["memory"], p["compute"]) + (1 - eff.overlap) * min(p["memory"], p["compute"])
+    step = max(core + p["fixed"] + p["comm"], p["launch"]) + p["overhead"]
+    assert pm.step_time(64, 64 * 2000) == pytest.approx(max(step, 64 * eff.stream_token_us * 1e-6))
+
+
 def test_fp8_kv_halves_kv_bytes_and_speeds_up_long_context_decode():
-    bf16, fp8 = PerfModel(kimi()), PerfModel(kimi(kv_dtype="fp8_e4m3"))
+    bf16, fp8 = PerfModel(kimi(), priors()), PerfModel(kimi(kv_dtype="fp8_e4m3"), priors())
     batch, ctx = 64, 64 * 32768
     kv_bf16 = bf16.parts(batch, ctx)["memory"] - bf16.parts(batch, 0)["memory"]
     kv_fp8 = fp8.parts(batch, ctx)["memory"] - fp8.parts(batch, 0)["memory"]
     assert kv_fp8 == pytest.approx(kv_bf16 / 2)
-    assert kv_bf16 == pytest.approx(cell_bytes(kimi().model, "bf16", 8) * ctx / (4.8e12 * Efficiency().hbm_eff))
+    assert kv_bf16 == pytest.approx(cell_bytes(kimi().model, "bf16", 8) * ctx / (4.8e12 * priors().hbm_eff))
     assert fp8.step_time(batch, ctx) < 0.8 * bf16.step_time(batch, ctx)
-    # at batch 1 and a short context the floor dominates: no difference
-    assert fp8.step_time(1, 100) == pytest.approx(bf16.step_time(1, 100))
 
 
-def test_int4_experts_read_fewer_bytes_but_cost_dequant_compute():
-    int4, fp8 = PerfModel(kimi(weights="native")), PerfModel(kimi(weights="fp8"))
-    big = 512
-    assert int4.parts(big, 0)["memory"] < fp8.parts(big, 0)["memory"]
-    expert_ratio = int4.expert_bytes / fp8.expert_bytes
-    assert expert_ratio == pytest.approx(bytes_per_weight("int4-g32") / bytes_per_weight("fp8-block128"))
-    eff = Efficiency()
-    no_dequant = PerfModel(kimi(weights="native"), Efficiency(int4_dequant_factor=1.0))
-    assert int4.parts(big, 0)["compute"] > no_dequant.parts(big, 0)["compute"]
-    assert eff.int4_dequant_factor > 1
+def test_int4_experts_read_fewer_bytes_and_cost_more_compute_as_the_gemm_fills():
+    int4, fp8 = PerfModel(kimi(weights="native"), priors()), PerfModel(kimi(weights="fp8"), priors())
+    assert int4.expert_bytes / fp8.expert_bytes == pytest.approx(bytes_per_weight("int4-g32") /
+                                                                 bytes_per_weight("fp8-block128"))
+    cheap = PerfModel(kimi(weights="native"), Efficiency(**{**priors().to_dict(), "int4_dequant": 1.0}))
+    small = int4.parts(1, 0)["compute"] / cheap.parts(1, 0)["compute"]
+    large = int4.parts(4096, 0)["compute"] / cheap.parts(4096, 0)["compute"]
+    assert 1 <= small < large <= priors().int4_dequant  # the W4A16 penalty grows with the batch
 
 
-def test_decode_step_time_grows_with_batch_and_context():
-    pm = PerfModel(kimi())
-    assert pm.step_time(64, 64 * 4096) < pm.step_time(256, 256 * 4096)
-    assert pm.step_time(64, 64 * 1024) < pm.step_time(64, 64 * 16384)
-    assert pm.decode_step_time([4096] * 10) == pytest.approx(pm.step_time(10, 40960))
-    assert pm.decode_throughput(256, 4096) > pm.decode_throughput(1, 4096) * 50
+def test_expert_parallelism_costs_the_slowest_rank_and_widens_the_gemms():
+    tp, ep = PerfModel(kimi(), priors()), PerfModel(kimi(ep=8), priors())
+    assert ep.expert_width == 8 * tp.expert_width
+    # at batch 1 the 8 ranks hit different numbers of experts: the busiest reads more than the average
+    assert ep.parts(1, 0)["memory"] > tp.parts(1, 0)["memory"]
+    # at large batch the wider GEMMs win
+    assert ep.parts(2048, 0)["compute"] < tp.parts(2048, 0)["compute"]
 
 
-def test_prefill_is_compute_bound_and_attention_superlinear():
-    pm = PerfModel(kimi())
-    p = pm.parts(0, 0, 16384, prefill_pairs(16384, 0), 16384)
-    assert p["compute"] > p["memory"]
-    t32k, t128k = pm.prefill_time(32768), pm.prefill_time(131072)
-    assert t128k > 4 * t32k  # quadratic attention
+def test_dp_attention_gathers_around_the_moe():
+    eff = priors()
+    dp = PerfModel(kimi(dp=8), eff)
+    assert dp.parts(1, 0)["comm"] >= 61 * 2 * eff.dp_gather_latency_us * 1e-6
+
+
+def test_mtp_keeps_accept_length_tokens_per_step():
+    eff = priors()
+    spec = PerfModel(Deployment(catalog.model("glm-4.6"), catalog.gpu("h200"), 8, mtp=True, mtp_steps=3), eff)
+    p = eff.mtp_accept
+    assert spec.accept_length == pytest.approx(1 + p + p ** 2 + p ** 3)
+    plain = PerfModel(Deployment(catalog.model("glm-4.6"), catalog.gpu("h200"), 8), eff)
+    # at small batch a step verifies 4 tokens for about the price of one: faster per token
+    assert spec.step_time(4, 4 * 1000) / spec.accept_length < plain.step_time(4, 4 * 1000)
+
+
+def test_streaming_paces_many_streams():
+    eff = priors()
+    pm = PerfModel(kimi(), eff)
+    assert pm.step_time(2000, 2000 * 300) >= 2000 * eff.stream_token_us * 1e-6
+
+
+def test_prefill_pays_cpu_launches_and_attention_is_superlinear():
+    pm = PerfModel(kimi(), priors())
+    assert pm.parts(0, 0, 100, prefill_pairs(100, 0), 100)["launch"] > 0
+    assert pm.parts(8, 8000)["launch"] == 0  # a decode batch under the CUDA-graph size replays a graph
+    assert pm.prefill_time(131072) > 4 * pm.prefill_time(32768)
     assert prefill_pairs(4, 10) == 4 * 10 + 10
-    # chunked: same work, each chunk pays the floor, overhead and all-reduce latency again
-    assert pm.prefill_time(65536, chunk=8192) > pm.prefill_time(65536)
-
-
-def test_allreduce_only_with_tensor_parallelism():
-    tp1 = PerfModel(Deployment(catalog.model("glm-4.5-air"), catalog.gpu("h200"), 1))
-    assert tp1.allreduce_s(128) == 0
-    pm = PerfModel(kimi())
-    eff = Efficiency()
-    msg = 128 * 7168 * 2
-    one = 2 * 7 / 8 * msg / (450e9 * eff.allreduce_eff) + eff.allreduce_latency_us * 1e-6
-    assert pm.allreduce_s(128) == pytest.approx(2 * 61 * one)
 
 
 def test_cost_per_million_tokens_by_hand():
-    # $3.79/GPU-hour * 8 GPUs / 1000 tok/s
     assert cost_per_million_tokens(kimi(), 1000) == pytest.approx(3.79 * 8 / 3600 / 1000 * 1e6)
     assert cost_per_million_tokens(kimi(), 0) == math.inf
-    s = summary(kimi(kv_dtype="fp8_e4m3"), 4096)
-    assert s["max_batch_at_context"] > summary(kimi(), 4096)["max_batch_at_context"]
+    assert summary(kimi(kv_dtype="fp8_e4m3"), 4096)["max_batch_at_context"] > summary(kimi(), 4096)[
+        "max_batch_at_context"]
 
 
-def test_efficiency_defaults_come_from_the_data_file():
-    shipped = load_efficiency("h200")
-    assert shipped == Efficiency()  # the dataclass defaults mirror data/calibration/default.yaml
-    assert load_efficiency("mi300x").hbm_eff == pytest.approx(0.6)
+GPUS = st.sampled_from(["h100-sxm", "h200", "b200", "a100-80gb"])
+MODELS = st.sampled_from(["kimi-k2-thinking", "glm-4.6", "deepseek-v3", "glm-4.5-air"])
+
+
+@settings(max_examples=60, deadline=None)
+@given(MODELS, GPUS, st.integers(1, 512), st.integers(0, 32768), st.integers(0, 16384), st.floats(1.1, 3.0))
+def test_more_bandwidth_or_compute_never_predicts_less_throughput(model, gpu, batch, ctx, prefill, more):
+    g = catalog.gpu(gpu)
+    dep = Deployment(catalog.model(model), g, 8)
+    faster_bw = Deployment(dep.model, g.model_copy(update={"hbm_tbps": g.hbm_tbps * more}), 8)
+    faster_fl = Deployment(dep.model, g.model_copy(update={"bf16_tflops": g.bf16_tflops * more,
+                                                           "fp8_tflops": g.fp8_tflops * more}), 8)
+    eff = load_efficiency(gpu)
+    args = (batch, batch * ctx, prefill, prefill_pairs(prefill, 0), prefill)
+    base = PerfModel(dep, eff).step_time(*args)
+    assert PerfModel(faster_bw, eff).step_time(*args) <= base * (1 + 1e-9)
+    assert PerfModel(faster_fl, eff).step_time(*args) <= base * (1 + 1e-9)
+
+
+def test_h100_slower_than_h200_slower_than_b200():
+    for model in ("kimi-k2-thinking", "glm-4.6", "deepseek-v3"):
+        times = [PerfModel(Deployment(catalog.model(model), catalog.gpu(g), 8), load_efficiency(g)).step_time(
+            64, 64 * 4000) for g in ("h100-sxm", "h200", "b200")]
+        assert times[0] > times[1] > times[2], (model, times)
 
 
 def test_calibration_file_overrides_and_round_trips(tmp_path):
     path = tmp_path / "fit.json"
-    Efficiency(hbm_eff=0.9, layer_floor_us=100).save(path)
+    Efficiency(hbm_eff=0.95, kernel_us=1.0).save(path)
     eff = load_efficiency("h200", path)
-    assert eff.hbm_eff == 0.9 and eff.layer_floor_us == 100
-    assert PerfModel(kimi(), eff).step_time(1, 0) < PerfModel(kimi()).step_time(1, 0)
+    assert eff.hbm_eff == 0.95 and eff.kernel_us == 1.0
+    assert PerfModel(kimi(), eff).step_time(1, 0) < PerfModel(kimi(), priors()).step_time(1, 0)
     nested = tmp_path / "fit.yaml"
     nested.write_text("default: {bf16_eff: 0.3}\ngpus: {h200: {bf16_eff: {value: 0.4, source: fit}}}\n")
     assert load_efficiency("h200", nested).bf16_eff == 0.4
     assert load_efficiency("h100-sxm", nested).bf16_eff == 0.3
+
+
+def test_every_prior_has_a_source():
+    import yaml
+
+    from bench.model.calibration import DEFAULT_CALIBRATION
+
+    raw = yaml.safe_load(DEFAULT_CALIBRATION.read_text())
+    for section in [raw["default"], raw["kernels"], *raw["gpus"].values()]:
+        for name, value in section.items():
+            assert isinstance(value, dict) and value.get("source"), name
+    assert set(raw["default"]) == set(Efficiency().to_dict())
 
 
 @pytest.mark.parametrize("text, message", [
@@ -131,19 +185,3 @@ def test_bad_calibration_is_one_clear_error(tmp_path, text, message):
         load_efficiency("h200", path)
     with pytest.raises(BadInput, match="not readable"):
         load_efficiency("h200", tmp_path / "missing.json")
-
-
-def test_step_time_is_the_roofline_of_its_parts():
-    import random
-
-    rng = random.Random(0)
-    for dep in (kimi(), kimi(kv_dtype="fp8_e4m3", weights="fp8"),
-                Deployment(catalog.model("glm-4.6"), catalog.gpu("h200"), 8, dp=2)):
-        pm = PerfModel(dep)
-        for _ in range(200):
-            d, p = rng.choice([0, 1, 7, 300]), rng.choice([0, 5, 8192])
-            args = (d, d * rng.randint(1, 9000), p, prefill_pairs(p, rng.randint(0, 50000)), p + rng.randint(0, 9))
-            parts = pm.parts(*args)
-            expected = (max(parts["memory"], parts["compute"], parts["floor"]) + parts["allreduce"]
-                        + parts["overhead"]) if d + p else 0.0
-            assert pm.step_time(*args) == pytest.approx(expected, rel=1e-12)

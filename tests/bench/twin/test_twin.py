@@ -18,6 +18,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench.errors import BadInput
+from bench.model import Deployment, capacity, catalog
 from bench.twin import TwinConfig, parse_twin_spec, serve_in_thread
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -108,6 +109,15 @@ def test_openai_client_raises_bad_request_with_the_message():
             client.completions.create(model="x", prompt="word", max_tokens=0)
 
 
+def pool(kv: str) -> int:
+    """Kimi K2 Thinking's KV pool on 8 x H200 as the capacity model computes it (the twin must report the same)."""
+    dep = Deployment(catalog.model("kimi-k2-thinking"), catalog.gpu("h200"), 8, kv_dtype=kv)
+    return capacity.capacity(dep, with_ratios=False).kv_pool_tokens_total
+
+
+KIMI_POOL, KIMI_FP8_POOL = pool("bf16"), pool("fp8_e4m3")
+
+
 def test_sglang_surface_and_prometheus_metrics(twin):
     assert httpx.get(twin.url + "/health").status_code == 200
     assert httpx.get(twin.url + "/health_generate", timeout=10).status_code == 200
@@ -115,9 +125,9 @@ def test_sglang_surface_and_prometheus_metrics(twin):
     assert models["data"][0]["id"] == "moonshotai/Kimi-K2-Thinking"
     info = httpx.get(twin.url + "/server_info").json()
     assert info == {**httpx.get(twin.url + "/get_server_info").json(), "internal_states": info["internal_states"]}
-    assert info["max_total_num_tokens"] == 803_071 and info["tp_size"] == 8
+    assert info["max_total_num_tokens"] == KIMI_POOL and info["tp_size"] == 8
     mem = info["internal_states"][0]["memory_usage"]
-    assert mem["token_capacity"] == 803_071 and mem["weight"] > 60 and mem["kvcache"] > 40
+    assert mem["token_capacity"] == KIMI_POOL and mem["weight"] > 60 and mem["kvcache"] > 40
     families = {f.name: f for f in text_string_to_metric_families(httpx.get(twin.url + "/metrics").text)}
     for name in ("num_running_reqs", "num_queue_reqs", "token_usage", "gen_throughput", "cache_hit_rate",
                  "max_total_num_tokens", "kv_cache_memory_usage_gb", "weight_memory_usage_gb"):
@@ -129,7 +139,7 @@ def test_sglang_surface_and_prometheus_metrics(twin):
         fam = families[f"sglang:{name}"]
         count = next(s.value for s in fam.samples if s.name.endswith("_count"))
         assert fam.type == "histogram" and count > 0
-    assert families["sglang:max_total_num_tokens"].samples[0].value == 803_071
+    assert families["sglang:max_total_num_tokens"].samples[0].value == KIMI_POOL
 
 
 def test_cache_hit_rate_rises_with_shared_prefixes(client, twin):
@@ -261,11 +271,11 @@ def test_capbench_twin_serves_sglang_bench_serving(tmp_path):
         assert result["completed"] == 60 and result["mean_ttft_ms"] > 0 and result["mean_tpot_ms"] > 0
         # the client's own tokenizer maps each synthetic word to one [UNK]: exact token accounting
         assert result["total_output_tokens"] == result["total_output_tokens_retokenized"] > 60
-        assert result["server_info"]["max_total_num_tokens"] == 1_606_143
+        assert result["server_info"]["max_total_num_tokens"] == KIMI_FP8_POOL
     finally:
         twin.terminate()
         printed = twin.communicate(timeout=10)[0]
-    assert "KV pool tokens (max_total_num_tokens)" in printed and "1,606,143" in printed
+    assert "KV pool tokens (max_total_num_tokens)" in printed and f"{KIMI_FP8_POOL:,}" in printed
     assert f"http://127.0.0.1:{port}" in printed
 
 

@@ -1,0 +1,196 @@
+"""The highest request rate one instance serves within the SLO: the figure every plan, report and Planner rests on.
+
+A rate meets the SLO when `capbench simulate` at that Poisson rate meets its percentiles (an overloaded server's
+queue shows in TTFT). The search starts at the throughput of a burst, doubles while the SLO holds, then bisects
+until the bracket is within 2 %. It runs at a horizon of simulated arrivals, then at twice that horizon, and so
+on until doubling the horizon moves the answer by under 5 % (converged), up to MAX_HORIZON_S. There is one
+answer: no fast and slow modes. Answers are cached in memory and on disk (~/.cache/capbench/rates.json, keyed by
+the deployment, the workload, the SLO and the model's factors), so the Planner asks each question once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from bench.model import simulate
+from bench.model.calibration import Efficiency, load_efficiency
+from bench.model.capacity import Deployment, capacity
+from bench.model.slo import Slo
+from bench.model.workload import Workload
+
+START_HORIZON_S, START_REQUESTS = 60.0, 200
+MAX_HORIZON_S = 960.0
+CONVERGED = 0.05  # relative change of the answer when the horizon doubles
+BRACKET = 1.02  # bisection stops when hi / lo is within this
+BURST = 1000
+MAX_DOUBLINGS = 10
+
+
+@dataclass(frozen=True)
+class Prediction:
+    rate_rps: float  # highest Poisson rate one instance sustains within the SLO (0: none)
+    output_tps: float  # output tokens/s at that rate
+    ttft_s: float  # at the SLO's percentile, at that rate
+    tpot_s: float
+    e2e_s: float
+    batch: int  # mean requests running at that rate
+    limited_by: str  # what the next higher rate missed: "TTFT p90", "TPOT p90", "E2E p90", or "search limit"
+    horizon_s: float  # simulated seconds of arrivals per rate at the answer
+    converged: bool  # doubling the horizon moved the answer by under 5 %
+    change: float  # the last doubling's relative change of the answer
+
+    @property
+    def tps_per_user(self) -> float:
+        """Output tokens/s each user sees at that rate (1 / TPOT)."""
+        return 1.0 / self.tpot_s if self.tpot_s > 0 else 0.0
+
+
+def _limit(miss: simulate.Point, slo: Slo) -> str:
+    """Which SLO bound the first rate past the best one missed (the one missed by more)."""
+    q = slo.percentile
+    over = {name: getattr(miss, f"{metric}_p{q}") / bound
+            for name, metric, bound in (("TTFT", "ttft", slo.ttft_s), ("TPOT", "tpot", slo.tpot_s),
+                                        ("E2E", "e2e", slo.e2e_s)) if bound is not None}
+    return f"{max(over, key=over.get)} p{q}"
+
+
+def _prediction(p: simulate.Point | None, miss: simulate.Point | None, slo: Slo, limited: str, horizon: float,
+                converged: bool = False, change: float = math.inf) -> Prediction:
+    q = slo.percentile
+    src = p or miss
+    return Prediction(p.rate if p else 0.0, p.output_tok_s if p else 0.0, getattr(src, f"ttft_p{q}"),
+                      getattr(src, f"tpot_p{q}"), getattr(src, f"e2e_p{q}"), round(p.mean_running) if p else 0,
+                      limited, horizon, converged, change)
+
+
+def _search(dep: Deployment, wl: Workload, slo: Slo, eff: Efficiency, n: int, horizon: float,
+            start: float | None, tick: Callable[[], None]) -> Prediction:
+    def at(rate: float) -> simulate.Point:
+        tick()
+        return simulate.run(dep, wl, rate, n, eff=eff, min_seconds=horizon)
+
+    rate = start or max(simulate.run(dep, wl, math.inf, BURST, eff=eff).achieved_rps, 0.01)
+    lo, best, hi, miss = 0.0, None, None, None
+    p = at(rate)
+    if slo.met(p):
+        lo, best = rate, p
+        for _ in range(MAX_DOUBLINGS):  # up until the SLO breaks
+            rate *= 2 if start is None else 1.1
+            p = at(rate)
+            if not slo.met(p):
+                hi, miss = rate, p
+                break
+            lo, best = rate, p
+        if hi is None:
+            return _prediction(best, None, slo, "search limit", horizon)
+    else:
+        hi, miss = rate, p
+        for _ in range(MAX_DOUBLINGS):  # down until it holds
+            rate /= 2 if start is None else 1.1
+            p = at(rate)
+            if slo.met(p):
+                lo, best = rate, p
+                break
+            hi, miss = rate, p
+        if best is None:
+            return _prediction(None, miss, slo, _limit(miss, slo), horizon)
+    while hi / lo > BRACKET:
+        mid = math.sqrt(lo * hi)
+        p = at(mid)
+        if slo.met(p):
+            lo, best = mid, p
+        else:
+            hi, miss = mid, p
+    return _prediction(best, miss, slo, _limit(miss, slo), horizon)
+
+
+def _key(dep: Deployment, wl: Workload, slo: Slo, eff: Efficiency) -> str:
+    d = {k: v for k, v in asdict(dep).items() if k not in ("model", "gpu")}
+    text = json.dumps([dep.model.id, dep.gpu.id, d, wl.to_dict(), asdict(slo), eff.to_dict(), 2], sort_keys=True,
+                      default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:24]
+
+
+def _cache_file() -> Path:
+    return Path(os.environ.get("CAPBENCH_CACHE", Path.home() / ".cache" / "capbench")) / "rates.json"
+
+
+_memory: dict[str, object] = {}
+
+
+def _cached(key: str) -> Prediction | None:
+    raw = _memory[key] if key in _memory else _read(key)
+    try:
+        return Prediction(**raw) if isinstance(raw, dict) else raw
+    except TypeError:
+        return None
+
+
+def _read(key: str) -> object:
+    try:
+        return json.loads(_cache_file().read_text()).get(key)
+    except (OSError, ValueError):
+        return None
+
+
+def _store(key: str, value: Prediction | float) -> None:
+    _memory[key] = value
+    path = _cache_file()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        data = json.loads(path.read_text()) if path.exists() else {}
+        data[key] = asdict(value) if isinstance(value, Prediction) else value
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")  # workers write side by side: last one wins
+        tmp.write_text(json.dumps(data))
+        tmp.replace(path)
+    except (OSError, ValueError):
+        pass  # a cache that cannot be written only costs time
+
+
+def search_rate(dep: Deployment, wl: Workload, slo: Slo, eff: Efficiency | None = None,
+                progress: Callable[[], None] | None = None) -> Prediction | None:
+    """The converged highest rate within the SLO for one instance; None when the model does not fit."""
+    if not capacity(dep, with_ratios=False).fits:
+        return None
+    eff = eff or load_efficiency(dep.gpu.id)
+    key = _key(dep, wl, slo, eff)
+    hit = _cached(key)
+    if hit is not None:
+        return hit
+    tick = progress or (lambda: None)
+    horizon, n = START_HORIZON_S, START_REQUESTS
+    prev = _search(dep, wl, slo, eff, n, horizon, None, tick)
+    while True:
+        if prev.rate_rps == 0:  # even the lowest rate misses: a longer horizon only lengthens the queue
+            pred = Prediction(**{**asdict(prev), "converged": True, "change": 0.0})
+            break
+        if horizon >= MAX_HORIZON_S or prev.limited_by == "search limit":
+            pred = prev
+            break
+        horizon, n = horizon * 2, n * 2
+        pred = _search(dep, wl, slo, eff, n, horizon, prev.rate_rps or None, tick)
+        change = abs(pred.rate_rps / prev.rate_rps - 1) if prev.rate_rps else 0.0
+        pred = Prediction(**{**asdict(pred), "change": change, "converged": change < CONVERGED})
+        if pred.converged:
+            break
+        prev = pred
+    _store(key, pred)
+    return pred
+
+
+def saturation_tps(dep: Deployment, wl: Workload, requests: int, eff: Efficiency | None = None) -> float:
+    """Output tokens/s of `requests` requests sent at once (the plan's screen), cached like the rates."""
+    eff = eff or load_efficiency(dep.gpu.id)
+    key = "burst" + _key(dep, wl, Slo(), eff) + str(requests)
+    hit = _memory.get(key, None) if key in _memory else _read(key)
+    if isinstance(hit, int | float):
+        return float(hit)
+    tps = simulate.run(dep, wl, math.inf, requests, eff=eff).output_tok_s
+    _store(key, tps)
+    return tps
