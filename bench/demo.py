@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from bench.model import Slo, catalog
+from bench.model import Slo, catalog, usd_per_million
 from bench.model import capacity as cap
 from bench.report import terminal
 from bench.runner import RunOptions
@@ -82,15 +82,14 @@ def _scaled(load: Load) -> tuple[dict, Slo]:
     return over, load.slo.scaled(TIME_SCALE)
 
 
-def _predict(configs: list[Config], loads: list[Load], progress) -> dict[tuple[Config, str], float]:
-    """Highest request rate within each load's SLO (p90), from simulate's scheduler (quick fidelity)."""
+def _predict(configs: list[Config], loads: list[Load], progress) -> dict:
+    """Highest request rate within each load's SLO (p90), converged (model/rate.py): {(config, load): Prediction}."""
     from bench.model import load_workload, search_rate
 
     out = {}
     for c in configs:
         for load in loads:
-            p = search_rate(c.deployment(), load_workload(SIMULATED[load.name]), load.slo, "quick")
-            out[(c, load.name)] = p.rate_rps if p else 0.0
+            out[(c, load.name)] = search_rate(c.deployment(), load_workload(SIMULATED[load.name]), load.slo)
             progress()
     return out
 
@@ -140,7 +139,7 @@ def run_demo(db: Path = Path("data/capbench.duckdb"), report: Path = Path("repor
 
     report.parent.mkdir(parents=True, exist_ok=True)
     q = Question(model="kimi-k2-thinking", gpu="h200", tp=8, kv_dtype="fp8_e4m3", weights="int4-g32",
-                 workload="chat", fidelity="quick")
+                 workload="chat", search_gpus=("h200",))
     kimi_runs = [s["run_id"] for (c, _), s in results.items() if c.model == "kimi-k2-thinking"]
     rep.write(rep.build(q, db, kimi_runs), report)
     elapsed = time.monotonic() - started
@@ -151,26 +150,28 @@ def run_demo(db: Path = Path("data/capbench.duckdb"), report: Path = Path("repor
 
 def _print_summary(console: Console, configs: list[Config], loads: list[Load], results: dict,
                    predicted: dict) -> None:
-    price = catalog.gpu("h200").price_per_gpu_hour * 8 / 3600  # $ per second of 8 GPUs
     table = Table(title="What FP8 KV and INT4 experts buy on 8x H200 (x: against the same model's first row)")
     for col in ("configuration", "KV pool tokens", "capacity x", "max rate within SLO, chat / long / agentic "
-                "(simulated)", "gain x", "goodput at demo load (measured)", "output tok/s", "$ / 1M output tok"):
+                "(simulated)", "gain x", "$ / 1M output tok at the chat SLO rate (simulated)",
+                "goodput at demo load (twin, modelled)", "output tok/s at demo load (twin, modelled)"):
         table.add_column(col, justify="left" if col == "configuration" else "right")
     base: dict[str, tuple] = {}
     for c in configs:
         tokens = cap.capacity(c.deployment(), with_ratios=False).kv_pool_tokens
-        rates = [predicted[(c, x.name)] for x in loads]
+        rates = [p.rate_rps if (p := predicted[(c, x.name)]) else 0.0 for x in loads]
+        chat = predicted[(c, loads[0].name)]
+        cost = usd_per_million(catalog.gpu("h200").price_per_gpu_hour, 8, chat.output_tps) if chat else None
         good = sum((results[(c, x.name)].get("goodput_rps") or 0.0) for x in loads) / TIME_SCALE
         out_tps = sum((results[(c, x.name)].get("output_tps") or 0.0) for x in loads) / len(loads) / TIME_SCALE
         b_tokens, b_rates = base.setdefault(c.model, (tokens, rates))
         gains = [r / b for r, b in zip(rates, b_rates, strict=True) if b]
         table.add_row(c.title, f"{tokens:,}", f"{tokens / b_tokens:.2f}x", " / ".join(f"{r:.2f}" for r in rates),
-                      " / ".join(f"{g:.2f}" for g in gains), f"{good:.2f} req/s", f"{out_tps:,.0f}",
-                      f"${price / out_tps * 1e6:.2f}" if out_tps else "-")
+                      " / ".join(f"{g:.2f}" for g in gains), f"${cost:,.2f}" if cost else "-",
+                      f"{good:.2f} req/s", f"{out_tps:,.0f}")
     console.print(table)
     console.print("SLOs (p90 for the simulated rates; per request for goodput): "
                   + "; ".join(f"{x.name}: TTFT <= {x.slo.ttft_s:g} s, TPOT <= {x.slo.tpot_s * 1000:g} ms"
                               for x in loads)
-                  + f". Measured figures are the twins' at the demo's load (chat {loads[0].overrides.get('rate')} "
-                  "req/s, ...), converted to the modelled GPUs; $ per 1M output tokens at that load, 8 GPUs at the "
-                  "catalog's $/GPU-hour.")
+                  + f". $ per 1M output tokens: at the highest chat rate within the SLO, 8 GPUs at the catalog's "
+                  "$/GPU-hour (the plan's one definition). Twin figures: the twins' runs at the demo's light load "
+                  f"(chat {loads[0].overrides.get('rate')} req/s, ...), converted to the modelled GPUs' time.")

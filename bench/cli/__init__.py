@@ -21,8 +21,8 @@ def _root() -> None:
     """capbench: how many GPUs a large MoE model needs on SGLang, and what FP8 KV and INT4 experts buy."""
 
 
-for command in (plan.capacity, plan.simulate, runs.run, runs.worker, runs.runs, runs.export, runs.calibrate,
-                twin.twin, twin.demo, report.report, report.dashboard, report.drift,
+for command in (plan.capacity, plan.simulate, plan.validate, plan.plan, runs.run, runs.worker, runs.runs, runs.export,
+                runs.calibrate, twin.twin, twin.demo, report.report, report.dashboard, report.drift,
                 patches.calibrate_kv_scales, patches.quantize_int4):
     app.command()(command)
 app.command("sglang-launch", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(

@@ -124,3 +124,138 @@ def simulate(
         print(json.dumps([s.to_dict() for s in sweeps], indent=2))
     else:
         terminal.print_sweeps(sweeps, dep, wl, num_requests, min_seconds)
+
+
+def validate(
+    fit: bool = typer.Option(False, "--fit", help="Fit the model's factors to the corpus first (writes "
+                             "data/calibration/corpus.json and validation.json, with leave-one-source-out error)."),
+    case: str = typer.Option(None, help="Only the cases whose 'source/case' id contains this text."),
+    rounds: int = typer.Option(6, help="Rounds of the fit's coordinate search (with --fit)."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
+) -> None:
+    """Replay every published SGLang measurement (data/measurements) through the scheduler and performance model,
+    the way its benchmark ran it; predicted vs published per case, and the error summary."""
+    from rich.console import Console
+    from rich.progress import Progress
+
+    from bench.model import corpus, load_efficiency
+    from bench.model import fit as fitting
+    from bench.model import validate as val
+    from bench.report import terminal
+
+    cases = [c for c in corpus.load() if not case or case in c.key]
+    if not cases:
+        raise BadInput(f"no published case matches {case!r}")
+    goal = [c for c in cases if fitting.in_goal(c) is None]
+    with Progress(transient=True, disable=as_json) as bar:
+        if fit:
+            if case:
+                raise BadInput("--fit fits the whole corpus; leave out --case")
+            task = bar.add_task("fitting on every source", total=None)
+            say = lambda msg: bar.update(task, description=msg)  # noqa: E731
+            replayer = fitting.Replayer()
+            try:
+                scale, _ = fitting.fit(goal, replayer, say, rounds)
+                out_of_sample, by_org = fitting.leave_one_source_out(goal, replayer, say, rounds)
+                in_sample = replayer(goal, scale)
+                excluded = replayer([c for c in cases if fitting.in_goal(c) is not None], scale)
+            finally:
+                replayer.close()
+            fitting.write(scale, in_sample, out_of_sample, by_org, excluded)
+        task = bar.add_task("replaying the published cases", total=len(cases))
+        replays = []
+        for c in cases:
+            replays.append(val.replay(c, load_efficiency(c.gpu, fitted=False)))
+            bar.advance(task)
+    validation = fitting.stored_validation()
+    report = val.report(replays, goal, validation)
+    if as_json:
+        print(json.dumps(report, indent=1, default=str))
+        return
+    console = Console(width=max(Console().width, 200))
+    why = {c.key: fitting.in_goal(c) or "" for c in cases}
+    console.print(terminal.validation_table(replays, "Published SGLang measurements: published vs predicted", why))
+    console.print(terminal.error_summary_table(report["summaries"], "Error summary (|predicted / published - 1|, "
+                                               "cases in brackets)"))
+    for row in report["gpu_ranking"]:
+        console.print(f"GPUs ranked for {row['config']}: published {' > '.join(row['published_order'])}; predicted "
+                      f"{' > '.join(row['predicted_order'])}{'' if row['agrees'] else '  (DISAGREES)'}")
+    console.print(report["verdict"])
+
+
+def plan(
+    model: str = typer.Option(..., help="Model id from data/models (e.g. kimi-k2-thinking, glm-4.6)."),
+    workload: str = typer.Option(None, help="A workload name (data/workloads) or YAML path (default: chat)."),
+    input_len: int = typer.Option(None, help="Fixed prompt tokens instead of --workload (with --output-len)."),
+    output_len: int = typer.Option(None, help="Fixed output tokens instead of --workload."),
+    rate: float = typer.Option(10.0, help="Target load to serve, requests per second."),
+    slo: str = typer.Option("ttft=2s,tpot=50ms,p=90", help="SLO: ttft=2s,tpot=50ms[,e2e=30s][,p=50|90|99]; a rate "
+                            "meets it when those percentiles do."),
+    gpus: str = typer.Option(None, help="Comma-separated GPU ids to search (default: every GPU in the catalog)."),
+    gpu: str = typer.Option("h200", help="Your GPU (its price may be --price; always shown)."),
+    tp: int = typer.Option(8, help="Your tensor-parallel size (always shown beside the search)."),
+    kv_dtype: str = typer.Option("bf16", help="Your KV dtype (always shown)."),
+    weights: str = typer.Option("native", help="Your expert weights (always shown)."),
+    price: float = typer.Option(None, help="$ per GPU-hour of --gpu (others: the catalog's indicative prices)."),
+    context: int = typer.Option(None, help="Context length (default: the model's maximum)."),
+    workers: int = typer.Option(None, help="Processes for the search (default: the machine's cores)."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON (every configuration) instead of tables."),
+) -> None:
+    """The deployment search: GPU x tp x DP attention x EP x KV dtype x expert weights x replicas, for a workload,
+    SLO and target load. Prints the recommendation, the Pareto fronts, each GPU's best, and why the rest lost."""
+    import os
+
+    from rich.console import Console
+    from rich.progress import Progress
+
+    from bench.model import Question, make_plan, parse_slo
+    from bench.report import terminal
+
+    if workload and (input_len or output_len):
+        raise BadInput("give --workload or --input-len/--output-len, not both")
+    if (input_len is None) != (output_len is None):
+        raise BadInput("give both --input-len and --output-len, or neither")
+    q = Question(model=model, gpu=gpu, tp=tp, kv_dtype=kv_dtype, weights=weights, context=context,
+                 workload=None if input_len else (workload or "chat"), input_tokens=input_len or 2000,
+                 output_tokens=output_len or 500, slo=parse_slo(slo), price_per_gpu_hour=price, target_rate_rps=rate,
+                 search_gpus=tuple(g.strip() for g in gpus.split(",") if g.strip()) if gpus else None)
+    with Progress(transient=True, disable=as_json) as bar:
+        task = bar.add_task("sizing", total=None)
+        result = make_plan(q, lambda stage, done, total: bar.update(task, description=stage, completed=done,
+                                                                   total=total), workers or os.cpu_count() or 1)
+    if as_json:
+        print(json.dumps({"question": _question_json(q), "recommended": _row(result.recommended),
+                          "configurations": [_finite(r) for r in result.rows()], "notes": result.notes}, indent=1))
+        return
+    console = Console(width=max(Console().width, 180))
+    rec = result.recommended
+    console.print(f"[bold]{model}[/bold], {q.describe_workload()}, {rate:g} req/s within {q.slo.describe()}")
+    if rec:
+        console.print(f"[bold]Cheapest that serves it:[/bold] {rec.label}: {rec.instances_needed} instance(s), "
+                      f"{rec.gpus_needed} GPUs, ${rec.monthly_cost:,.0f} a month, ${rec.usd_per_m_output:,.2f} per 1M "
+                      f"output tokens ({rec.prediction.rate_rps:,.2f} req/s per instance, limited by "
+                      f"{rec.prediction.limited_by})")
+    sim = sorted(result.simulated, key=lambda o: (o.monthly_cost is None, o.monthly_cost or 0))
+    console.print(terminal.plan_table([o for o in sim if o.pareto], "Pareto front: output tokens/s per GPU vs tokens/s "
+                                      "per user", q))
+    console.print(terminal.plan_table([o for o in sim if o.pareto_cost], "Pareto front: $ per 1M output tokens vs "
+                                      f"E2E p{q.slo.percentile}", q))
+    console.print(terminal.plan_table(result.by_gpu(), "Each GPU's cheapest configuration", q))
+    console.print(terminal.plan_table(sim, f"Every simulated configuration ({len(sim)})", q))
+    console.print(terminal.rejected_table(result.options))
+    for note in result.notes:
+        console.print(f"note: {note}")
+
+
+def _finite(row: dict) -> dict:
+    return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in row.items()}
+
+
+def _row(option) -> dict | None:
+    return None if option is None else _finite(option.to_row())
+
+
+def _question_json(q) -> dict:
+    from dataclasses import asdict
+
+    return {k: (v.text() if k == "slo" else v) for k, v in asdict(q).items() if k != "slo"} | {"slo": q.slo.text()}

@@ -29,10 +29,11 @@ def report(
     slo: str = typer.Option("ttft=2s,tpot=50ms,p=90", help="SLO: ttft=2s,tpot=50ms[,e2e=30s][,p=50|90|99]; a rate "
                             "meets it when those percentiles do."),
     price: float = typer.Option(None, help="$ per GPU-hour (default: the catalog's indicative price)."),
-    fidelity: str = typer.Option("full", help="Simulation effort for the predictions: quick | full."),
+    gpus: str = typer.Option(None, help="Comma-separated GPU ids to search (default: every GPU in the catalog)."),
 ) -> None:
     """A self-contained capacity report: question, configurations, capacity, measured vs predicted,
     recommendation with monthly cost and savings, SGLang launch commands."""
+    import os
     from pathlib import Path
 
     from rich.progress import Progress
@@ -50,14 +51,14 @@ def report(
                  weights=weights or dep.get("weights", "native"), context=context,
                  workload=None if input_len else workload, input_tokens=input_len or 2000,
                  output_tokens=output_len or 500, slo=s, price_per_gpu_hour=price, target_rate_rps=target_rate,
-                 fidelity=fidelity)
+                 search_gpus=tuple(g.strip() for g in gpus.split(",") if g.strip()) if gpus else None)
     if fmt not in ("html", "md"):
         raise BadInput(f"--format must be html or md, not {fmt!r}")
     if not Path(out).expanduser().resolve().parent.is_dir():
         raise BadInput(f"directory of --out does not exist: {Path(out).parent}")
     with Progress(transient=True) as bar:
         task = bar.add_task("simulating configurations and reading runs", total=None)
-        r = rep.build(q, db, run_ids, progress=lambda: bar.advance(task))
+        r = rep.build(q, db, run_ids, progress=lambda: bar.advance(task), workers=os.cpu_count() or 1)
     path = rep.write(r, out, fmt)
     print(f"wrote {path} ({'measured: ' + str(len(r.runs)) + ' run(s)' if r.measured else 'nothing measured'})")
 

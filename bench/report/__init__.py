@@ -8,9 +8,9 @@ terminal   rich tables for the CLI
 """
 
 from bench.report import charts, terminal
-from bench.report.content import Report, build, newest_deployment
+from bench.report.content import Report, build, compared, newest_deployment
 from bench.report.predicted import STEADY_REQUESTS, measured_vs_predicted
 from bench.report.render import render, write
 
-__all__ = ["charts", "terminal", "Report", "build", "newest_deployment", "STEADY_REQUESTS", "measured_vs_predicted",
-           "render", "write"]
+__all__ = ["charts", "terminal", "Report", "build", "compared", "newest_deployment", "STEADY_REQUESTS",
+           "measured_vs_predicted", "render", "write"]

@@ -16,7 +16,7 @@ from pathlib import Path
 import pandas as pd
 
 from bench.errors import BadInput
-from bench.model import HOURS_PER_MONTH, Option, Plan, Question, make_plan, on_other_gpus
+from bench.model import HOURS_PER_MONTH, Option, Plan, Question, make_plan
 from bench.model import launch as sglang_cmd
 from bench.report import charts
 from bench.report.predicted import STEADY_REQUESTS, measured_vs_predicted
@@ -81,7 +81,7 @@ def newest_deployment(db: str | Path | None, run_ids: list[str] | None = None) -
 
 
 def build(q: Question, db: str | Path | None = None, run_ids: list[str] | None = None,
-          progress=None, other_gpus: bool = True) -> Report:
+          progress=None, other_gpus: bool = True, workers: int = 1) -> Report:
     """progress: called once per simulated configuration and once per run (a rich progress bar's advance).
     other_gpus: also price the recommended configuration on the catalog's other GPUs."""
     slo = q.slo
@@ -104,9 +104,8 @@ def build(q: Question, db: str | Path | None = None, run_ids: list[str] | None =
                     progress()
             drift = runinfo.drift(con)
         _unique_labels(measured)
-    plan = make_plan(q, progress=progress)
-    best = plan.recommended or plan.chosen
-    others = on_other_gpus(q, best.kv_dtype, best.weights, progress) if other_gpus else []
+    plan = make_plan(q, progress=(lambda *_: progress()) if progress else None, workers=workers)
+    others = [o for o in plan.by_gpu() if o is not (plan.recommended or plan.chosen)] if other_gpus else []
     return Report(plan, str(db) if db else None, why, measured, drift, others)
 
 
@@ -127,8 +126,22 @@ def _unique_labels(runs: list[Measured]) -> None:
 
 
 # ---- the figures a manager reads first -----------------------------------------------------------------------------
+def compared(plan: Plan) -> tuple[list[Option], list[dict]]:
+    """The KV dtype x expert weights variants at the recommended GPU and parallelism, as rows with gains against
+    the first (BF16 KV, native weights)."""
+    opts = plan.four_way()
+    rows = []
+    for o in opts:
+        row = o.to_row()
+        for key in ("kv_pool_tokens", "concurrent_seqs_at_context", "rate_rps", "output_tps"):
+            row[f"{key}_gain"] = plan.gain(o, opts[0], key)
+        row["config"] = o.short_label + (" (your choice)" if o.chosen else "")
+        rows.append(row)
+    return opts, rows
+
+
 def _find(plan: Plan, weights: str, kv: str) -> Option | None:
-    return next((o for o in plan.options if o.weights == weights and o.kv_dtype == kv), None)
+    return next((o for o in plan.four_way() if o.weights == weights and o.kv_dtype == kv), None)
 
 
 def _is_int4(o: Option) -> bool:
@@ -145,12 +158,14 @@ def savings(plan: Plan) -> list[tuple[str, float | None, str]]:
     bf16, fp8 = _find(plan, rec.weights, "bf16"), _find(plan, rec.weights, "fp8_e4m3")
     if bf16 and fp8:
         out.append(_saving("FP8 KV cache", bf16, fp8))
-    int4 = [o for o in plan.options if o.kv_dtype == rec.kv_dtype and _is_int4(o)]
-    other = [o for o in plan.options if o.kv_dtype == rec.kv_dtype and not _is_int4(o)]
+    four = plan.four_way()
+    int4 = [o for o in four if o.kv_dtype == rec.kv_dtype and _is_int4(o)]
+    other = [o for o in four if o.kv_dtype == rec.kv_dtype and not _is_int4(o)]
     if int4 and other:
         out.append(_saving("INT4 experts", other[0], int4[0]))
-    if plan.baseline.weights != rec.weights and plan.baseline.kv_dtype != rec.kv_dtype:
-        out.append(_saving(f"Recommended against {plan.baseline.label}", plan.baseline, rec))
+    base = four[0] if four else None
+    if base and base.weights != rec.weights and base.kv_dtype != rec.kv_dtype:
+        out.append(_saving(f"Recommended against {base.short_label}", base, rec))
     return out
 
 
@@ -176,26 +191,27 @@ def _saving(what: str, before: Option, after: Option) -> tuple[str, float | None
 
 
 def question_text(q: Question) -> str:
-    return (f"How many {q.gpu} GPUs does {q.model} need on SGLang 0.5.23 to serve {q.target_rate_rps:g} requests/s "
-            f"of {q.describe_workload()} within {q.slo.describe()}, at ${q.price:.2f} per GPU-hour, and what do an FP8 "
-            f"KV cache and INT4 expert weights save?")
+    return (f"How many GPUs does {q.model} need on SGLang 0.5.23 to serve {q.target_rate_rps:g} requests/s "
+            f"of {q.describe_workload()} within {q.slo.describe()} ({q.gpu} at ${q.price:.2f} per GPU-hour, other "
+            f"GPUs at catalog prices), and what do an FP8 KV cache and INT4 expert weights save?")
 
 
 def answer_lines(r: Report) -> list[str]:
-    plan, q = r.plan, r.plan.question
+    plan = r.plan
     rec = plan.recommended
     if rec is None:
-        return [f"No configuration compared meets the SLO on tp {q.tp} x {q.gpu}: raise tp, relax the SLO, or "
-                "choose a larger GPU."]
-    lines = [f"Deploy {rec.gpus_needed} x {q.gpu} as {rec.instances_needed} SGLang instance(s) of tp {q.tp} with "
-             f"{rec.label}: ${rec.monthly_cost:,.0f} a month ({HOURS_PER_MONTH} h at ${q.price:.2f}/GPU-hour), "
+        return ["No configuration searched serves this workload within the SLO: relax the SLO or shorten the "
+                "requests (the rejected configurations below say why each missed)."]
+    lines = [f"Deploy {rec.gpus_needed} x {rec.config.gpu} as {rec.instances_needed} SGLang instance(s) of "
+             f"{rec.config.parallelism()} with {rec.short_label}: ${rec.monthly_cost:,.0f} a month "
+             f"({HOURS_PER_MONTH} h at ${rec.price:.2f}/GPU-hour), "
              f"${rec.usd_per_m_output:,.2f} per 1M output tokens; each instance serves up to "
              f"{rec.prediction.rate_rps:,.2f} requests/s within the SLO (limited by {rec.prediction.limited_by})."]
     lines += [sentence + "." for _, _, sentence in savings(plan)]
     cheaper = [o for o in r.other_gpus if o.monthly_cost is not None and o.monthly_cost < rec.monthly_cost]
     if cheaper:
         o = min(cheaper, key=lambda o: o.monthly_cost)
-        lines.append(f"Other GPUs: the same configuration on {o.gpus_needed} x {o.capacity.gpu} would cost "
+        lines.append(f"Other GPUs: {o.label} on {o.gpus_needed} GPUs would cost "
                      f"${o.monthly_cost:,.0f} a month at the catalog's ${o.price:.2f}/GPU-hour (see the table below).")
     if r.measured:
         errs = [row["error"] for m in r.runs if m.vs_predicted.get("steady") for row in m.vs_predicted["rows"]
@@ -229,18 +245,18 @@ def _gain(v) -> str:
 
 def tables(r: Report) -> dict[str, tuple[list[str], list[list[str]]]]:
     plan, q = r.plan, r.plan.question
-    rows = plan.rows()
+    four, rows = compared(plan)
     t = {}
     t["configs"] = (["configuration", "expert weights", "KV cache", "weights per GPU", "fits"],
                     [[o.label + (" (your choice)" if o.chosen else ""), o.weights, o.kv_dtype,
                       _num(o.capacity.weight_bytes_per_gpu / 1e9, ",.1f", " GB"), "yes" if o.capacity.fits else "no"]
-                     for o in plan.options])
+                     for o in four])
     t["capacity"] = (["configuration", "KV pool tokens", f"sequences at {plan.context:,} tokens",
                       "max running requests", "longest context"],
                      [[x["config"], _num(x["kv_pool_tokens"]) + _gain(x["kv_pool_tokens_gain"]),
                        _num(x["concurrent_seqs_at_context"]) + _gain(x["concurrent_seqs_at_context_gain"]),
                        _num(x["max_running_requests"]), _num(o.capacity.longest_context)]
-                      for x, o in zip(rows, plan.options, strict=True)])
+                      for x, o in zip(rows, four, strict=True)])
     p = q.slo.percentile
     t["predicted"] = (["configuration", "max req/s per instance", "output tokens/s", f"TTFT p{p}", f"TPOT p{p}",
                        "limited by", "$ per 1M output tokens", f"GPUs for {q.target_rate_rps:g} req/s",
@@ -251,9 +267,9 @@ def tables(r: Report) -> dict[str, tuple[list[str], list[list[str]]]]:
                         _num(x["usd_per_m_output"], ",.2f", " $"), _num(x["gpus_needed"]),
                         _num(x["monthly_cost"], ",.0f", " $")] for x in rows])
     if r.other_gpus:
-        t["gpus"] = (["GPU", "$ per GPU-hour", "fits", "max req/s per instance",
+        t["gpus"] = (["configuration", "$ per GPU-hour", "fits", "max req/s per instance",
                       f"GPUs for {q.target_rate_rps:g} req/s", "monthly cost", "$ per 1M output tokens"],
-                     [[o.capacity.gpu, _num(o.price, ",.2f"), "yes" if o.capacity.fits else "no",
+                     [[o.label, _num(o.price, ",.2f"), "yes" if o.capacity.fits else "no",
                        _num(o.prediction and o.prediction.rate_rps, ",.2f"), _num(o.gpus_needed),
                        _num(o.monthly_cost, ",.0f", " $"), _num(o.usd_per_m_output, ",.2f", " $")]
                       for o in [_on_question_gpu(plan), *r.other_gpus]])
@@ -298,9 +314,9 @@ def launch(r: Report) -> tuple[str | None, list[str], list[str]]:
     (else chosen) option."""
     plan, q = r.plan, r.plan.question
     o = plan.recommended or plan.chosen
-    single, multi = sglang_cmd.commands(q.model, q.gpu, q.tp, o.kv_dtype, o.weights, plan.context)
+    single, multi = sglang_cmd.commands(q.model, o.config.gpu, o.tp, o.kv_dtype, o.weights, plan.context)
     notes = []
-    path, where = sglang_cmd.model_path(q.model, o.weights, q.tp)
+    path, where = sglang_cmd.model_path(q.model, o.weights, o.tp)
     if where:
         notes.append(f"{path}: {where}.")
     if o.kv_dtype == "fp8_e4m3":
@@ -308,13 +324,13 @@ def launch(r: Report) -> tuple[str | None, list[str], list[str]]:
                      "sglang-launch --record-kv-amax amax -- ...` and `capbench calibrate-kv-scales --target URL "
                      "--amax amax --out kv_scales.json`; without them SGLang runs Kimi's and GLM's FP8 KV at scale "
                      "1.0 and values past 448 saturate.")
-    notes.append(f"{o.instances_needed or 1} instance(s): run one command per instance (each on its own {q.tp} "
+    notes.append(f"{o.instances_needed or 1} instance(s): run one command per instance (each on its own {o.tp} "
                  "GPUs) and put a load balancer (e.g. sglang_router) in front.")
     return single, multi, notes
 
 
 def chart_svgs(r: Report) -> dict[str, str]:
-    df = pd.DataFrame(r.plan.rows())
+    df = pd.DataFrame(compared(r.plan)[1])
     out = {
         "capacity": charts.to_svg(charts.option_bars(df, "kv_pool_tokens", "KV pool tokens",
                                                      gain_field="kv_pool_tokens_gain")),

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from bench import __version__
 from bench.errors import BadInput
-from bench.model import catalog
+from bench.model import catalog, fit
 from bench.report.content import Report, answer_lines, chart_svgs, launch, question_text, tables
 
 CSS = """
@@ -28,7 +28,7 @@ SECTIONS = {
     "configs": "Configurations compared",
     "capacity": "Capacity (SGLang 0.5.23 memory arithmetic)",
     "predicted": "Predicted throughput and cost (capbench simulate)",
-    "gpus": "The recommended configuration on other GPUs (same tp, catalog prices)",
+    "gpus": "Each other GPU's cheapest configuration (catalog prices)",
     "measured": "Measured results",
     "vs": "Predicted vs measured",
     "integrity": "KV cache integrity",
@@ -67,24 +67,33 @@ def _drift_rows(r: Report) -> tuple[list[str], list[list[str]]]:
 
 def _howto(r: Report) -> list[str]:
     q, o = r.plan.question, r.plan.chosen
-    return [c.format(model=q.model, gpu=q.gpu, tp=q.tp, kv=o.kv_dtype, rate=max(q.target_rate_rps / 4, 0.5),
+    return [c.format(model=q.model, gpu=o.config.gpu, tp=o.tp, kv=o.kv_dtype, rate=max(q.target_rate_rps / 4, 0.5),
                      workload=q.workload or "chat", slo=q.slo.text(),
                      target=q.target_rate_rps) for c in MEASURE_HOWTO]
 
 
 def _method(r: Report) -> list[str]:
-    q = r.plan.question
+    q, o = r.plan.question, r.plan.recommended or r.plan.chosen
+    err = fit.closest_error(q.model, o.config.gpu)
+    accuracy = ("Accuracy: no out-of-sample validation has been run (capbench validate --fit)." if err is None else
+                f"Accuracy: against published SGLang measurements of {err['basis']} ({err['cases']} cases), predicted "
+                f"with factors fitted on other sources: median error {err['output_tok_s']:.0%} on output tokens/s, "
+                f"{err['tpot_ms']:.0%} on TPOT, {err['ttft_ms']:.0%} on TTFT. Read every predicted figure as that "
+                "uncertain.")
     return [
         "Capacity: SGLang 0.5.23's own arithmetic (cell size, mem_fraction_static, KV pool tokens, "
         "max_running_requests); weight bytes are counted from the architecture (within 3 % of published totals).",
-        f"Predictions: capbench simulate's continuous-batching scheduler with roofline step times, "
-        f"{q.fidelity} fidelity; the highest Poisson rate whose percentiles meet the SLO ({q.slo.describe()}). "
-        "Efficiency factors are priors (data/calibration) until fitted to measured runs.",
-        f"Prices: ${q.price:.2f} per GPU-hour"
+        "Predictions: capbench simulate's continuous-batching scheduler with step times from the performance model "
+        "(memory, compute, per-kernel and communication costs, fitted to published SGLang runs: capbench validate); "
+        f"the highest Poisson rate whose percentiles meet the SLO ({q.slo.describe()}), simulated until doubling "
+        "the horizon moves it by under 5 %. $ per 1M output tokens is at that rate.",
+        accuracy,
+        f"Search: {len(r.plan.options)} configurations (GPU, tp, DP attention, EP, KV dtype, expert weights) sized, "
+        f"{len(r.plan.simulated)} simulated; the recommendation serves the target load for the least money.",
+        f"Prices: ${q.price:.2f} per GPU-hour for {q.gpu}"
         + (" (indicative list price from data/gpus.yaml: use your own quote)" if q.price_per_gpu_hour is None
-           else " (given)") + f"; a month is {730} hours.",
-        "Not modelled: speculative decoding, expert-parallel load imbalance, network between nodes beyond "
-        "all-reduce, failures and headroom: add your own margin (20-30 % is common).",
+           else " (given)") + "; other GPUs at the catalog's indicative prices; a month is 730 hours.",
+        "Not modelled: prefill/decode disaggregation, failures and headroom: add your own margin (20-30 % is common).",
     ]
 
 

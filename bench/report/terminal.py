@@ -154,3 +154,103 @@ def runs_table(runs: pd.DataFrame):
         table.add_row(r.run_id, r.label or "", r.status, when(r.started_at), duration, f"{r.requests:,}",
                       f"{r.errors:,}")
     return table
+
+
+def _err(e: float | None) -> str:
+    return "" if e is None else f"{e:+.0%}"
+
+
+def _fig(v: float | None, unit: str) -> str:
+    return "-" if v is None else (f"{v:,.0f}" if v >= 100 else f"{v:,.1f}") + unit
+
+
+def validation_table(replays: list, title: str, excluded: dict[str, str]) -> Table:
+    """One row per published case: the deployment and load, each figure published vs predicted, and the error."""
+    table = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False)
+    for col in ("case", "GPU", "model", "config", "load", "output tok/s pub / pred", "err", "TTFT ms pub / pred",
+                "err", "TPOT ms pub / pred", "err", "note"):
+        table.add_column(col, justify="left" if col in ("case", "GPU", "model", "config", "load", "note") else "right",
+                         overflow="fold")
+    for r in replays:
+        c, w, p = r.case, r.case.workload, r.case.published
+        config = f"tp{c.tp}" + (f" dp{c.dp}" if c.dp > 1 else "") + (f" ep{c.ep}" if c.ep > 1 else "") + (
+            " mtp" if c.mtp else "") + (" fp8kv" if c.kv_dtype.startswith("fp8") else "") + (
+            f" {c.weights}" if c.weights != "native" else "")
+        load = ""
+        if w is not None:
+            load = (f"c{w.max_concurrency}" if w.max_concurrency else f"{w.request_rate:g}/s"
+                    if w.request_rate not in (None, math.inf) else f"burst {w.num_prompts}")
+            load += f" {w.dataset} {w.input_len or ''}/{w.output_len or ''}"
+        cells = []
+        for figure, unit in (("output_tok_s", ""), ("ttft_ms", ""), ("tpot_ms", "")):
+            pub = getattr(p, figure) if p else None
+            cells += [f"{_fig(pub, unit)} / {_fig(r.predicted.get(figure), unit)}", _err(r.errors.get(figure))]
+        note = r.why_not or excluded.get(c.key, "")
+        table.add_row(c.key, c.gpu, c.model, config, load, *cells, note[:60])
+    return table
+
+
+def error_summary_table(summaries: dict[str, dict], title: str) -> Table:
+    """Rows: in-sample / out-of-sample ...; columns per figure: median and worst |error|, cases beyond 1.5x."""
+    table = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False)
+    table.add_column("")
+    for figure in ("output tokens/s", "TTFT", "TPOT"):
+        table.add_column(f"{figure}: median |err|", justify="right")
+        table.add_column("worst", justify="right")
+        table.add_column("> 1.5x", justify="right")
+    for label, s in summaries.items():
+        row = [label]
+        for figure in ("output_tok_s", "ttft_ms", "tpot_ms"):
+            f = s.get(figure)
+            row += (["-"] * 3 if not f else
+                    [f"{f['median_abs_error']:.0%} ({f['cases']})", f"{f['worst_abs_error']:.0%}",
+                     str(f["beyond_1_5x"])])
+        table.add_row(*row)
+    return table
+
+
+def _money(v: float | None, digits: int = 2) -> str:
+    return "-" if v is None else f"${v:,.{digits}f}"
+
+
+def _s(v: float | None) -> str:
+    return "-" if v is None else (f"{v * 1e3:,.0f} ms" if v < 1 else f"{v:,.1f} s")
+
+
+def plan_table(options: list, title: str, q) -> Table:
+    """Simulated options: parallelism, KV and weights, rate within the SLO, per-GPU and per-user speed, cost."""
+    table = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False)
+    p = q.slo.percentile
+    for col in ("", "GPU", "tp/dp/ep", "experts, KV", "req/s per instance", "out tok/s per GPU", "tok/s per user",
+                f"TTFT p{p}", f"TPOT p{p}", f"E2E p{p}", "limited by", "$ / 1M out", "instances", "GPUs",
+                "$ / month"):
+        table.add_column(col, justify="left" if col in ("", "GPU", "tp/dp/ep", "experts, KV", "limited by")
+                         else "right", overflow="fold")
+    for o in options:
+        pr = o.prediction
+        mark = "★" if o.recommended else ("you" if o.chosen else "")
+        table.add_row(mark, o.config.gpu, o.config.parallelism(), o.short_label,
+                      f"{pr.rate_rps:,.2f}" if pr else "-", f"{o.output_tps_per_gpu:,.0f}" if o.serves else "-",
+                      f"{pr.tps_per_user:,.0f}" if o.serves else "-", _s(pr.ttft_s if pr else None),
+                      _s(pr.tpot_s if pr else None), _s(pr.e2e_s if pr else None),
+                      (pr.limited_by + ("" if pr.converged else " (not converged)")) if pr else "-",
+                      _money(o.usd_per_m_output), str(o.instances_needed or "-"), str(o.gpus_needed or "-"),
+                      _money(o.monthly_cost, 0))
+    return table
+
+
+def rejected_table(options: list) -> Table:
+    """Configurations not recommended, grouped by why, with how many and an example."""
+    groups: dict[str, list] = {}
+    for o in options:
+        if o.rejected_because:
+            key = o.rejected_because.split(":")[0]
+            groups.setdefault(key, []).append(o)
+    table = Table(title="Rejected configurations: why not more capacity or less cost", box=box.SIMPLE_HEAD,
+                  pad_edge=False)
+    table.add_column("why")
+    table.add_column("configurations", justify="right")
+    table.add_column("for example", overflow="fold")
+    for why, opts in sorted(groups.items(), key=lambda kv: -len(kv[1])):
+        table.add_row(why, str(len(opts)), f"{opts[0].label}: {opts[0].rejected_because}")
+    return table

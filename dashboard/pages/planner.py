@@ -9,7 +9,7 @@ import streamlit as st
 from bench.errors import BadInput
 from bench.model import Plan, Question, Slo, capacity, catalog, make_plan, workload_names
 from bench.model import launch as sglang_cmd
-from bench.report import charts
+from bench.report import charts, compared
 from dashboard.common import fmt
 
 st.title("Planner")
@@ -44,27 +44,33 @@ output_tokens = c3.number_input("Output tokens (custom)", min_value=1, value=500
                                 disabled=not custom)
 slo_ttft = c4.number_input("SLO: TTFT (s)", min_value=0.01, value=2.0, step=0.1, key="slo_ttft")
 slo_tpot = c5.number_input("SLO: TPOT (ms)", min_value=1.0, value=50.0, step=5.0, key="slo_tpot")
-c1, c2, c3 = st.columns([1, 2, 1])
+c1, c2, c3 = st.columns([1, 1, 2])
 slo_p = c1.selectbox("SLO percentile", [50, 90, 99], index=1, key="slo_p", format_func=lambda p: f"p{p}")
 target = c2.number_input("Target load (requests/s)", min_value=0.01, value=10.0, step=1.0, key="target_rate")
-fidelity = c3.radio("Simulation", ["quick", "full"], horizontal=True, key="fidelity",
-                    help="quick: 200 requests / 30 simulated s per rate tried; full: 1,000 / 300 s (as the report); "
-                         "quick reads up to ~25 % higher near saturation")
+searched = c3.multiselect("GPUs to search", sorted(gpus), default=[gpu_id], key="search_gpus",
+                          help="The search covers tp, DP attention, EP, KV dtype and expert weights on these GPUs "
+                               "(capbench plan --gpus); more GPUs take longer the first time, then come from the cache")
 
 q = Question(model=model_id, gpu=gpu_id, tp=int(tp), gpus=int(gpu_count), kv_dtype=kv_dtype, weights=weights,
              context=int(context), workload=None if custom else workload, input_tokens=int(input_tokens),
              output_tokens=int(output_tokens), slo=Slo(ttft_s=slo_ttft, tpot_s=slo_tpot / 1e3, percentile=slo_p),
-             price_per_gpu_hour=price, target_rate_rps=target, fidelity=fidelity)
+             price_per_gpu_hour=price, target_rate_rps=target, search_gpus=tuple(searched or [gpu_id]))
 
 
 @st.cache_data(show_spinner=False, max_entries=64)
 def plan_for(q: Question) -> Plan:
-    return make_plan(q)
+    bar = st.progress(0.0, text="sizing the configurations")
+
+    def progress(stage: str, done: int, total: int) -> None:
+        bar.progress(min(done / max(total, 1), 1.0), text=f"{stage}: {done} of {total}")
+
+    plan = make_plan(q, progress)
+    bar.empty()
+    return plan
 
 
 try:
-    with st.spinner("Simulating each configuration with capbench simulate's scheduler..."):
-        plan = plan_for(q)
+    plan = plan_for(q)
 except BadInput as e:
     st.error(str(e))
     st.stop()
@@ -91,9 +97,11 @@ m[1].metric("Monthly cost for the target", "$" + fmt(chosen.monthly_cost, ",.0f"
 m[2].metric(f"TPOT p{slo_p} at that rate (ms)", fmt(pred.tpot_s * 1e3 if pred else None, ",.1f"))
 m[3].metric("Limited by", pred.limited_by if pred else "does not fit")
 
-st.subheader("Four-way comparison")
-st.caption(f"Gains against {plan.baseline.label}. Red: your choice.")
-df = pd.DataFrame(plan.rows())
+four, rows = compared(plan)
+st.subheader("What FP8 KV and INT4 experts buy")
+st.caption(f"At {four[0].config.gpu} {four[0].config.parallelism()} (the recommended parallelism): gains against "
+           f"{four[0].short_label}. Red: your choice." if four else "No configuration was simulated.")
+df = pd.DataFrame(rows)
 left, right = st.columns(2)
 left.altair_chart(charts.option_bars(df, "kv_pool_tokens", "KV pool tokens", gain_field="kv_pool_tokens_gain"))
 right.altair_chart(charts.option_bars(df, "concurrent_seqs_at_context", f"Sequences at {int(context):,} tokens",
@@ -109,24 +117,28 @@ table = df[["config", "fits", "weights_gb_per_gpu", "kv_pool_tokens", "kv_pool_t
 st.dataframe(table.round(3), hide_index=True, key="options_table")
 for note in plan.notes:
     st.warning(note)
+st.subheader("Every configuration searched")
+every = pd.DataFrame(plan.rows())
+st.dataframe(every[["config", "rate_rps", "output_tps_per_gpu", "tps_per_user", "usd_per_m_output", "gpus_needed",
+                    "monthly_cost", "rejected_because"]].round(3), hide_index=True, key="search_table")
 
 rec = plan.recommended
 st.subheader("Recommendation")
-if rec is None and not any(o.capacity.fits for o in plan.options):
-    st.error(f"No configuration fits {tp} x {gpu_id}: raise tp (or choose a GPU with more memory).")
-elif rec is None:
-    st.error("No configuration in the comparison meets the SLO on this GPU and tp: try a larger tp or a looser SLO.")
+if rec is None:
+    st.error("No configuration searched serves this workload within the SLO: relax the SLO, shorten the requests, "
+             "or search more GPUs (the table below says why each configuration lost).")
 else:
-    base = plan.baseline
-    saving = (base.monthly_cost - rec.monthly_cost) if base.monthly_cost and rec.monthly_cost else None
-    st.success(f"{rec.gpus_needed} x {gpu_id} ({rec.instances_needed} instance(s) of tp {tp}) with {rec.label}: "
-               f"${fmt(rec.monthly_cost, ',.0f')} a month for {target:g} req/s"
-               + (f", ${fmt(saving, ',.0f')} a month less than {base.label}." if saving else "."))
-    single, multi = sglang_cmd.commands(model_id, gpu_id, int(tp), rec.kv_dtype, rec.weights, int(context))
+    saving = (chosen.monthly_cost - rec.monthly_cost) if chosen.monthly_cost and rec.monthly_cost else None
+    st.success(f"{rec.gpus_needed} x {rec.config.gpu} ({rec.instances_needed} instance(s) of "
+               f"{rec.config.parallelism()}) with {rec.short_label}: ${fmt(rec.monthly_cost, ',.0f')} a month for "
+               f"{target:g} req/s, ${fmt(rec.usd_per_m_output, ',.2f')} per 1M output tokens"
+               + (f", ${fmt(saving, ',.0f')} a month less than your configuration." if saving else "."))
+    single, multi = sglang_cmd.commands(model_id, rec.config.gpu, rec.tp, rec.kv_dtype, rec.weights, int(context))
     if single:
         st.code(single, language="bash", wrap_lines=True)
     with st.expander("Multi-node (one instance over several nodes)", expanded=single is None):
         st.code("\n".join(multi), language="bash", wrap_lines=True)
-st.caption("Predictions: `capbench simulate`'s scheduler and roofline performance model, searched for the highest "
-           "Poisson rate served within the SLO (`capbench report` uses full fidelity). Check "
-           "them against measured runs (Compare page) before buying hardware.")
+st.caption("Predictions: the search of `capbench plan` (the same figures as the CLI and `capbench report`): each "
+           "finalist's highest Poisson rate within the SLO from capbench simulate's scheduler, simulated until it "
+           "converges, with the performance model validated against published SGLang runs (`capbench validate`). "
+           "Check them against measured runs (Compare page) before buying hardware.")

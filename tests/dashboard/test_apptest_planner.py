@@ -1,55 +1,86 @@
-"""The Planner page: each input moves the figures it should, and the figures are the plan's own."""
+"""The Planner page: the figures are the plan's own, the same as `capbench plan --json` and `capbench report`
+give for the same question, and each input moves the figures it should."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
 from bench.model import Question, capacity, catalog, make_plan
-from tests.dashboard.apptest import metric, no_exception, page
+from bench.report import build
+from tests.dashboard.apptest import ROOT, metric, no_exception
+
+CAPBENCH = str(Path(sys.executable).parent / "capbench")
 
 
-def test_planner_shows_the_plan_and_follows_its_inputs():
-    at = page("planner")
+def planner() -> AppTest:
+    return AppTest.from_file(str(ROOT / "dashboard" / "pages" / "planner.py"), default_timeout=900).run()
+
+
+@pytest.fixture(scope="module")
+def at():
+    return planner()
+
+
+def test_planner_cli_and_report_give_one_answer(at):
     no_exception(at)
-    assert len(at.get("vega_lite_chart")) == 6
-    # the defaults are Kimi K2 Thinking, 8 x H200, FP8 KV, native weights, chat, 10 req/s
+    # the page's defaults: Kimi K2 Thinking on 8 x H200, FP8 KV, native weights, chat, 10 req/s, H200 searched
     dep = capacity.Deployment(catalog.model("kimi-k2-thinking"), catalog.gpu("h200"), 8, kv_dtype="fp8_e4m3")
+    q = Question(model="kimi-k2-thinking", gpu="h200", tp=8, gpus=8, kv_dtype="fp8_e4m3", context=dep.context_len,
+                 workload="chat", price_per_gpu_hour=3.79, search_gpus=("h200",))
+    plan = make_plan(q)
     assert metric(at, "KV pool tokens") == capacity.capacity(dep).kv_pool_tokens
-    plan = make_plan(Question(model="kimi-k2-thinking", gpu="h200", tp=8, gpus=8, kv_dtype="fp8_e4m3",
-                              context=dep.context_len, workload="chat", price_per_gpu_hour=3.79))
     assert metric(at, "Max rate in SLO") == round(plan.chosen.prediction.rate_rps, 2)
-    gpus_10 = metric(at, "GPUs needed for 10 req/s")
-    assert gpus_10 == plan.chosen.gpus_needed
-    cost = metric(at, "$ per 1M output tokens")
+    assert metric(at, "GPUs needed for 10 req/s") == plan.chosen.gpus_needed
+    assert metric(at, "$ per 1M output tokens") == round(plan.chosen.usd_per_m_output, 3)
+    rec = plan.recommended
+    assert any(f"${rec.monthly_cost:,.0f} a month" in s.value for s in at.success)
 
-    # BF16 KV: half the KV pool, same weights
+    cli = subprocess.run([CAPBENCH, "plan", "--model", "kimi-k2-thinking", "--gpus", "h200", "--gpu", "h200",
+                          "--tp", "8", "--kv-dtype", "fp8_e4m3", "--rate", "10", "--price", "3.79", "--json"],
+                         capture_output=True, text=True, timeout=900)
+    assert cli.returncode == 0, cli.stderr[-2000:]
+    out = json.loads(cli.stdout)
+    for key in ("rate_rps", "output_tps", "usd_per_m_output", "gpus_needed", "monthly_cost", "config"):
+        assert out["recommended"][key] == rec.to_row()[key], key
+    chosen = next(r for r in out["configurations"] if r["chosen"])
+    assert chosen["rate_rps"] == plan.chosen.prediction.rate_rps
+
+    report = build(q, None)
+    assert report.plan.recommended.to_row()["monthly_cost"] == rec.monthly_cost
+
+
+def test_planner_follows_its_inputs(at):
+    gpus_10, cost = metric(at, "GPUs needed for 10 req/s"), metric(at, "$ per 1M output tokens")
     at.selectbox(key="kv_dtype").set_value("bf16").run()
     no_exception(at)
-    bf16 = metric(at, "KV pool tokens")
-    assert abs(bf16 * 2 - capacity.capacity(dep).kv_pool_tokens) <= 2
-    assert metric(at, "Weights per GPU") == 76.2
+    dep = capacity.Deployment(catalog.model("kimi-k2-thinking"), catalog.gpu("h200"), 8, kv_dtype="fp8_e4m3")
+    assert abs(metric(at, "KV pool tokens") * 2 - capacity.capacity(dep).kv_pool_tokens) <= 2
     at.selectbox(key="kv_dtype").set_value("fp8_e4m3").run()
 
-    # four times the load needs at least as many GPUs, and the monthly cost follows the GPUs
-    at.number_input(key="target_rate").set_value(40.0).run()
+    at.number_input(key="target_rate").set_value(40.0).run()  # four times the load: at least as many GPUs
     gpus_40 = metric(at, "GPUs needed for 40 req/s")
     assert gpus_40 >= gpus_10 and gpus_40 > 8
     assert metric(at, "Monthly cost for the target") == round(gpus_40 * 3.79 * 730)
 
-    # the price scales the cost per token
-    at.number_input(key="price_h200").set_value(7.58).run()
+    at.number_input(key="price_h200").set_value(7.58).run()  # the price scales the cost per token
     assert abs(metric(at, "$ per 1M output tokens") - 2 * cost) < 0.002
 
-    # another model: its own capacity and heading
-    at.selectbox(key="model").set_value("glm-4.6").run()
+    at.selectbox(key="model").set_value("glm-4.6").run()  # another model: its own capacity and commands
     no_exception(at)
     glm = capacity.Deployment(catalog.model("glm-4.6"), catalog.gpu("h200"), 8, kv_dtype="fp8_e4m3")
     assert metric(at, "KV pool tokens") == capacity.capacity(glm).kv_pool_tokens
     assert any("GLM-4.6" in h.value for h in at.subheader)
-    assert any("capbench sglang-launch" in c.value and "--tp 8" in c.value and "glm-4.6" in c.value.lower()
-               for c in at.code)
+    assert any("capbench sglang-launch" in c.value and "glm-4.6" in c.value.lower() for c in at.code)
 
 
 def test_planner_says_what_is_wrong_with_bad_input():
-    at = page("planner")
+    at = planner()
     at.selectbox(key="workload").set_value("custom").run()
     at.number_input(key="context_kimi-k2-thinking").set_value(1024).run()
     no_exception(at)

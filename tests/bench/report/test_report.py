@@ -14,7 +14,7 @@ from bench.model import Question, make_plan
 from bench.report import build, render
 from tests.rundb import RUNS, fill
 
-Q = Question(model="kimi-k2-thinking", gpu="h200", tp=8, workload="chat", target_rate_rps=20)
+Q = Question(model="kimi-k2-thinking", gpu="h200", tp=8, workload="chat", target_rate_rps=20, search_gpus=("h200",))
 CAPBENCH = str(Path(sys.executable).parent / "capbench")
 
 
@@ -57,19 +57,21 @@ def test_report_with_runs_has_tables_charts_and_the_measurements(db):
 
 
 def test_report_without_runs_is_a_planning_report(tmp_path):
-    r = build(Question(model="glm-4.6", gpu="h200", tp=8, workload="chat"), tmp_path / "none.duckdb")
+    r = build(Question(model="glm-4.6", gpu="h200", tp=8, workload="chat", search_gpus=("h200", "b200")),
+              tmp_path / "none.duckdb")
     page = render(r, "html")
     assert_self_contained(page)
     assert not r.measured
     assert "Nothing was measured" in page and "no results database" in page
     assert page.count("<table>") == 4 and page.count("<svg") == 4  # configs, capacity, predicted, other GPUs
-    assert "The recommended configuration on other GPUs" in page
-    others = {o.capacity.gpu: o for o in r.other_gpus}
-    assert set(others) == {"a100-80gb", "b200", "h100-sxm", "mi300x"}
-    assert others["b200"].capacity.fits and others["b200"].prediction.rate_rps > 0
+    assert "Each other GPU's cheapest configuration" in page
+    rec = r.plan.recommended
+    assert {o.config.gpu for o in r.other_gpus} | {rec.config.gpu} == {"h200", "b200"}  # each GPU's best
+    assert all(o.serves and o.monthly_cost >= rec.monthly_cost for o in r.other_gpus)
     assert "capbench run --target" in page  # how to measure
     md = render(r, "md")
-    assert "## Capacity (SGLang 0.5.23 memory arithmetic)" in md and "| bf16 experts (native), bf16 KV |" in md
+    first = r.plan.four_way()[0]  # the baseline of the comparison: the recommended parallelism's BF16-KV variant
+    assert "## Capacity (SGLang 0.5.23 memory arithmetic)" in md and f"| {first.short_label} |" in md
     assert "Nothing was measured" in md and "<svg" not in md
 
 
@@ -77,7 +79,7 @@ def test_cli_writes_the_report_and_refuses_bad_input(db, tmp_path):
     path, ids = db
     out = tmp_path / "r.html"
     done = subprocess.run([CAPBENCH, "report", "--db", str(path), "--runs", f"{ids[0]},{ids[1]}", "--model",
-                           "kimi-k2-thinking", "--gpu", "h200", "--tp", "8", "--fidelity", "quick", "--out", str(out)],
+                           "kimi-k2-thinking", "--gpu", "h200", "--tp", "8", "--gpus", "h200", "--out", str(out)],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert "measured: 2 run(s)" in done.stdout
