@@ -151,8 +151,8 @@ def write(scale: dict[str, float], in_sample: list[Replay], out_of_sample: list[
     gpus = sorted({c.case.gpu for c in in_sample + excluded} | set(_read(DEFAULT_CALIBRATION).get("gpus") or {}))
     fitted = {"method": "capbench validate --fit: coordinate descent on the published corpus (data/measurements)",
               "fitted_at": time.strftime("%Y-%m-%d"), "scale": scale,
-              "default": {k: round(getattr(scaled("__none__", scale), k), 6) for k in scale},
-              "gpus": {g: {k: round(getattr(scaled(g, scale), k), 6) for k in scale} for g in gpus}}
+              "default": {k: getattr(scaled("__none__", scale), k) for k in scale},
+              "gpus": {g: {k: getattr(scaled(g, scale), k) for k in scale} for g in gpus}}
     path.write_text(json.dumps(fitted, indent=2) + "\n")
 
     def rows(replays: list[Replay]) -> list[dict]:

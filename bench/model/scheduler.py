@@ -142,7 +142,7 @@ class Scheduler:
         self.cache = PrefixCache(block_size)
         self.waiting: deque[Request] = deque()
         self.prefilling: list[Request] = []  # admitted, prompt not yet done (at most one is part-way)
-        self.decoding: set[Request] = set()
+        self.decoding: dict[Request, None] = {}  # ordered by admission: a replay is the same in every process
         self.heap: list[tuple[int, int, Request]] = []  # (decode step it finishes at, tie, request)
         self.steps = 0  # decode steps so far: a decoding request's output is gen_base + accept * (steps - d0)
         self.accept = perf.accept_length  # tokens kept per request per decode step (1 without MTP)
@@ -221,7 +221,7 @@ class Scheduler:
 
     def _join_decode(self, req: Request) -> None:
         req.state, req.d0 = "running", self.steps
-        self.decoding.add(req)
+        self.decoding[req] = None
         self.sum_prompt += req.prompt_len
         self.sum_gen_base += req.gen_base
         self.sum_d0 += req.d0
@@ -235,7 +235,7 @@ class Scheduler:
 
     def _leave_decode(self, req: Request) -> None:
         gen = self.generated(req)
-        self.decoding.discard(req)
+        self.decoding.pop(req, None)
         self.sum_prompt -= req.prompt_len
         self.sum_gen_base -= req.gen_base
         self.sum_d0 -= req.d0

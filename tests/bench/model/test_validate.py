@@ -1,0 +1,93 @@
+"""The performance model against the published corpus, per source, with the factors we ship.
+
+These are regression guards on the figures the README and the reports quote: a change to the model that moves a
+prediction must re-run `capbench validate --fit` (which rewrites corpus.json and validation.json), and a source
+whose error grows past its bound fails here by name.
+"""
+
+import json
+import os
+import subprocess
+import sys
+from functools import cache
+
+import pytest
+
+from bench.model import calibration, corpus, fit, validate
+
+# In-sample median |predicted / published - 1| per source for the shipped factors (validation.json, 2026-12-01:
+# GPUStack 13/13/19 %, SemiAnalysis 13/20/17 %, sgl-project 26/20/20 %), plus five points of slack for numerics.
+BOUNDS = {
+    "GPUStack": {"output_tok_s": 0.18, "ttft_ms": 0.18, "tpot_ms": 0.24},
+    "SemiAnalysis": {"output_tok_s": 0.18, "ttft_ms": 0.25, "tpot_ms": 0.22},
+    "sgl-project": {"output_tok_s": 0.31, "ttft_ms": 0.25, "tpot_ms": 0.25},
+}
+
+
+@cache
+def replays() -> dict[str, validate.Replay]:
+    cases = [c for c in corpus.load() if fit.in_goal(c) is None]
+    return {c.key: validate.replay(c, calibration.load_efficiency(c.gpu)) for c in cases}
+
+
+def stored() -> dict:
+    v = fit.stored_validation()
+    assert v is not None, "data/calibration/validation.json is shipped"
+    return v
+
+
+def test_every_source_in_the_goal_has_a_bound_and_meets_it():
+    by_org: dict[str, list[validate.Replay]] = {}
+    for r in replays().values():
+        by_org.setdefault(r.case.source.org, []).append(r)
+    assert set(by_org) == set(BOUNDS), "a source entered or left the goal: give it a bound here and in the README"
+    for org, rs in by_org.items():
+        summary = validate.error_summary(rs)
+        for figure, bound in BOUNDS[org].items():
+            got = summary[figure]["median_abs_error"]
+            assert got <= bound, f"{org} {figure}: median |error| {got:.1%} > {bound:.0%}"
+
+
+def test_the_shipped_validation_is_what_the_shipped_factors_predict():
+    """validation.json was written by the last fit; the model and factors on main must still give its figures."""
+    rows = {row["case"]: row for row in stored()["in_sample"]["cases"]}
+    fresh = replays()
+    assert set(rows) == set(fresh)
+    for key, r in fresh.items():
+        for figure, value in rows[key]["predicted"].items():
+            assert r.predicted[figure] == pytest.approx(value, rel=1e-3), f"{key} {figure}: re-run validate --fit"
+
+
+def test_out_of_sample_summary_is_the_summary_of_its_own_rows():
+    oos = stored()["out_of_sample"]
+    for figure, s in oos["summary"].items():
+        errs = [row["errors"][figure] for row in oos["cases"] if figure in row["errors"]]
+        assert s["cases"] == len(errs)
+        assert s["median_abs_error"] == pytest.approx(fit.median_abs(errs))
+        assert s["beyond_1_5x"] == sum(1 for e in errs if not 1 / 1.5 <= 1 + e <= 1.5)
+    # each left-out source was predicted by factors fitted without it
+    assert set(oos["scales_by_left_out_org"]) == {row["org"] for row in oos["cases"]}
+
+
+def test_the_capacity_case_is_within_seven_percent():
+    """The one server log in the corpus: KV pool tokens and weights per GPU as SGLang logged them."""
+    checks = [validate.capacity_check(c) for c in corpus.load() if c.kind == "capacity"]
+    assert checks
+    for c in checks:
+        assert abs(c["kv_tokens_error"]) < 0.07, c
+        assert abs(c["weights_error"]) < 0.07, c
+
+
+def test_validate_cli_prints_the_verdict_and_refuses_an_unknown_case():
+    env = {**os.environ, "NO_COLOR": "1", "COLUMNS": "200"}
+    cli = "from bench.cli import main; main()"
+    out = subprocess.run([sys.executable, "-c", cli, "validate", "--case", "gpustack-perf-lab-glm-4.6-h200", "--json"],
+                         capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout)
+    assert report["cases"] and all("glm-4.6-h200" in c["case"] for c in report["cases"])
+    assert "Goals, judged out of sample" in report["verdict"]
+    bad = subprocess.run([sys.executable, "-c", cli, "validate", "--case", "no-such-case"],
+                         capture_output=True, text=True, env=env, timeout=120)
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr
+    assert len((bad.stdout + bad.stderr).strip().splitlines()) == 1
