@@ -50,3 +50,15 @@ _define_torchvision_ops()
 @pytest.fixture
 def tmp_db(tmp_path):
     return tmp_path / "capbench.duckdb"
+
+
+@pytest.fixture(autouse=True)
+def _keep_main_module():
+    """Streamlit's AppTest runs a page as __main__ and leaves it in sys.modules; a later test whose code starts
+    spawn processes (the INT4 converter) would then run that page in every child. Put the real one back."""
+    import sys
+
+    main = sys.modules.get("__main__")
+    yield
+    if main is not None:
+        sys.modules["__main__"] = main

@@ -24,7 +24,7 @@ ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-f
         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 # page url path, charts it must show at least, text it must show
 PAGES = [
-    ("", 6, "Four-way comparison"),
+    ("", 6, "What FP8 KV and INT4 experts buy"),
     ("runs", 8, "Over time (one time axis)"),
     ("compare", 3, "Measured vs predicted"),
     ("integrity", 2, "Integrity events"),
