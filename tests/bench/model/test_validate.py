@@ -22,6 +22,12 @@ BOUNDS = {
     "SemiAnalysis": {"output_tok_s": 0.18, "ttft_ms": 0.25, "tpot_ms": 0.22},
     "sgl-project": {"output_tok_s": 0.31, "ttft_ms": 0.25, "tpot_ms": 0.25},
 }
+# Sources outside the goal (SGLang 0.4.x; Tenstorrent's cases state no tp and are not replayed): regression bounds
+# only, ten points over today's error. The model predicts today's SGLang; these show how far older releases were.
+OUTSIDE_GOAL = {
+    "dstack": {"output_tok_s": 1.46, "ttft_ms": 0.84, "tpot_ms": 0.65},
+    "SkyPilot": {"output_tok_s": 0.34, "ttft_ms": 0.36},
+}
 
 
 @cache
@@ -46,6 +52,16 @@ def test_every_source_in_the_goal_has_a_bound_and_meets_it():
         for figure, bound in BOUNDS[org].items():
             got = summary[figure]["median_abs_error"]
             assert got <= bound, f"{org} {figure}: median |error| {got:.1%} > {bound:.0%}"
+
+
+def test_sources_outside_the_goal_do_not_get_worse():
+    for org, bounds in OUTSIDE_GOAL.items():
+        cases = [c for c in corpus.load() if c.source.org == org and c.kind == "throughput"]
+        rs = [validate.replay(c, calibration.load_efficiency(c.gpu)) for c in cases]
+        summary = validate.error_summary(rs)
+        for figure, bound in bounds.items():
+            got = summary[figure]["median_abs_error"]
+            assert got <= bound, f"{org} {figure}: median |error| {got:.0%} > {bound:.0%}"
 
 
 def test_the_shipped_validation_is_what_the_shipped_factors_predict():
