@@ -20,6 +20,8 @@ from bench.store.db import Store
 from bench.store.telemetry import GpuSampler, ServerSampler
 from bench.store.writer import BatchedWriter
 
+HELD_DB_WAIT_S = 3600.0  # how long the run's rows wait for a reader that holds the file (saying so every few s)
+
 
 class Recorder:
     """main() for the run's length: the writer and the samplers, in a process of their own."""
@@ -49,7 +51,7 @@ class Recorder:
 def main() -> None:
     db, run_id = sys.argv[1], sys.argv[2]
     url = sys.argv[3] if len(sys.argv) > 3 else None
-    writer = BatchedWriter(Store(db), run_id)
+    writer = BatchedWriter(Store(db, lock_timeout_s=HELD_DB_WAIT_S), run_id, close_timeout_s=HELD_DB_WAIT_S)
     samplers = [GpuSampler(writer.add_gpu_sample).start()]
     if url:
         samplers.append(ServerSampler(url, writer.add_server_sample).start())

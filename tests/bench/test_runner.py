@@ -155,7 +155,7 @@ def test_sigterm_marks_the_run_aborted_and_keeps_what_was_measured(stub_server, 
     assert "Traceback" not in err
     con = duckdb.connect(str(tmp_db), read_only=True)
     status, n, aborted = con.execute(
-        "SELECT r.status, count(q.run_id), count(*) FILTER (WHERE q.error_kind = 'aborted') "
+        "SELECT r.status, count(q.run_id), count(*) FILTER (WHERE q.error_kind = 'cancelled') "
         "FROM runs r LEFT JOIN requests q USING (run_id) GROUP BY r.status").fetchone()
     con.close()
     assert status == "aborted" and n >= 15 and aborted >= 15  # ~3 s at 10 req/s, all cut off mid-answer
