@@ -126,17 +126,19 @@ class Stream:
         self.nbytes = len(raw)
         try:
             obj = _loads(raw)
-            choice = obj["choices"][0]
-        except (ValueError, KeyError, IndexError, TypeError):
-            raise RequestFailed("malformed_stream", f"not a completion: {raw[:80]!r}") from None
+        except ValueError:
+            raise RequestFailed("malformed_stream", f"not JSON: {raw[:80]!r}") from None
         try:
+            choice = obj["choices"][0]
             msg = choice.get("message") or {}
+            if not isinstance(msg, dict) or ("message" not in choice and not isinstance(choice.get("text"), str)):
+                raise TypeError("a choice without a message or a text")
             if msg.get("content") or msg.get("reasoning_content") or choice.get("text") or msg.get("tool_calls"):
                 self.chunks = 1
             usage = obj.get("usage")
             if usage and not isinstance(usage, dict):
                 raise TypeError(f"usage is a {type(usage).__name__}")
-        except (AttributeError, TypeError) as e:
+        except (AttributeError, TypeError, KeyError, IndexError) as e:
             raise RequestFailed("malformed_response", f"an answer of an unexpected shape ({type(e).__name__}: {e}): "
                                 f"{raw[:80]!r}") from None
         self.usage = usage or None

@@ -41,6 +41,8 @@ async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, fau
             path = lines[0].split(" ")[1]
             if path.endswith("/v1/models"):
                 _reply(writer, 200, json.dumps({"data": [{"id": "hostile-model"}]}).encode())
+            elif not path.endswith("completions"):  # /metrics, /server_info: no such thing here
+                _reply(writer, 404, b"")
             else:
                 fault = faults[counter[0] % len(faults)]
                 counter[0] += 1
@@ -69,10 +71,11 @@ async def _answer(writer: asyncio.StreamWriter, fault: str, req: dict, auth: str
     events = EVENTS.get(fault, [])
     if fault == "echo_key_stream":
         events = [OK_CHUNK, {"error": {"message": f"rate limited for {auth}"}}]
-    if not req.get("stream"):
-        _reply(writer, 200, json.dumps(events[-1] if fault != "ok" else
-                                       {"choices": [{"message": {"content": "a"}}], "usage": events[-1]["usage"]}
-                                       ).encode())
+    if not req.get("stream"):  # one answer: the last event, with a message if it carries only the usage
+        last = events[-1]
+        if isinstance(last, dict) and last.get("choices") == [] and "usage" in last:
+            last = {"choices": [{"message": {"content": "a"}}], "usage": last["usage"]}
+        _reply(writer, 200, json.dumps(last).encode())
         return
     writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
     if fault == "big_event":
