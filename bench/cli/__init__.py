@@ -27,7 +27,7 @@ for command in (plan.capacity, plan.simulate, plan.validate, plan.plan, runs.run
                 patches.calibrate_kv_scales, patches.quantize_int4):
     app.command()(checked(command))
 app.command("sglang-launch", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(
-    patches.sglang_launch)
+    checked(patches.sglang_launch))
 
 
 def main() -> None:

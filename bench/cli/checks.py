@@ -51,7 +51,8 @@ def checked(command: Callable) -> Callable:
     @functools.wraps(command)
     def run(*args, **kwargs):
         bound = sig.bind_partial(*args, **kwargs)
-        for key, value in bound.arguments.items():
+        numbers_first = sorted(bound.arguments.items(), key=lambda kv: not isinstance(kv[1], int | float))
+        for key, value in numbers_first:
             bound.arguments[key] = check(name, key, value)
         return command(*bound.args, **bound.kwargs)
 

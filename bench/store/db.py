@@ -137,6 +137,8 @@ class Store:
                 raise BadInput(f"cannot open {self.path}: {str(e).splitlines()[0]}") from None
         try:
             yield con
+        except (duckdb.IOException, duckdb.SerializationException) as e:  # a damaged file, found mid-query
+            raise BadInput(f"cannot open {self.path}: {str(e).splitlines()[0]}") from None
         finally:
             con.close()
 
