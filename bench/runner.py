@@ -86,8 +86,9 @@ class RunResult:
 class Collector:
     """Result records from this process's users or from workers' messages, on to the recorder process."""
 
-    def __init__(self, recorder: Recorder):
+    def __init__(self, recorder: Recorder, inflight=None):
         self.recorder = recorder
+        self.inflight = inflight  # () -> this process's requests in flight, sent along in case it is killed
         self.pending: list[dict] = []
         self.records = 0
         self.sent_by_worker: dict[str, int] = {}
@@ -109,8 +110,9 @@ class Collector:
 
     def flush(self) -> None:
         rows, self.pending = self.pending, []
-        if rows:
-            self.recorder.send(rows)
+        inflight = self.inflight() if self.inflight else None
+        if rows or inflight is not None:
+            self.recorder.send(rows, inflight)
 
 
 def discover_model(target: str, api_key_env: str | None) -> str:
@@ -266,7 +268,8 @@ def _drive(opts: RunOptions, prof: profiles.Profile, config: dict, run_id: str, 
     n_workers = config["workers"]
     params = config["profile"]["params"]
     recorder = Recorder(store.path, run_id, opts.target)
-    collector = Collector(recorder)
+    collector = Collector(recorder, None if distributed else
+                          lambda: list(getattr(getattr(env, "capbench_plan", None), "inflight", {}).values()))
 
     env = Environment(user_classes=[OpenLoopUser if prof.open_loop else ClosedLoopUser], stop_timeout=0.0)
     if distributed:

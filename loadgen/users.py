@@ -61,6 +61,7 @@ class Plan:
     cursor: int = field(init=False, default=0)
     sent: int = field(init=False, default=0)
     recorded: int = field(init=False, default=0)
+    inflight: dict = field(init=False, default_factory=dict)  # request_id -> its record so far (sent, not ended)
     stopping: bool = field(init=False, default=False)
 
     def __post_init__(self) -> None:
@@ -160,6 +161,7 @@ class OpenAIUser(FastHttpUser):
         exc: RequestFailed | None = None
         got_headers = False
         plan.sent += 1
+        plan.inflight[rec["request_id"]] = rec
         resp = None
         try:
             with gevent.Timeout(plan.timeout_s, _Deadline):
@@ -236,6 +238,7 @@ class OpenAIUser(FastHttpUser):
         if notes:
             rec["note"] = "; ".join(notes)
         self.plan.recorded += 1
+        self.plan.inflight.pop(rec["request_id"], None)
         self.environment.events.request.fire(
             request_type="POST", name=f"{spec.kind}:{spec.api}", response_time=rec["e2e_s"] * 1000.0,
             response_length=stream.nbytes, exception=exc,

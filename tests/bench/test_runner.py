@@ -197,3 +197,29 @@ def test_a_remote_worker_serves_successive_runs(stub_server, tmp_db):
     finally:
         worker.terminate()
         worker.wait(timeout=10)
+
+
+def test_sigkill_leaves_a_cancelled_row_for_every_request_in_flight(stub_server, tmp_db):
+    """SIGKILL gives the run no chance to clean up; its recorder process does: the requests in flight at the
+    kill (listed with every frame it got) become `cancelled` rows, and the run is marked aborted."""
+    srv = stub_server("--token-delay", "0.5", "--max-tokens", "20")  # every request still runs at the kill
+    proc = subprocess.Popen([CAPBENCH, "run", "--target", srv.url, "--rate", "10", "--duration", "30", "--db",
+                             str(tmp_db), "--no-live", "--workload", "synthetic"], cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    assert "capbench run" in proc.stderr.readline()
+    time.sleep(3.0)
+    proc.kill()
+    proc.wait(timeout=10)
+    deadline, status = time.time() + 60, "running"
+    while status == "running" and time.time() < deadline:  # the recorder writes, then marks the run
+        time.sleep(0.5)
+        con = duckdb.connect(str(tmp_db), read_only=True)
+        try:
+            status = con.execute("SELECT status FROM runs").fetchone()[0]
+            n, cancelled = con.execute("SELECT count(*), count(*) FILTER (WHERE error_kind = 'cancelled' AND "
+                                       "note LIKE 'recorded by the recorder%') FROM requests").fetchone()
+        except duckdb.IOException:  # the recorder holds the file this moment
+            continue
+        finally:
+            con.close()
+    assert status == "aborted" and n >= 15 and cancelled == n  # ~2.5 s at 10 req/s, none of them answered yet
