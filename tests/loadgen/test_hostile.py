@@ -159,3 +159,18 @@ def test_a_reader_holding_the_db_delays_the_run_but_does_not_fail_it(hostile, tm
                             "GROUP BY r.status").fetchone()
     con.close()
     assert status == "completed" and n == 20
+
+
+def test_the_drain_limit_is_enforced_and_what_it_cuts_off_is_cancelled(tmp_db):
+    from tests.loadgen.conftest import StubServer
+
+    srv = StubServer("--faults", "stall=1.0")  # headers and one token, then silence
+    try:
+        t = time.monotonic()
+        [res] = run(_opts(srv.url, tmp_db, timeout_s=600.0, drain_s=1.0, overrides={"rate": 5, "duration": 1}))
+        took = time.monotonic() - t
+    finally:
+        srv.kill()
+    stored = _rows(tmp_db, res.run_id)
+    assert took < 15 and res.sent == len(stored) == 5
+    assert all(r["error_kind"] == "cancelled" for r in stored)

@@ -104,6 +104,7 @@ def test_any_number_is_exit_0_or_2_never_a_traceback(option, value):
      "--concurrency must be >= 1"),
     (["worker", "--master", "127.0.0.1", "--master-port", "99999"], "--master-port must be <= 65535"),
     (["worker", "--master", "no-such-host.invalid"], "does not resolve"),
+    (["worker", "--master", "127.0.0.1", "--master-port", "9", "--connect-timeout", "1"], "no capbench run master"),
 ])
 def test_the_issues_bad_inputs_are_one_line_and_exit_2(argv, message):
     code, err = invoke(*argv)
