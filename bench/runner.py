@@ -247,6 +247,11 @@ def _run_one(store: Store, opts: RunOptions, prof: profiles.Profile, wl: workloa
         store.finish_run(run_id, "aborted" if isinstance(e, KeyboardInterrupt) or state["aborted"] else "failed")
         raise
     status = "aborted" if state["aborted"] else "completed"
+    if written is None:  # the recorder failed: what is in the DB is what was stored
+        status = "failed"
+        with store.connect() as con:
+            written = {"requests": con.execute("SELECT count(*) FROM requests WHERE run_id = ?",
+                                               [run_id]).fetchone()[0]}
     store.finish_run(run_id, status)
     with store.connect() as con:
         summary = queries.summary(con, run_id, opts.slo)
@@ -261,9 +266,9 @@ def _run_one(store: Store, opts: RunOptions, prof: profiles.Profile, wl: workloa
 
 
 def _drive(opts: RunOptions, prof: profiles.Profile, config: dict, run_id: str, store: Store, total: int | None,
-           pool: int, stages: list | None, state: dict) -> tuple[Environment, Collector, dict, int]:
+           pool: int, stages: list | None, state: dict) -> tuple[Environment, Collector, dict | None, int]:
     """Locust for one run, from the recorder's start to its last row; returns the environment, the collector,
-    the recorder's row counts and the requests sent."""
+    the recorder's row counts (None if it failed) and the requests sent."""
     distributed = opts.workers + opts.expect_workers > 0
     n_workers = config["workers"]
     params = config["profile"]["params"]

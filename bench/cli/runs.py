@@ -76,11 +76,13 @@ def run(
 def exit_status(results: list) -> int:
     """0: completed (some requests may have failed); 130: interrupted; 1 (with the count): rows lost, or not
     one request succeeded."""
-    if any(r.status != "completed" for r in results):
+    if any(r.status == "aborted" for r in results):
         return 130
     lost = sum(r.lost for r in results)
-    if lost:
-        print(f"error: {lost} of {sum(r.sent for r in results)} requests sent have no stored row", file=sys.stderr)
+    if lost or any(r.status == "failed" for r in results):
+        print(f"error: {lost} of {sum(r.sent for r in results)} requests sent have no stored row"
+              + ("; the run failed (see above)" if any(r.status == "failed" for r in results) else ""),
+              file=sys.stderr)
         return 1
     sent = sum(r.sent for r in results)
     if sent and not sum(r.summary.get("succeeded", 0) for r in results):

@@ -39,6 +39,7 @@ class Recorder:
         self.proc = gsub.Popen([sys.executable, "-c", "from bench.store.recorder import main; main()", str(db), run_id,
                                 target],
                                stdin=gsub.PIPE, stdout=gsub.PIPE, cwd=Path(__file__).resolve().parents[2])
+        self.failed: str | None = None
 
     def send(self, rows: list[dict], inflight: list[dict] | None = None) -> None:
         msg = {"rows": rows} if inflight is None else {"rows": rows, "inflight": [
@@ -46,17 +47,28 @@ class Recorder:
         self._frame(msg)
 
     def _frame(self, msg: dict) -> None:
+        if self.failed:
+            return
         data = msgpack.packb(msg)
-        self.proc.stdin.write(struct.pack("<I", len(data)) + data)
-        self.proc.stdin.flush()
+        try:
+            self.proc.stdin.write(struct.pack("<I", len(data)) + data)
+            self.proc.stdin.flush()
+        except OSError as e:  # the recorder is gone: the run goes on, and its end says what was not stored
+            self.failed = f"the recorder process ended early ({e})"
+            print(f"error: {self.failed}; the rows from here on are not stored", file=sys.stderr, flush=True)
 
-    def close(self) -> dict:
-        """Ends the recorder: it writes what is left and says how many rows it wrote."""
+    def close(self) -> dict | None:
+        """Ends the recorder: it writes what is left and says how many rows it wrote (None if it failed: count
+        the rows in the DB)."""
         self._frame({"close": True})
-        self.proc.stdin.close()
+        try:
+            self.proc.stdin.close()
+        except OSError:
+            pass
         out = self.proc.stdout.read()
-        if self.proc.wait() != 0:
-            raise RuntimeError(f"the recorder process failed (exit {self.proc.returncode}); see its error above")
+        if self.proc.wait() != 0 or self.failed:
+            self.failed = self.failed or f"the recorder process failed (exit {self.proc.returncode})"
+            return None
         return json.loads(out)
 
 

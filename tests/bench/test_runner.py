@@ -223,3 +223,23 @@ def test_sigkill_leaves_a_cancelled_row_for_every_request_in_flight(stub_server,
         finally:
             con.close()
     assert status == "aborted" and n >= 15 and cancelled == n  # ~2.5 s at 10 req/s, none of them answered yet
+
+
+def test_a_recorder_that_dies_fails_the_run_with_the_rows_it_lost(stub_server, tmp_db, monkeypatch):
+    from bench.cli.runs import exit_status
+
+    srv = stub_server()
+    add = runner.Collector.add
+
+    def add_then_kill_recorder(self, recs):
+        add(self, recs)
+        if self.records >= 10 and self.recorder.proc.poll() is None:
+            self.recorder.proc.kill()
+            self.recorder.proc.wait()
+
+    monkeypatch.setattr(runner.Collector, "add", add_then_kill_recorder)
+    [res] = run(opts(srv.url, tmp_db, overrides={"rate": 20, "duration": 2}))
+    assert res.status == "failed" and res.sent == 40
+    assert res.rows_written == len(rows(tmp_db, res.run_id)) < 40 and res.lost == 40 - res.rows_written
+    assert run_row(tmp_db, res.run_id)["status"] == "failed"
+    assert exit_status([res]) == 1
