@@ -82,6 +82,20 @@ def check(command: str, key: str, value: object) -> object:
         return str(Path(value).expanduser().resolve())
     if key == "out" and command != "sglang_launch":
         return checks.output_dir(flag, value) if (command, key) in OUTPUT_DIRS else checks.output_file(flag, value)
+    if key == "target":
+        return [_twin_paths(v) for v in value] if isinstance(value, list) else _twin_paths(value)
     if key in FILE_OR_NAME:
         return [checks.name_or_file(v) for v in value] if isinstance(value, list) else checks.name_or_file(value)
     return value
+
+
+def _twin_paths(target: str) -> str:
+    """twin:SPEC with a relative calibration=FILE: the file made absolute (the twin runs in its own process)."""
+    if not target.startswith("twin:"):
+        return target
+    parts = target.split(",")
+    for i, part in enumerate(parts):
+        key, _, value = part.partition("=")
+        if key == "calibration" and value:
+            parts[i] = f"calibration={checks.name_or_file(value)}"
+    return ",".join(parts)
