@@ -76,6 +76,15 @@ def check(command: str, key: str, value: object) -> object:
         return value
     if not isinstance(value, str | list):
         return value
+    try:
+        return _path(command, key, flag, value)
+    except (OSError, ValueError) as e:  # too long, a NUL byte, a loop of links
+        if isinstance(e, BadInput):
+            raise
+        raise BadInput(f"{flag} {str(value)[:80]!r}: not a usable path ({type(e).__name__}: {str(e)[:80]})") from None
+
+
+def _path(command: str, key: str, flag: str, value: str | list) -> str | list:
     if key == "db":
         if Path(value).is_dir():
             raise BadInput(f"--db {value!r} is a directory; give the DuckDB file")

@@ -76,6 +76,38 @@ def test_any_number_is_exit_0_or_2_never_a_traceback(option, value):
     assert "Traceback" not in err
 
 
+# path options, each with the rest of its command set to fail fast once the paths pass (P: the fuzzed path)
+PATH_CASES = [
+    ["runs", "--db", "P"],
+    ["export", "--run", "x", "--db", "/nonexistent/x.duckdb", "--out", "P"],
+    ["export", "--run", "x", "--db", "P", "--out", "/tmp/capbench-fuzz-export"],
+    ["report", "--model", "nope", "--out", "P"],
+    ["report", "--model", "nope", "--out", "/tmp/r.html", "--db", "P"],
+    ["run", "--target", "http://127.0.0.1:9", "--model", "m", "--workload", "P", "--input-len", "5"],
+    ["run", "--target", "http://127.0.0.1:9", "--model", "m", "--profile", "P", "--input-len", "5"],
+    ["run", "--target", "http://127.0.0.1:9", "--model", "m", "--db", "P", "--input-len", "5"],
+    ["simulate", "--model", "nope", "--gpu", "h200", "--tp", "8", "--calibration", "P"],
+    ["simulate", "--model", "nope", "--gpu", "h200", "--tp", "8", "--workload", "P"],
+    ["calibrate", "--runs", ",", "--db", "P"],
+    ["calibrate", "--runs", ",", "--out", "P"],
+    ["calibrate-kv-scales", "--target", "x", "--amax", "/nonexistent", "--out", "P"],
+]
+PATHS = st.one_of(
+    st.sampled_from(["/", ".", "..", "~", "", "/etc/hostname", "/etc/hostname/x", "/nonexistent/deep/x", "data",
+                     "data/capbench.duckdb", "a" * 5000, "a/" * 3000, "-", "--", "x\ny", " ", "twin:", "\u2603.yaml"]),
+    st.text(max_size=30),
+)
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.sampled_from(PATH_CASES), PATHS)
+def test_any_path_is_exit_0_or_2_never_a_traceback(case, path):
+    argv = [f"{a}={path}" if b == "P" else a for a, b in zip(case, [*case[1:], ""], strict=True) if a != "P"]
+    code, err = invoke(*argv)
+    assert code in (0, 2), (argv, code, err)
+    assert "Traceback" not in err
+
+
 @pytest.mark.parametrize("argv,message", [
     (["simulate", "--model", "kimi-k2-thinking", "--gpu", "h200", "--tp", "8", "--rate", "nan"], "--rate"),
     (["simulate", "--model", "kimi-k2-thinking", "--gpu", "h200", "--tp", "8", "--rate", "1e308"], "--rate"),
