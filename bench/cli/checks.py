@@ -78,7 +78,7 @@ def check(command: str, key: str, value: object) -> object:
         return value
     try:
         return _path(command, key, flag, value)
-    except (OSError, ValueError) as e:  # too long, a NUL byte, a loop of links
+    except (OSError, ValueError, RuntimeError) as e:  # too long, a NUL byte, ~nosuchuser
         if isinstance(e, BadInput):
             raise
         raise BadInput(f"{flag} {str(value)[:80]!r}: not a usable path ({type(e).__name__}: {str(e)[:80]})") from None
