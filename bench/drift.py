@@ -20,6 +20,7 @@ from pathlib import Path
 
 import httpx
 
+from bench.checks import check_target
 from bench.drift_prompts import DRIFT_PROMPTS
 from bench.errors import BadInput
 
@@ -159,7 +160,7 @@ async def _ask(client: httpx.AsyncClient, url: str, model: str, prompt: dict, he
         return _answer(r.json())
     except httpx.HTTPError as e:
         return Answer(error=type(e).__name__)
-    except (ValueError, KeyError, IndexError, TypeError):
+    except (ValueError, KeyError, IndexError, TypeError, AttributeError):
         return Answer(error="malformed_response")
 
 
@@ -179,6 +180,8 @@ async def _ask_all(targets: list[tuple[str, str]], prompts: list[dict], headers:
 def measure(targets: list[tuple[str, str]], prompts: list[dict], api_key_env: str | None = None,
             concurrency: int = 8, progress=lambda: None) -> list[PromptDrift]:
     """targets: [(base_url, model)] x 2. The API key is read from the named environment variable only."""
+    if concurrency < 1:
+        raise BadInput(f"--concurrency must be >= 1, not {concurrency}")
     headers = {"Authorization": f"Bearer {os.environ.get(api_key_env, '')}"} if api_key_env else {}
     answers = asyncio.run(_ask_all(targets, prompts, headers, concurrency, progress))
     return [compare(p, a, b) for p, (a, b) in zip(prompts, answers, strict=True)]
@@ -223,6 +226,9 @@ def drift_command(targets: list[str], prompt_files: list[Path] | None, db: Path,
 
     if len(targets) != 2:
         raise BadInput("capbench drift takes exactly two --target options (A and B)")
+    for spec in targets:
+        if not spec.startswith("twin:"):
+            check_target(spec)
     prompts = load_prompts(prompt_files)
     store = Store(db)
     opened: list[Target] = []
@@ -244,6 +250,9 @@ def drift_command(targets: list[str], prompt_files: list[Path] | None, db: Path,
         except BaseException:
             store.finish_run(run_id, "aborted")
             raise
+        if rows and all(r.error for r in rows):  # nothing was compared: not a drift of 0
+            store.finish_run(run_id, "failed")
+            raise BadInput(f"all {len(rows)} prompts failed (first: {rows[0].error}); is each --target serving?")
         store.finish_run(run_id, "completed")
     finally:
         for t in opened:

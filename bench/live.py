@@ -98,6 +98,9 @@ LAG_WARN_S = 0.010
 def print_summary(s: dict, to_stderr: bool = False) -> None:
     console = Console(stderr=to_stderr)
     console.print(summary_table(s))
+    if "sent" in s:
+        lost = s["sent"] - s["stored"]
+        console.print(f"requests: {s['sent']} sent, {s['stored']} stored" + (f", {lost} LOST" if lost > 0 else ""))
     lag = s.get("dispatch_lag_p99")
     if lag is not None and lag > LAG_WARN_S:
         console.print(f"note: dispatch lag p99 {lag * 1000:.1f} ms: the client fell behind its schedule (latencies "

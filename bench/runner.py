@@ -5,8 +5,8 @@ One process (LocalRunner) or Locust's master with N local worker processes (`wor
 as Locust custom messages; the master pipes them to its recorder process (bench/store/recorder.py), the only writer of
 the DuckDB file, which also runs the NVML and server samplers: nothing but Locust runs on the timing event loop.
 
-Ctrl-C or SIGTERM: no new request is sent, requests in flight get an `aborted` record, the run is marked
-aborted, everything measured is kept.
+Ctrl-C or SIGTERM: no new request is sent, requests in flight get a `cancelled` record, the run is marked
+aborted, everything measured is kept. Every request sent ends in one stored row: RunResult.sent vs rows_written.
 """
 
 from __future__ import annotations
@@ -23,16 +23,18 @@ import gevent
 from locust.env import Environment
 from locust.exception import RPCError
 
+from bench.checks import check_target
 from bench.errors import BadInput
 from bench.live import Live, print_summary, print_sweep
 from bench.model import Slo
-from bench.store import Recorder, Store, queries
+from bench.store import HELD_DB_WAIT_S, Recorder, Store, queries
 from bench.twin import Target
 from loadgen import profiles, workloads
 from loadgen.users import ClosedLoopUser, OpenLoopUser
 from loadgen.worker import RECORDS_MSG, locust_options
 
 log = logging.getLogger(__name__)
+DRAIN_GRACE_S = 5.0  # past duration + drain, the run stops whatever the shape says
 logging.getLogger("locust").setLevel(logging.ERROR)  # its spawn-rate advice does not apply to a pool of waiters
 
 
@@ -74,13 +76,19 @@ class RunResult:
     locust_failures: int
     records: int  # what reached the runner
     rows_written: int  # what the recorder wrote to the requests table
+    sent: int = 0  # requests the users sent (each one owes a row)
+
+    @property
+    def lost(self) -> int:
+        return max(0, self.sent - self.rows_written)
 
 
 class Collector:
     """Result records from this process's users or from workers' messages, on to the recorder process."""
 
-    def __init__(self, recorder: Recorder):
+    def __init__(self, recorder: Recorder, inflight=None):
         self.recorder = recorder
+        self.inflight = inflight  # () -> this process's requests in flight, sent along in case it is killed
         self.pending: list[dict] = []
         self.records = 0
         self.sent_by_worker: dict[str, int] = {}
@@ -102,8 +110,9 @@ class Collector:
 
     def flush(self) -> None:
         rows, self.pending = self.pending, []
-        if rows:
-            self.recorder.send(rows)
+        inflight = self.inflight() if self.inflight else None
+        if rows or inflight is not None:
+            self.recorder.send(rows, inflight)
 
 
 def discover_model(target: str, api_key_env: str | None) -> str:
@@ -135,6 +144,8 @@ def prepare(opts: RunOptions) -> tuple[profiles.Profile, workloads.Workload, str
             wl = workloads.load(wl_name, opts.seed, opts.api)
     except (profiles.ProfileError, workloads.WorkloadError) as e:
         raise BadInput(str(e)) from None
+    if opts.max_inflight is not None and opts.max_inflight < 1:
+        raise BadInput(f"--max-inflight must be >= 1, not {opts.max_inflight}")
     if opts.api_key_env:
         import os
 
@@ -146,12 +157,15 @@ def prepare(opts: RunOptions) -> tuple[profiles.Profile, workloads.Workload, str
 
 def run(opts: RunOptions) -> list[RunResult]:
     """A run (or, for the sweep profile, one run per stage). Results in the order they ran."""
+    if not opts.target.startswith("twin:"):
+        check_target(opts.target)
+    opts = replace(opts, db=Path(opts.db).resolve())  # one file for this process, the recorder and the workers
     target = Target(opts.target)
     try:
         if target.spec:
             opts = replace(opts, target=target.url, run_config={**opts.run_config, "twin": target.spec})
         prof, wl, model = prepare(opts)
-        store = Store(opts.db)
+        store = Store(opts.db, lock_timeout_s=HELD_DB_WAIT_S)
         if prof.type != "sweep":
             return [_run_one(store, opts, prof, wl, model)]
         return _sweep(store, opts, prof, wl, model)
@@ -228,30 +242,39 @@ def _run_one(store: Store, opts: RunOptions, prof: profiles.Profile, wl: workloa
               flush=True)
     state = {"aborted": False, "t0": None}
     try:
-        env, collector, written = _drive(opts, prof, config, run_id, store, total, pool, stages, state)
+        env, collector, written, sent = _drive(opts, prof, config, run_id, store, total, pool, stages, state)
     except BaseException as e:  # the run still ends in the DB: aborted on Ctrl-C, failed otherwise
         store.finish_run(run_id, "aborted" if isinstance(e, KeyboardInterrupt) or state["aborted"] else "failed")
         raise
     status = "aborted" if state["aborted"] else "completed"
+    if written is None:  # the recorder failed: what is in the DB is what was stored
+        status = "failed"
+        with store.connect() as con:
+            written = {"requests": con.execute("SELECT count(*) FROM requests WHERE run_id = ?",
+                                               [run_id]).fetchone()[0]}
     store.finish_run(run_id, status)
     with store.connect() as con:
         summary = queries.summary(con, run_id, opts.slo)
+        succeeded = con.execute("SELECT coalesce(sum(n), 0)::BIGINT FROM request_stats WHERE run_id = ? AND "
+                                "status = 'ok'", [run_id]).fetchone()[0]
+    summary.update(sent=sent, stored=written.get("requests", 0), succeeded=succeeded)
     stats = env.runner.stats.total
     if not opts.quiet:
         print_summary(summary)
     return RunResult(run_id, status, summary, stats.num_requests, stats.num_failures, collector.records,
-                     written.get("requests", 0))
+                     written.get("requests", 0), sent)
 
 
 def _drive(opts: RunOptions, prof: profiles.Profile, config: dict, run_id: str, store: Store, total: int | None,
-           pool: int, stages: list | None, state: dict) -> tuple[Environment, Collector, dict]:
-    """Locust for one run, from the recorder's start to its last row; returns the environment, the collector and
-    the recorder's row counts."""
+           pool: int, stages: list | None, state: dict) -> tuple[Environment, Collector, dict | None, int]:
+    """Locust for one run, from the recorder's start to its last row; returns the environment, the collector,
+    the recorder's row counts (None if it failed) and the requests sent."""
     distributed = opts.workers + opts.expect_workers > 0
     n_workers = config["workers"]
     params = config["profile"]["params"]
     recorder = Recorder(store.path, run_id, opts.target)
-    collector = Collector(recorder)
+    collector = Collector(recorder, None if distributed else
+                          lambda: list(getattr(getattr(env, "capbench_plan", None), "inflight", {}).values()))
 
     env = Environment(user_classes=[OpenLoopUser if prof.open_loop else ClosedLoopUser], stop_timeout=0.0)
     if distributed:
@@ -305,6 +328,10 @@ def _drive(opts: RunOptions, prof: profiles.Profile, config: dict, run_id: str, 
                 live.update()
                 if env.runner.state == "stopped" and env.runner.shape_greenlet is None:
                     break
+                if time.time() > state["t0"] + config["duration_s"] + opts.drain_s + DRAIN_GRACE_S:
+                    log.warning("the drain limit passed with requests in flight: stopping them")
+                    env.runner.stop()  # in-flight requests end as `cancelled` records
+                    break
         env.runner.quit()
         if distributed:  # free the port now: the next run (a sweep's next stage) binds it again
             env.runner.server.close(linger=0)
@@ -312,7 +339,7 @@ def _drive(opts: RunOptions, prof: profiles.Profile, config: dict, run_id: str, 
         _reap(procs)
         collector.flush()
         written = recorder.close()
-    return env, collector, written
+    return env, collector, written, sent_total()
 
 
 def _install_signals(env: Environment, state: dict) -> None:
@@ -331,6 +358,7 @@ def _install_signals(env: Environment, state: dict) -> None:
 
 def _spawn_local_workers(n: int, port: int) -> list[subprocess.Popen]:
     cmd = [sys.executable, "-m", "loadgen.worker", "--master-host", "127.0.0.1", "--master-port", str(port)]
+    # cwd: the checkout, for imports; every path in the run's config is absolute already (the CLI resolved them)
     return [subprocess.Popen(cmd, cwd=Path(__file__).resolve().parent.parent) for _ in range(n)]
 
 

@@ -8,6 +8,7 @@ results are cached for a few seconds so a page that reruns on every widget chang
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import pandas as pd
@@ -69,6 +70,12 @@ def slo_inputs(key: str) -> Slo:
     ttft = c1.number_input("SLO: TTFT (s)", min_value=0.01, value=2.0, step=0.1, key=f"{key}_slo_ttft")
     tpot = c2.number_input("SLO: TPOT (ms)", min_value=1.0, value=50.0, step=5.0, key=f"{key}_slo_tpot")
     return Slo(ttft_s=ttft, tpot_s=tpot / 1e3)
+
+
+def md_text(text: str) -> str:
+    """Text for st.subheader/st.caption, which render Markdown: a run label stays a label, never an image that
+    makes the viewer's browser fetch a URL, a link, HTML or a Streamlit directive."""
+    return re.sub(r"[\\`*_{}\[\]()<>#+!|~:$-]", lambda m: "\\" + m.group(0), text)
 
 
 def run_label(runs_df: pd.DataFrame, run_id: str) -> str:

@@ -26,6 +26,7 @@ from locust import LoadTestShape
 DATA = Path(__file__).resolve().parent.parent / "data" / "profiles"
 OPEN_TYPES = ("constant", "poisson", "gamma", "ramp", "steps", "spike", "diurnal", "trace")
 TYPES = ("users", *OPEN_TYPES, "sweep")
+MAX_SCHEDULE = 5_000_000  # arrival times held in memory for one run (tens of MB); more is refused up front
 PARAMS = {  # what each type reads: anything else is a typo, said so rather than ignored
     "users": {"users", "duration", "spawn_rate", "think_s", "stages"},
     "constant": {"rate", "duration"},
@@ -117,7 +118,7 @@ class Profile:
 
     def _times(self, rng: np.random.Generator, process: str) -> np.ndarray:
         T = self.duration
-        grid = np.linspace(0.0, T, max(2, int(T * 100) + 1))  # 10 ms steps for R(t)
+        grid = np.linspace(0.0, T, max(2, min(int(T * 100), 10**6) + 1))  # 10 ms steps for R(t), 1e6 at most
         r = np.maximum(self.rate(grid), 0.0)
         cum = np.concatenate([[0.0], np.cumsum((r[1:] + r[:-1]) / 2 * np.diff(grid))])
         n = int(round(cum[-1]))
@@ -250,6 +251,8 @@ def load(name_or_path: str, overrides: dict | None = None) -> Profile:
     name = str(spec.pop("name", path.stem))
     spec.pop("description", None)
     params = {**spec, **{k: v for k, v in (overrides or {}).items() if v is not None}}
+    if isinstance(params.get("path"), str) and Path(params["path"]).is_file():  # the same file in every process
+        params["path"] = str(Path(params["path"]).resolve())
     prof = Profile(name, kind, params)
     _check(prof)
     return prof
@@ -260,12 +263,24 @@ def _check(prof: Profile) -> None:
     if unknown:
         raise ProfileError(f"profile {prof.name} ({prof.type}) has no parameter {', '.join(unknown)}; it takes "
                            f"{', '.join(sorted(PARAMS[prof.type]))}")
+    for key, v in prof.params.items():
+        values = v if key in ("rates", "factors") and isinstance(v, list) else [v]
+        for x in values:
+            if isinstance(x, bool) or (isinstance(x, int | float) and not (0 <= x < math.inf)):
+                raise ProfileError(f"profile {prof.name}: {key} must be a finite number >= 0, not {x!r}")
     for key in ("rate", "start_rate", "end_rate", "spike_rate", "min_rate", "max_rate", "duration", "users"):
         v = prof.params.get(key)
-        if v is not None and (not isinstance(v, int | float) or v < 0 or not math.isfinite(v)):
+        if v is not None and not isinstance(v, int | float):
             raise ProfileError(f"profile {prof.name}: {key} must be a non-negative number, not {v!r}")
+    for key in ("speedup", "burstiness", "period", "step_duration", "stage_duration"):
+        v = prof.params.get(key)
+        if v is not None and not (isinstance(v, int | float) and v > 0):
+            raise ProfileError(f"profile {prof.name}: {key} must be a number > 0, not {v!r}")
     if prof.type in OPEN_TYPES and prof.type != "trace":
-        prof.peak_rate()  # raises on a missing parameter
+        expected = prof.peak_rate() * prof.duration  # raises on a missing parameter
+        if expected > MAX_SCHEDULE:
+            raise ProfileError(f"profile {prof.name}: about {expected:.3g} requests (peak rate x duration); a schedule "
+                               f"is at most {MAX_SCHEDULE:,} requests: lower the rate or the duration")
     if prof.type == "trace":
         prof.trace_rows()
     if prof.type == "users" and not prof.params.get("stages"):

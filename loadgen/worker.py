@@ -58,22 +58,27 @@ def forward_records(environment: Environment) -> None:
     gevent.spawn(loop)
 
 
-def run_worker(master_host: str, master_port: int = 5557, once: bool = True) -> None:
+def run_worker(master_host: str, master_port: int = 5557, once: bool = True, connect_timeout_s: float = 300.0) -> bool:
     """Join a master's run until it quits; with once=False, then wait for the next master on that address (the
-    stages of a sweep, successive runs) until interrupted."""
+    stages of a sweep, successive runs). Each wait for a master lasts connect_timeout_s at most: returns False if
+    no master came the first time, True once a run was served and no next master came."""
+    served = False
     while True:
         env = Environment(user_classes=USER_CLASSES, parsed_options=locust_options({}))
         try:
-            env.create_worker_runner(master_host, master_port)  # waits up to 5 minutes for a master
+            with gevent.Timeout(connect_timeout_s, ConnectionError):
+                env.create_worker_runner(master_host, master_port)
         except ConnectionError:
-            if once:
-                raise
-            continue
+            if env.runner is not None:
+                env.runner.greenlet.kill(block=False)
+                env.runner.client.close()
+            return served
         forward_records(env)
         env.runner.greenlet.join()
         env.runner.client.close()
+        served = True
         if once:
-            return
+            return True
         gevent.sleep(1.0)  # the master of the next run binds the port again
 
 
@@ -82,5 +87,6 @@ if __name__ == "__main__":
     ap.add_argument("--master-host", required=True)
     ap.add_argument("--master-port", type=int, default=5557)
     ap.add_argument("--keep", action="store_true", help="after a run, wait for the next one")
+    ap.add_argument("--connect-timeout", type=float, default=300.0)
     a = ap.parse_args()
-    run_worker(a.master_host, a.master_port, once=not a.keep)
+    raise SystemExit(0 if run_worker(a.master_host, a.master_port, not a.keep, a.connect_timeout) else 1)

@@ -320,13 +320,15 @@ def load(name_or_path: str, seed: int | None = None, api: str | None = None) -> 
     """A built-in name (data/workloads/NAME.yaml), a workload YAML path, or a ShareGPT JSON path."""
     path = Path(name_or_path)
     if path.suffix == ".json" and path.is_file():
-        return from_dict({"name": path.stem, "type": "sharegpt", "path": str(path)}, seed, api)
+        return from_dict({"name": path.stem, "type": "sharegpt", "path": str(path.resolve())}, seed, api)
     if not path.is_file():
         path = DATA / f"{name_or_path}.yaml"
         if not path.is_file():
             raise WorkloadError(f"unknown workload {name_or_path!r}: not a file, and not one of {', '.join(names())}")
     spec = _read(path)
     spec.setdefault("name", path.stem)
+    if isinstance(spec.get("path"), str) and Path(spec["path"]).is_file():  # the same file in every worker process
+        spec["path"] = str(Path(spec["path"]).resolve())
     return from_dict(spec, seed, api)
 
 

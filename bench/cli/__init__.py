@@ -1,7 +1,7 @@
 """The `capbench` command: one typer app, one thin function per command, grouped by area in this package
 (plan: capacity, simulate; runs: run, worker, runs, export, calibrate; twin: twin, demo; report: report, dashboard,
 drift; patches: sglang-launch, calibrate-kv-scales, quantize-int4). Bad input ends in one line on stderr and
-exit code 2."""
+exit code 2, numbers and paths checked first (checks.py)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import sys
 import typer
 
 from bench.cli import patches, plan, report, runs, twin
+from bench.cli.checks import checked
 from bench.errors import BadInput
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -24,9 +25,9 @@ def _root() -> None:
 for command in (plan.capacity, plan.simulate, plan.validate, plan.plan, runs.run, runs.worker, runs.runs, runs.export,
                 runs.calibrate, twin.twin, twin.demo, report.report, report.dashboard, report.drift,
                 patches.calibrate_kv_scales, patches.quantize_int4):
-    app.command()(command)
+    app.command()(checked(command))
 app.command("sglang-launch", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(
-    patches.sglang_launch)
+    checked(patches.sglang_launch))
 
 
 def main() -> None:

@@ -14,6 +14,7 @@ MODEL = typer.Option(..., help="Model id from data/models (e.g. kimi-k2-thinking
 GPU = typer.Option(..., help="GPU id from data/gpus.yaml (e.g. h200).")
 KV_DTYPE = typer.Option("bf16", help="bf16 | fp8_e4m3 | fp8_e5m2")
 WEIGHTS = typer.Option("native", help="native | bf16 | fp8 | int4-g32 | int4-g128 (routed experts)")
+SIMULATE_MAX_REQUESTS = 2_000_000  # a rate x seconds that a simulation finishes in minutes, not hours
 DP = typer.Option(1, help="DP-attention size inside those GPUs (SGLang --dp with --enable-dp-attention).")
 
 
@@ -104,6 +105,9 @@ def simulate(
     if not sweep:
         if rate is None or rate <= 0 or math.isnan(rate):
             raise BadInput("give --rate R (requests per second, > 0; 'inf' for all at once) or --sweep")
+        if math.isfinite(rate) and rate * min_seconds > SIMULATE_MAX_REQUESTS:
+            raise BadInput(f"--rate {rate:g} for --min-seconds {min_seconds:g} is {rate * min_seconds:.3g} simulated "
+                           f"requests; at most {SIMULATE_MAX_REQUESTS:,}: lower one of them")
         kvs = ("bf16", "fp8_e4m3") if compare_kv else (dep.kv_dtype,)
         points = [sim.run(replace(dep, kv_dtype=kv), wl, rate, num_requests, seed, eff, min_seconds) for kv in kvs]
         if as_json:

@@ -70,8 +70,25 @@ def run(
         expect_workers=expect_workers, master_bind=master_bind, master_port=master_port, seed=seed, api=api,
         stream=stream, timeout_s=timeout, max_inflight=max_inflight, live=live)
     results = runner.run(opts)
-    if any(r.status != "completed" for r in results):
-        sys.exit(130)
+    sys.exit(exit_status(results))
+
+
+def exit_status(results: list) -> int:
+    """0: completed (some requests may have failed); 130: interrupted; 1 (with the count): rows lost, or not
+    one request succeeded."""
+    if any(r.status == "aborted" for r in results):
+        return 130
+    lost = sum(r.lost for r in results)
+    if lost or any(r.status == "failed" for r in results):
+        print(f"error: {lost} of {sum(r.sent for r in results)} requests sent have no stored row"
+              + ("; the run failed (see above)" if any(r.status == "failed" for r in results) else ""),
+              file=sys.stderr)
+        return 1
+    sent = sum(r.sent for r in results)
+    if sent and not sum(r.summary.get("succeeded", 0) for r in results):
+        print(f"error: none of the {sent} requests sent succeeded (see the errors above)", file=sys.stderr)
+        return 1
+    return 0
 
 
 def worker(
@@ -79,11 +96,15 @@ def worker(
     master_port: int = typer.Option(5557, help="The master's --master-port."),
     keep: bool = typer.Option(True, help="After a run, wait for the next one (sweep stages, later runs); "
                               "--no-keep leaves after one run."),
+    connect_timeout: float = typer.Option(300.0, help="Seconds to wait for a master (each time one is awaited)."),
 ) -> None:
     """Join a `capbench run --expect-workers N` from another machine: a Locust worker that sends its share."""
+    from bench.checks import check_host
     from loadgen.worker import run_worker
 
-    run_worker(master, master_port, once=not keep)
+    check_host(master, "--master")
+    if not run_worker(master, master_port, once=not keep, connect_timeout_s=connect_timeout):
+        raise BadInput(f"no capbench run master at {master}:{master_port} within {connect_timeout:g}s")
 
 
 def runs(db: str = DB_READ) -> None:

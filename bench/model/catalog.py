@@ -10,15 +10,20 @@ from __future__ import annotations
 import os
 from functools import cache
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 import yaml
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, Field, ValidationError
 
 from bench.errors import BadInput
 
 DATA = Path(__file__).resolve().parents[2] / "data"
 WeightFormat = Literal["bf16", "fp8-block128", "int4-g32", "int4-g128"]
+# sizes, bandwidths and rates a model divides by: zero or negative is a typo, refused with the key named
+Pos = Annotated[int, Field(gt=0)]
+Count = Annotated[int, Field(ge=0)]
+Rate = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+NonNeg = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 
 
 class NativeWeights(BaseModel):
@@ -32,25 +37,25 @@ class Model(BaseModel):
     hf_repo: str
     architecture: str
     attention: Literal["mla", "gqa"]
-    layers: int
-    mtp_layers: int = 0
-    hidden_size: int
-    dense_intermediate_size: int
-    attention_heads: int
-    kv_heads: int
-    head_dim: int | None = None
-    v_head_dim: int
-    kv_lora_rank: int | None = None
-    q_lora_rank: int | None = None
-    qk_rope_head_dim: int | None = None
-    qk_nope_head_dim: int | None = None
-    routed_experts: int
-    experts_per_token: int
-    shared_experts: int
-    moe_intermediate_size: int
-    first_dense_layers: int
-    vocab_size: int
-    max_context: int
+    layers: Pos
+    mtp_layers: Count = 0
+    hidden_size: Pos
+    dense_intermediate_size: Count
+    attention_heads: Pos
+    kv_heads: Pos
+    head_dim: Pos | None = None
+    v_head_dim: Pos
+    kv_lora_rank: Pos | None = None
+    q_lora_rank: Pos | None = None
+    qk_rope_head_dim: Pos | None = None
+    qk_nope_head_dim: Pos | None = None
+    routed_experts: Pos
+    experts_per_token: Pos
+    shared_experts: Count
+    moe_intermediate_size: Pos
+    first_dense_layers: Count
+    vocab_size: Pos
+    max_context: Pos
     published_params_b: dict[str, float]
     native_weights: NativeWeights
     sources: dict[str, str]
@@ -65,18 +70,18 @@ class GPU(BaseModel):
     id: str
     name: str
     vendor: Literal["nvidia", "amd"] = "nvidia"
-    memory_mib_reported: int
-    memory_gb_sold: float
-    hbm_tbps: float
-    bf16_tflops: float
-    fp8_tflops: float
-    int8_tops: float
-    interconnect_gbps: float
-    internode_gbps: float
-    gpus_per_node: int
-    default_page_size: int = 1
-    reserved_before_load_gib: float
-    price_per_gpu_hour: float
+    memory_mib_reported: Pos
+    memory_gb_sold: Rate
+    hbm_tbps: Rate
+    bf16_tflops: Rate
+    fp8_tflops: NonNeg
+    int8_tops: NonNeg
+    interconnect_gbps: Rate
+    internode_gbps: Rate
+    gpus_per_node: Pos
+    default_page_size: Pos = 1
+    reserved_before_load_gib: NonNeg
+    price_per_gpu_hour: NonNeg
     sources: dict[str, str]
 
 
@@ -90,11 +95,27 @@ def override_path() -> Path | None:
 
 def _read_yaml(path: Path) -> dict:
     try:
-        return yaml.safe_load(path.read_text()) or {}
+        data = yaml.safe_load(path.read_text()) or {}
     except FileNotFoundError as e:
         raise BadInput(f"catalog file not found: {path}") from e
+    except (UnicodeDecodeError, IsADirectoryError) as e:
+        raise BadInput(f"catalog file {path} is not a YAML text file ({type(e).__name__})") from e
     except yaml.YAMLError as e:
         raise BadInput(f"catalog file {path} is not valid YAML: {str(e).splitlines()[0]}") from e
+    if not isinstance(data, dict):
+        raise BadInput(f"catalog file {path}: expected a mapping (models: / gpus:), not a {type(data).__name__}")
+    return data
+
+
+def _entries(extra: dict, section: str, source: object) -> dict[str, dict]:
+    """The override file's `models:` or `gpus:` map, each entry a map of fields."""
+    entries = extra.get(section) or {}
+    if not isinstance(entries, dict):
+        raise BadInput(f"{source}: {section}: expected a map of id -> fields, not a {type(entries).__name__}")
+    for key, fields in entries.items():
+        if fields is not None and not isinstance(fields, dict):
+            raise BadInput(f"{source}: {section}.{key}: expected a map of fields, not a {type(fields).__name__}")
+    return {str(k): v for k, v in entries.items()}
 
 
 def _merge(base: dict[str, dict], extra: dict[str, dict] | None) -> dict[str, dict]:
@@ -112,7 +133,7 @@ def _build(kind: type[BaseModel], raw: dict[str, dict], source: str) -> dict:
         except ValidationError as e:
             err = e.errors()[0]
             where = ".".join(str(p) for p in err["loc"])
-            raise BadInput(f"{source}: {kind.__name__.lower()} '{key}': {where}: {err['msg']}") from e
+            raise BadInput(f"{source}: {kind.__name__.lower()} '{key}': {where}: {err['msg']}") from None
     return out
 
 
@@ -122,9 +143,12 @@ def _load(override: Path | None) -> tuple[dict[str, Model], dict[str, GPU]]:
     gpus = _read_yaml(DATA / "gpus.yaml")
     extra = _read_yaml(override) if override else {}
     source = str(override) if override else "data/"
+    unknown = sorted(set(map(str, extra)) - {"models", "gpus"})
+    if unknown:
+        raise BadInput(f"{source}: unknown section(s) {', '.join(unknown)}; the file has models: and gpus:")
     return (
-        _build(Model, _merge(models, extra.get("models")), source),
-        _build(GPU, _merge(gpus, extra.get("gpus")), source),
+        _build(Model, _merge(models, _entries(extra, "models", source)), source),
+        _build(GPU, _merge(gpus, _entries(extra, "gpus", source)), source),
     )
 
 

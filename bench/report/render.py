@@ -4,6 +4,7 @@ reference) or Markdown. The content is made in content.py; this module only lays
 from __future__ import annotations
 
 import html
+import re
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -41,6 +42,10 @@ MEASURE_HOWTO = [
 ]
 
 
+# what makes a link, an image, HTML, code, emphasis or a new cell (an underscore inside a word, as in fp8_e4m3, cannot)
+_MD_SPECIAL = re.compile(r"[\\`*\[\]<>|]|(?<![A-Za-z0-9])_|_(?![A-Za-z0-9])")
+
+
 def _e(s: object) -> str:
     return html.escape(str(s))
 
@@ -52,8 +57,8 @@ def _html_table(head: list[str], rows: list[list[str]]) -> str:
 
 
 def _md_table(head: list[str], rows: list[list[str]]) -> str:
-    def line(cells: list[str]) -> str:
-        return "| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |"
+    def line(cells: list[str]) -> str:  # cells are text (run labels are the user's): no link, image or HTML
+        return "| " + " | ".join(_MD_SPECIAL.sub(r"\\\g<0>", str(c)).replace("\n", " ") for c in cells) + " |"
 
     return "\n".join([line(head), "|" + "---|" * len(head), *(line(r) for r in rows)])
 

@@ -15,13 +15,13 @@ from bench.store import queries, runinfo, telemetry
 from bench.store.db import DEFAULT_DB, Store, StoreBusy
 from bench.store.export import export_run
 from bench.store.histogram import HIST_METRICS, bucket_value, to_buckets
-from bench.store.recorder import Recorder
+from bench.store.recorder import HELD_DB_WAIT_S, Recorder
 from bench.store.schema import MIGRATIONS, SCHEMA_VERSION
 from bench.store.telemetry import GpuSampler, ServerSampler
 from bench.store.writer import BatchedWriter
 
 __all__ = [
     "queries", "runinfo", "telemetry", "DEFAULT_DB", "Store", "StoreBusy", "export_run", "HIST_METRICS",
-    "bucket_value", "to_buckets", "Recorder", "MIGRATIONS", "SCHEMA_VERSION", "GpuSampler", "ServerSampler",
-    "BatchedWriter",
+    "bucket_value", "to_buckets", "Recorder", "HELD_DB_WAIT_S", "MIGRATIONS", "SCHEMA_VERSION", "GpuSampler",
+    "ServerSampler", "BatchedWriter",
 ]

@@ -47,6 +47,7 @@ from bench.store.schema import INTEGRITY_SCHEMA, MIGRATIONS, SCHEMA_VERSION
 log = logging.getLogger(__name__)
 
 DEFAULT_DB = Path("data/capbench.duckdb")
+WAIT_NOTICE_S = 5.0  # a writer kept out of the file says so this often
 RUN_STATUSES = ("running", "completed", "aborted", "failed")
 
 _SECRET_KEYS = {"api_key", "apikey", "authorization", "password", "secret", "token", "hf_token",
@@ -75,6 +76,12 @@ def _pid_alive(pid: int) -> bool:
 def new_run_id() -> str:
     """Sortable by start time, unique by a random tail: 20261130-235501-3f9a1c."""
     return datetime.now(UTC).strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(3)
+
+
+def _holder(e: Exception) -> str:
+    """Who holds the file, from DuckDB's lock message ("... held in /usr/bin/python (PID 123)")."""
+    text = str(e).splitlines()[0]
+    return text[text.find("held in"):].split(". See")[0] if "held in" in text else "locked"
 
 
 class StoreBusy(RuntimeError):
@@ -108,21 +115,30 @@ class Store:
     @contextmanager
     def connect(self, timeout_s: float | None = None) -> Iterator[duckdb.DuckDBPyConnection]:
         """A short-lived connection; waits (with back-off) while another process holds the file."""
-        deadline = time.monotonic() + (self.lock_timeout_s if timeout_s is None else timeout_s)
-        delay = 0.01
+        start = time.monotonic()
+        deadline = start + (self.lock_timeout_s if timeout_s is None else timeout_s)
+        delay, told = 0.01, start
         while True:
             try:
                 con = duckdb.connect(str(self.path), read_only=self.read_only)
                 break
             except duckdb.IOException as e:
-                if "lock" not in str(e).lower():
+                if "conflicting lock" not in str(e).lower() and "could not set lock" not in str(e).lower():
                     raise BadInput(f"cannot open {self.path}: {str(e).splitlines()[0]}") from None
                 if time.monotonic() + delay > deadline:
                     raise StoreBusy(f"{self.path} stayed locked by another process") from None
+                if time.monotonic() - told >= WAIT_NOTICE_S:
+                    told = time.monotonic()
+                    log.warning("waiting for another process to release %s (%.0f s so far): %s", self.path,
+                                told - start, _holder(e))
                 time.sleep(delay)
                 delay = min(delay * 2, 0.2)
+            except duckdb.Error as e:  # a truncated or foreign file
+                raise BadInput(f"cannot open {self.path}: {str(e).splitlines()[0]}") from None
         try:
             yield con
+        except (duckdb.IOException, duckdb.SerializationException) as e:  # a damaged file, found mid-query
+            raise BadInput(f"cannot open {self.path}: {str(e).splitlines()[0]}") from None
         finally:
             con.close()
 

@@ -2,9 +2,14 @@
 samplers (telemetry.py). The load generator only packs its result records (msgpack) into this process's
 stdin, so no DuckDB write, Arrow conversion, Prometheus parse or NVML call ever holds its event loop or its GIL.
 
-    Recorder(db, run_id, url)                      the runner's handle: send(rows), close() -> rows written
-    main() with argv DB RUN_ID [SERVER_URL]        stdin: frames of <u32 length><msgpack list of request rows>
+    Recorder(db, run_id, url)                      the runner's handle: send(rows, inflight), close() -> rows written
+    main() with argv DB RUN_ID [SERVER_URL]        stdin: frames of <u32 length><msgpack {rows, inflight} | {close}>
     stdout at the end: {"requests": rows written, ...}
+
+Each frame also carries the requests in flight at that moment (sent, no record yet). If the load generator dies
+(SIGKILL) before its close frame, the recorder writes those as `cancelled` rows and marks the run aborted: a
+request in flight at the kill still has its row. Lost are only records that both started and ended within the last
+frame interval (half a second).
 """
 
 from __future__ import annotations
@@ -20,6 +25,9 @@ from bench.store.db import Store
 from bench.store.telemetry import GpuSampler, ServerSampler
 from bench.store.writer import BatchedWriter
 
+INFLIGHT_FIELDS = ("request_id", "kind", "phase", "scheduled_at", "sent_at", "dispatch_lag_s")
+HELD_DB_WAIT_S = 3600.0  # how long the run's rows wait for a reader that holds the file (saying so every few s)
+
 
 class Recorder:
     """main() for the run's length: the writer and the samplers, in a process of their own."""
@@ -31,36 +39,77 @@ class Recorder:
         self.proc = gsub.Popen([sys.executable, "-c", "from bench.store.recorder import main; main()", str(db), run_id,
                                 target],
                                stdin=gsub.PIPE, stdout=gsub.PIPE, cwd=Path(__file__).resolve().parents[2])
+        self.failed: str | None = None
 
-    def send(self, rows: list[dict]) -> None:
-        data = msgpack.packb(rows)
-        self.proc.stdin.write(struct.pack("<I", len(data)) + data)
-        self.proc.stdin.flush()
+    def send(self, rows: list[dict], inflight: list[dict] | None = None) -> None:
+        msg = {"rows": rows} if inflight is None else {"rows": rows, "inflight": [
+            {k: r.get(k) for k in INFLIGHT_FIELDS} for r in inflight]}
+        self._frame(msg)
 
-    def close(self) -> dict:
-        """Ends the recorder: it writes what is left and says how many rows it wrote."""
-        self.proc.stdin.close()
+    def _frame(self, msg: dict) -> None:
+        if self.failed:
+            return
+        data = msgpack.packb(msg)
+        try:
+            self.proc.stdin.write(struct.pack("<I", len(data)) + data)
+            self.proc.stdin.flush()
+        except OSError as e:  # the recorder is gone: the run goes on, and its end says what was not stored
+            self.failed = f"the recorder process ended early ({e})"
+            print(f"error: {self.failed}; the rows from here on are not stored", file=sys.stderr, flush=True)
+
+    def close(self) -> dict | None:
+        """Ends the recorder: it writes what is left and says how many rows it wrote (None if it failed: count
+        the rows in the DB)."""
+        self._frame({"close": True})
+        try:
+            self.proc.stdin.close()
+        except OSError:
+            pass
         out = self.proc.stdout.read()
-        if self.proc.wait() != 0:
-            raise RuntimeError(f"the recorder process failed (exit {self.proc.returncode}); see its error above")
+        if self.proc.wait() != 0 or self.failed:
+            self.failed = self.failed or f"the recorder process failed (exit {self.proc.returncode})"
+            return None
         return json.loads(out)
 
 
 def main() -> None:
     db, run_id = sys.argv[1], sys.argv[2]
     url = sys.argv[3] if len(sys.argv) > 3 else None
-    writer = BatchedWriter(Store(db), run_id)
+    writer = BatchedWriter(Store(db, lock_timeout_s=HELD_DB_WAIT_S), run_id, close_timeout_s=HELD_DB_WAIT_S)
     samplers = [GpuSampler(writer.add_gpu_sample).start()]
     if url:
         samplers.append(ServerSampler(url, writer.add_server_sample).start())
     stdin = sys.stdin.buffer
+    inflight: dict[str, dict] = {}
+    closed = False
     while len(head := stdin.read(4)) == 4:
-        for row in msgpack.unpackb(stdin.read(struct.unpack("<I", head)[0])):
+        msg = msgpack.unpackb(stdin.read(struct.unpack("<I", head)[0]))
+        closed = closed or bool(msg.get("close"))
+        if "inflight" in msg:
+            inflight = {r["request_id"]: r for r in msg["inflight"]}
+        for row in msg.get("rows", ()):
             writer.add_request(row)
+            inflight.pop(row.get("request_id"), None)
+    if not closed:
+        _orphaned(writer, inflight.values())
     for s in samplers:
         s.stop()
     writer.close()
+    if not closed:
+        writer.store.finish_run(run_id, "aborted")
     print(json.dumps(writer.rows_written), flush=True)
+
+
+def _orphaned(writer: BatchedWriter, inflight) -> None:
+    """The load generator went away without its close frame: its requests in flight end as `cancelled` rows."""
+    n = 0
+    for rec in inflight:
+        writer.add_request({**rec, "status": "error", "error_kind": "cancelled",
+                            "error": "the load generator process died with this request in flight",
+                            "note": "recorded by the recorder from the last in-flight list: no response timings"})
+        n += 1
+    print(f"recorder: the load generator ended without closing the run; {n} request(s) in flight recorded as "
+          "cancelled, the run marked aborted", file=sys.stderr, flush=True)
 
 
 if __name__ == "__main__":

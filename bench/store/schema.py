@@ -47,6 +47,9 @@ MIGRATIONS: list[tuple[int, str, list[str]]] = [
             tokens_a INTEGER, tokens_b INTEGER, token_agreement DOUBLE, first_divergence INTEGER, mean_kl DOUBLE,
             exact_match BOOLEAN, tool_calls_match BOOLEAN, error VARCHAR)""",
     ]),
+    (4, "requests.note: what did not fit the schema (stored as NULL) and why, instead of a dropped row", [
+        "ALTER TABLE requests ADD COLUMN note VARCHAR",
+    ]),
 ]
 # What the writer appends to request_stats for each flushed batch (the batch is registered as capbench_batch).
 STATS_FROM_BATCH = """INSERT INTO request_stats
@@ -66,7 +69,7 @@ REQUESTS_SCHEMA = pa.schema([
     ("e2e_s", pa.float64()), ("tpot_s", pa.float64()), ("itl_s", pa.list_(pa.float32())),
     ("prompt_tokens", pa.int32()), ("completion_tokens", pa.int32()), ("cached_tokens", pa.int32()),
     ("reasoning_tokens", pa.int32()), ("tokens_from", pa.string()), ("status", pa.string()),
-    ("error_kind", pa.string()), ("error", pa.string()),
+    ("error_kind", pa.string()), ("error", pa.string()), ("note", pa.string()),
 ])
 GPU_SCHEMA = pa.schema([
     ("run_id", pa.string()), ("t", pa.float64()), ("gpu", pa.int32()), ("name", pa.string()),

@@ -182,15 +182,29 @@ def _rows_to_table(name: str, rows: list[dict], schema: pa.Schema, run_id: str) 
         r.setdefault("run_id", run_id)
     try:
         return pa.Table.from_pylist(rows, schema=schema)
-    except (pa.ArrowException, TypeError, ValueError):
-        # One bad row must not take the batch with it: keep the good ones, say how many went.
-        good = []
-        for r in rows:
-            try:
-                good.append(pa.Table.from_pylist([r], schema=schema))
-            except (pa.ArrowException, TypeError, ValueError) as e:
-                log.error("dropped a %s row that does not fit the schema: %s", name, e)
-        return pa.concat_tables(good) if good else schema.empty_table()
+    except (pa.ArrowException, TypeError, ValueError, OverflowError):
+        # One bad value must not take its row, nor the batch, with it: it is stored as NULL, with a note if the
+        # table has a column for one.
+        return pa.Table.from_pylist([_fit(name, r, schema) for r in rows], schema=schema)
+
+
+def _fit(name: str, row: dict, schema: pa.Schema) -> dict:
+    """The row with every value that does not fit its column's type set to NULL (and said so in `note`)."""
+    fitted, notes = {}, []
+    for key, value in row.items():
+        if key not in schema.names or value is None:
+            fitted[key] = value
+            continue
+        try:
+            pa.array([value], schema.field(key).type)
+            fitted[key] = value
+        except (pa.ArrowException, TypeError, ValueError, OverflowError) as e:
+            fitted[key] = None
+            notes.append(f"{key} {str(value)[:40]!r} does not fit {schema.field(key).type}: stored as NULL")
+            log.warning("%s row: %s does not fit its column (%s); stored as NULL", name, key, str(e)[:100])
+    if notes and "note" in schema.names:
+        fitted["note"] = "; ".join(filter(None, [fitted.get("note"), *notes]))[:1000]
+    return fitted
 
 
 def _conform(batch: pa.Table, schema: pa.Schema, run_id: str) -> pa.Table:

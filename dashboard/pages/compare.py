@@ -99,7 +99,7 @@ mvp = [common.read(measured_vs_predicted, r, slo) for r in chosen]
 pred_rows = pd.DataFrame([dict(row, run=labels[m["run_id"]]) for m in mvp for row in m["rows"]])
 for m in mvp:
     if not m["rows"]:
-        st.caption(f"{labels[m['run_id']]}: no prediction ({m.get('why_not', 'unknown')}).")
+        st.caption(common.md_text(f"{labels[m['run_id']]}: no prediction ({m.get('why_not', 'unknown')})."))
 if not pred_rows.empty:
     st.altair_chart(charts.measured_vs_predicted(pred_rows))
     shown = pred_rows[["run", "figure", "measured", "predicted", "error"]].copy()

@@ -45,7 +45,7 @@ slo = common.slo_inputs("runs")
 res = st.select_slider("Time resolution (s)", [0.5, 1.0, 2.0, 5.0, 10.0], value=1.0, key="resolution")
 
 s = common.read(queries.summary, run_id, slo)
-st.subheader(f"{labels[run_id]}: {s['status']}")
+st.subheader(common.md_text(f"{labels[run_id]}: {s['status']}"))
 m = st.columns(5)
 m[0].metric("Measured requests", fmt(s["measured"], ",d"))
 m[1].metric("Success rate", fmt(s["success_rate"] * 100 if s["success_rate"] is not None else None, ".1f", " %"))

@@ -128,3 +128,12 @@ def test_cli_gate_exits_1_on_a_drifting_server_and_0_on_an_identical_one(tmp_pat
     assert json.loads(good.stdout)["gate"] == {"thresholds": {"max_mean_kl": 0.02, "min_token_agreement": 0.95,
                                                               "min_exact_match": None}, "passed": True,
                                                "failures": []}
+
+
+def test_two_unreachable_servers_are_a_failed_run_not_a_drift_of_zero(tmp_path):
+    db = tmp_path / "u.duckdb"
+    proc = subprocess.run([sys.executable, "-c", "from bench.cli import main; main()", "drift", "--target",
+                           "http://127.0.0.1:9", "--target", "http://127.0.0.1:11", "--model", "m", "--db", str(db)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "prompts failed" in proc.stderr and proc.stderr.count("\n") == 1, proc.stderr
+    assert list(Store(db, read_only=True).runs().status) == ["failed"]

@@ -155,7 +155,7 @@ def test_sigterm_marks_the_run_aborted_and_keeps_what_was_measured(stub_server, 
     assert "Traceback" not in err
     con = duckdb.connect(str(tmp_db), read_only=True)
     status, n, aborted = con.execute(
-        "SELECT r.status, count(q.run_id), count(*) FILTER (WHERE q.error_kind = 'aborted') "
+        "SELECT r.status, count(q.run_id), count(*) FILTER (WHERE q.error_kind = 'cancelled') "
         "FROM runs r LEFT JOIN requests q USING (run_id) GROUP BY r.status").fetchone()
     con.close()
     assert status == "aborted" and n >= 15 and aborted >= 15  # ~3 s at 10 req/s, all cut off mid-answer
@@ -197,3 +197,49 @@ def test_a_remote_worker_serves_successive_runs(stub_server, tmp_db):
     finally:
         worker.terminate()
         worker.wait(timeout=10)
+
+
+def test_sigkill_leaves_a_cancelled_row_for_every_request_in_flight(stub_server, tmp_db):
+    """SIGKILL gives the run no chance to clean up; its recorder process does: the requests in flight at the
+    kill (listed with every frame it got) become `cancelled` rows, and the run is marked aborted."""
+    srv = stub_server("--token-delay", "0.5", "--max-tokens", "20")  # every request still runs at the kill
+    proc = subprocess.Popen([CAPBENCH, "run", "--target", srv.url, "--rate", "10", "--duration", "30", "--db",
+                             str(tmp_db), "--no-live", "--workload", "synthetic"], cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    assert "capbench run" in proc.stderr.readline()
+    time.sleep(3.0)
+    proc.kill()
+    proc.wait(timeout=10)
+    deadline, status = time.time() + 60, "running"
+    while status == "running" and time.time() < deadline:  # the recorder writes, then marks the run
+        time.sleep(0.5)
+        con = duckdb.connect(str(tmp_db), read_only=True)
+        try:
+            status = con.execute("SELECT status FROM runs").fetchone()[0]
+            n, cancelled = con.execute("SELECT count(*), count(*) FILTER (WHERE error_kind = 'cancelled' AND "
+                                       "note LIKE 'recorded by the recorder%') FROM requests").fetchone()
+        except duckdb.IOException:  # the recorder holds the file this moment
+            continue
+        finally:
+            con.close()
+    assert status == "aborted" and n >= 15 and cancelled == n  # ~2.5 s at 10 req/s, none of them answered yet
+
+
+def test_a_recorder_that_dies_fails_the_run_with_the_rows_it_lost(stub_server, tmp_db, monkeypatch):
+    from bench.cli.runs import exit_status
+
+    srv = stub_server()
+    add = runner.Collector.add
+
+    def add_then_kill_recorder(self, recs):
+        add(self, recs)
+        if self.records >= 10 and self.recorder.proc.poll() is None:
+            self.recorder.proc.kill()
+            self.recorder.proc.wait()
+
+    monkeypatch.setattr(runner.Collector, "add", add_then_kill_recorder)
+    [res] = run(opts(srv.url, tmp_db, overrides={"rate": 20, "duration": 2}))
+    assert res.status == "failed" and res.sent == 40
+    assert res.rows_written == len(rows(tmp_db, res.run_id)) < 40 and res.lost == 40 - res.rows_written
+    assert run_row(tmp_db, res.run_id)["status"] == "failed"
+    assert exit_status([res]) == 1

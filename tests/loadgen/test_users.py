@@ -130,16 +130,14 @@ def test_plain_locustfile(stub_server):
 
 
 class _Buffered:
-    """Just enough of a geventhttpclient response: readline(sep) over bytes."""
+    """Just enough of a geventhttpclient response whose whole body has arrived (what responses.read_line reads)."""
+
+    block_size = 4096
+    message_complete = True
+    _sock = None
 
     def __init__(self, data: bytes):
-        self.data = data
-
-    def readline(self, sep: bytes) -> bytes:
-        i = self.data.find(sep)
-        n = len(self.data) if i < 0 else i + len(sep)
-        line, self.data = self.data[:n], self.data[n:]
-        return line
+        self._body_buffer = bytearray(data)
 
 
 def _sse(sep: bytes, *events: str) -> bytes:
@@ -148,9 +146,9 @@ def _sse(sep: bytes, *events: str) -> bytes:
 
 @pytest.mark.parametrize("sep", [b"\n\n", b"\r\n\r\n"])
 def test_sse_parsing_line_endings_comments_and_usage(sep):
-    from loadgen.users import _Stream
+    from loadgen.responses import Stream
 
-    s = _Stream(time.perf_counter())
+    s = Stream(time.perf_counter())
     s.read_sse(_Buffered(_sse(sep, ": keep-alive", 'event: message\ndata: {"choices":[{"delta":{"role":"assistant"}}]}',
                               'data: {"choices":[{"delta":{"reasoning_content":"hm"}}]}',
                               'data: {"choices":[{"delta":{"content":"a"}}]}',
@@ -165,8 +163,8 @@ def test_sse_parsing_line_endings_comments_and_usage(sep):
     (['data: {"error":{"message":"overloaded"}}'], "stream_error"),
 ])
 def test_sse_failures(events, kind):
-    from loadgen.users import RequestFailed, _Stream
+    from loadgen.responses import RequestFailed, Stream
 
     with pytest.raises(RequestFailed) as e:
-        _Stream(time.perf_counter()).read_sse(_Buffered(_sse(b"\n\n", *events)))
+        Stream(time.perf_counter()).read_sse(_Buffered(_sse(b"\n\n", *events)))
     assert e.value.kind == kind

@@ -113,7 +113,7 @@ def test_writer_flushes_within_a_second_while_the_run_goes_on(tmp_db):
         w.add_request({"request_id": "c"})
 
 
-def test_writer_rejects_unknown_columns_and_drops_only_bad_rows(tmp_db, caplog):
+def test_writer_rejects_unknown_columns_and_keeps_misfit_rows_with_a_note(tmp_db, caplog):
     store = Store(tmp_db)
     run_id = store.start_run()
     with BatchedWriter(store, run_id) as w:
@@ -121,11 +121,18 @@ def test_writer_rejects_unknown_columns_and_drops_only_bad_rows(tmp_db, caplog):
             w.add_request({"request_idd": "x"})
         with pytest.raises(ValueError, match="unknown request column"):
             w.add_requests({"nope": [1]})
-        w.add_request({"request_id": "good"})
-        w.add_request({"request_id": "bad", "prompt_tokens": "many"})
+        w.add_request({"request_id": "good", "prompt_tokens": 5})
+        w.add_request({"request_id": "bad", "prompt_tokens": "many", "e2e_s": 1.5})
+        w.add_request({"request_id": "huge", "prompt_tokens": 2**31, "completion_tokens": 7, "note": "n0"})
     with store.connect() as con:
-        assert con.execute("SELECT request_id FROM requests").fetchall() == [("good",)]
-    assert "dropped a requests row" in caplog.text
+        got = con.execute("SELECT request_id, prompt_tokens, completion_tokens, e2e_s, note FROM requests "
+                          "ORDER BY request_id").fetchall()
+        stats = con.execute("SELECT sum(n) FROM request_stats").fetchone()[0]
+    assert [g[:4] for g in got] == [("bad", None, None, 1.5), ("good", 5, None, None), ("huge", None, 7, None)]
+    assert got[0][4] == "prompt_tokens 'many' does not fit int32: stored as NULL" and got[1][4] is None
+    assert got[2][4].startswith("n0; prompt_tokens '2147483648' does not fit int32")
+    assert stats == 3  # the summary counts them too
+    assert "does not fit its column" in caplog.text
 
 
 def test_derived_columns_count_from_the_due_time(tmp_db):
