@@ -43,7 +43,7 @@ def store() -> Store | None:
 
 @st.cache_data(ttl=TTL_S, show_spinner=False)
 def _runs(path: str) -> pd.DataFrame:
-    return runinfo.runs_table(Store(path, read_only=True).runs())
+    return runinfo.list_runs(Store(path, read_only=True))
 
 
 def runs() -> pd.DataFrame:
@@ -72,11 +72,11 @@ def slo_inputs(key: str) -> Slo:
 
 
 def run_label(runs_df: pd.DataFrame, run_id: str) -> str:
+    """The run's identity (runinfo.identity) and the end of its id: what every picker shows."""
     row = runs_df[runs_df.run_id == run_id]
     if row.empty:
         return run_id
-    label = row.iloc[0]["label"]
-    return f"{label} ({run_id[-6:]})" if label else run_id
+    return f"{row.iloc[0]['identity']} · {run_id[-6:]}"
 
 
 def fmt(value, spec: str = ",.1f", unit: str = "") -> str:

@@ -43,7 +43,7 @@ def test_runs_list_filters_and_run_figures(db):
     assert after == round(s["slo_attainment"] * 100, 1)
 
     at.multiselect(key="f_model").set_value(["glm-4.6"]).run()
-    assert list(at.dataframe[0].value.model) == ["glm-4.6"]
+    assert list(at.dataframe[0].value.model) == ["GLM-4.6"]
     at.multiselect(key="f_model").set_value([])
     at.text_input(key="f_label").set_value("bf16").run()
     assert list(at.dataframe[0].value.label) == ["kimi bf16-kv"]
@@ -77,7 +77,7 @@ def test_runs_page_reads_while_another_process_writes(db_copy):
             at = page("runs")
             no_exception(at)
             runs = at.dataframe[0].value
-            seen.append(runs[runs.run_id == live].status.tolist())
+            seen.append(runs[runs["run id"] == live].status.tolist())
             time.sleep(0.5)
         assert ["running"] in seen  # the run in progress is listed while its writer flushes every 0.1 s
         assert writer.wait(timeout=60) == 0
@@ -85,7 +85,7 @@ def test_runs_page_reads_while_another_process_writes(db_copy):
         writer.kill()
     st.cache_data.clear()  # the page caches reads for a few seconds
     runs = page("runs").dataframe[0].value
-    assert runs[runs.run_id == live][["status", "requests"]].values.tolist() == [["completed", 80]]
+    assert runs[runs["run id"] == live][["status", "requests"]].values.tolist() == [["completed", 80]]
 
 
 def test_missing_db_says_what_to_run(tmp_path, monkeypatch):
