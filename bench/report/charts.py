@@ -41,7 +41,8 @@ def option_bars(df: pd.DataFrame, field: str, title: str, fmt: str = ",.0f", gai
 def latency_percentiles(df: pd.DataFrame, title: str = "Latency percentiles (ms)") -> alt.Chart:
     """df: metric, percentile, ms (and run, for several runs)."""
     runs = list(dict.fromkeys(df["run"])) if "run" in df else None
-    color = alt.Color("run:N", scale=CONFIG_COLORS, sort=runs) if runs else alt.Color("percentile:N",
+    color = alt.Color("run:N", scale=CONFIG_COLORS, sort=runs, legend=alt.Legend(
+        orient="bottom", title=None, columns=1, labelLimit=700)) if runs else alt.Color("percentile:N",
                                                                                         scale=CONFIG_COLORS)
     return _base(df).mark_bar().encode(
         x=alt.X("percentile:N", title=None, sort=["p50", "p90", "p95", "p99"]),
@@ -133,31 +134,34 @@ def timeseries(df: pd.DataFrame, y: str, title: str, domain: tuple[float, float]
 
 
 def compare_bars(df: pd.DataFrame, title: str) -> alt.Chart:
-    """Runs side by side: df figure, run, value (one panel per figure, own scales), runs in data order."""
+    """Runs side by side: df figure, run, value. One panel per figure (own scale), a row per run, every run named
+    on the left (labels are run identities: long, so never on a slanted x axis)."""
     order = list(dict.fromkeys(df["run"]))
     return _base(df).mark_bar().encode(
-        x=alt.X("run:N", title=None, sort=order, axis=alt.Axis(labelAngle=-30, labelLimit=140)),
-        y=alt.Y("value:Q", title=None),
+        y=alt.Y("run:N", title=None, sort=order, axis=alt.Axis(labelLimit=460)),
+        x=alt.X("value:Q", title=None, axis=alt.Axis(format=",.3~s")),
         color=alt.Color("run:N", scale=CONFIG_COLORS, sort=order, legend=None),
         column=alt.Column("figure:N", title=None, sort=list(dict.fromkeys(df["figure"]))),
         tooltip=["run", "figure", alt.Tooltip("value:Q", format=",.2f")],
-    ).resolve_scale(y="independent").properties(title=title, width=130, height=180)
+    ).resolve_scale(x="independent").properties(title=title, width=140, height=alt.Step(22))
 
 
 def measured_vs_predicted(df: pd.DataFrame, title: str = "") -> alt.Chart:
-    """df: run, figure, measured, predicted, error -> paired bars per run, one panel per figure."""
+    """df: run, figure, measured, predicted, error -> paired bars (measured blue, predicted orange) per run, a row
+    per run named on the left, one panel per figure."""
     long = df.melt(id_vars=["run", "figure", "error"], value_vars=["measured", "predicted"], var_name="source",
                    value_name="value")
     order = list(dict.fromkeys(df["run"]))
     return _base(long).mark_bar().encode(
-        x=alt.X("run:N", title=None, sort=order, axis=alt.Axis(labelAngle=-30, labelLimit=140)),
-        xOffset="source:N",
-        y=alt.Y("value:Q", title=None),
-        color=alt.Color("source:N", scale=alt.Scale(domain=["measured", "predicted"], range=["#4c78a8", "#f58518"])),
+        y=alt.Y("run:N", title=None, sort=order, axis=alt.Axis(labelLimit=460)),
+        yOffset="source:N",
+        x=alt.X("value:Q", title=None, axis=alt.Axis(format=",.3~s")),
+        color=alt.Color("source:N", scale=alt.Scale(domain=["measured", "predicted"], range=["#4c78a8", "#f58518"]),
+                        legend=alt.Legend(orient="top", title=None)),
         column=alt.Column("figure:N", title=None, sort=list(dict.fromkeys(df["figure"]))),
         tooltip=["run", "figure", "source", alt.Tooltip("value:Q", format=",.1f"),
                  alt.Tooltip("error:Q", format="+.1%", title="prediction error")],
-    ).resolve_scale(y="independent").properties(title=title, width=150, height=180)
+    ).resolve_scale(x="independent").properties(title=title, width=150, height=alt.Step(12))
 
 
 def integrity_bars(df: pd.DataFrame, title: str = "KV pages checksummed, verified and mismatched") -> alt.Chart:

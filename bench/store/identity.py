@@ -4,6 +4,8 @@ table, `capbench runs` and report; built from runinfo.run_config (the run's conf
 
 from __future__ import annotations
 
+import math
+
 import pandas as pd
 
 
@@ -26,9 +28,15 @@ def identity_fields(c: dict) -> dict[str, str]:
     elif c.get("weights"):
         experts = str(c["weights"])
     scale = float(c.get("time_scale") or 1.0) if c.get("twin") else 1.0
-    rate = c.get("offered_rps") or c.get("rate")
-    load = (c.get("profile") or "load") + (f" {rate / scale:.3g} req/s" if rate else
-                                            f" {c['users']} users" if c.get("users") else "")
+    rate = next((float(v) for v in (c.get("offered_rps"), c.get("rate")) if _given(v)), None)
+    users = c.get("users") if _given(c.get("users")) else None
+    profile = c.get("profile") or "load"
+    if rate:
+        load = f"{profile} {rate / scale:.3g} req/s"
+    elif users:
+        load = f"{int(users)} users" + (" (closed loop)" if profile == "users" else f", {profile}")
+    else:
+        load = profile
     when = str(c.get("started") or "")[:16]
     return {"started (UTC)": when, "model": m.name if m else (c.get("model") or "unknown model"),
             "GPUs": f"{tp or '?'}x {(c.get('gpu') or 'unknown GPU').upper()}", "parallelism": par,
@@ -62,3 +70,13 @@ def runs_display(runs: pd.DataFrame) -> pd.DataFrame:
              "requests": r.get("requests"), "errors": r.get("errors"), "run id": r.get("run_id")}
             for r in runs.to_dict("records")]
     return pd.DataFrame(rows, columns=[*IDENTITY_COLUMNS, "label", "status", "requests", "errors", "run id"])
+
+
+def _given(v: object) -> bool:
+    return v is not None and not (isinstance(v, float) and math.isnan(v)) and v != 0
+
+
+def short(row: dict) -> str:
+    """The identity without when and source, for chart legends and axes: 'Kimi K2 Thinking, 8x H200 tp8, FP8 KV,
+    INT4-G32 experts (as shipped) · poisson 2 req/s, chat'."""
+    return " · ".join(identity(row).split(" · ")[:2])
