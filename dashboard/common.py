@@ -83,3 +83,23 @@ def fmt(value, spec: str = ",.1f", unit: str = "") -> str:
     if value is None or (isinstance(value, float) and pd.isna(value)):
         return "n/a"
     return f"{format(value, spec)}{unit}"
+
+
+SVG = {"embedOptions": {"renderer": "svg"}}
+
+
+def chart(where, c, **kwargs) -> None:
+    """where.altair_chart(c), drawn as SVG (also past Streamlit's 2,000-point switch to canvas), so the browser test
+    can count every chart's data marks."""
+    where.altair_chart(c.properties(usermeta=SVG), **kwargs)
+
+
+def drift_table() -> pd.DataFrame | None:
+    """The DB's drift runs (for the savings' quality note), None without a DB or drift table."""
+    path = db_path()
+    if not path.is_file():
+        return None
+    try:
+        return read(runinfo.drift)
+    except (BadInput, StoreBusy):
+        return None

@@ -206,6 +206,21 @@ def _gain(v) -> str:
     return "" if v is None or pd.isna(v) else f" ({v:.2f}x)"
 
 
+def predicted_table(plan: Plan) -> tuple[list[str], list[list[str]]]:
+    """The KV dtype x expert weights variants' predicted rate, latency and cost (the report and the Planner)."""
+    q, rows = plan.question, compared(plan)[1]
+    p = q.slo.percentile
+    return (["configuration", "max req/s per instance", "output tokens/s", f"TTFT p{p}", f"TPOT p{p}",
+                       "limited by", "$ per 1M output tokens", f"GPUs for {q.target_rate_rps:g} req/s",
+                       "monthly cost"],
+                      [[x["config"], _rate(x) + ("" if not x["rate_rps"] else _gain(x["rate_rps_gain"])),
+                        _num(x["output_tps"]), _num(x["ttft_s"] and x["ttft_s"] * 1e3, ",.0f", " ms"),
+                        _num(x["tpot_s"] and x["tpot_s"] * 1e3, ",.1f", " ms"),
+                        (x["limited_by"] + " passes its bound" if x["limited_by"] else "does not fit"),
+                        wording.money(x["usd_per_m_output"], ",.2f", _none(x)), _num(x["gpus_needed"], none="-"),
+                        wording.money(x["monthly_cost"], ",.0f", _none(x))] for x in rows])
+
+
 def tables(r: Report) -> dict[str, tuple[list[str], list[list[str]]]]:
     plan, q = r.plan, r.plan.question
     four, rows = compared(plan)
@@ -222,16 +237,7 @@ def tables(r: Report) -> dict[str, tuple[list[str], list[list[str]]]]:
                        _num(x["concurrent_seqs_at_context"]) + _gain(x["concurrent_seqs_at_context_gain"]),
                        _num(x["max_running_requests"]), _num(o.capacity.longest_context)]
                       for x, o in zip(rows, four, strict=True)])
-    p = q.slo.percentile
-    t["predicted"] = (["configuration", "max req/s per instance", "output tokens/s", f"TTFT p{p}", f"TPOT p{p}",
-                       "limited by", "$ per 1M output tokens", f"GPUs for {q.target_rate_rps:g} req/s",
-                       "monthly cost"],
-                      [[x["config"], _rate(x) + ("" if not x["rate_rps"] else _gain(x["rate_rps_gain"])),
-                        _num(x["output_tps"]), _num(x["ttft_s"] and x["ttft_s"] * 1e3, ",.0f", " ms"),
-                        _num(x["tpot_s"] and x["tpot_s"] * 1e3, ",.1f", " ms"),
-                        (x["limited_by"] + " passes its bound" if x["limited_by"] else "does not fit"),
-                        wording.money(x["usd_per_m_output"], ",.2f", _none(x)), _num(x["gpus_needed"], none="-"),
-                        wording.money(x["monthly_cost"], ",.0f", _none(x))] for x in rows])
+    t["predicted"] = predicted_table(plan)
     if r.other_gpus:
         t["gpus"] = (["configuration", "$ per GPU-hour", "fits", "max req/s per instance",
                       f"GPUs for {q.target_rate_rps:g} req/s", "monthly cost", "$ per 1M output tokens"],

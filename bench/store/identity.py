@@ -49,7 +49,7 @@ def identity_fields(c: dict) -> dict[str, str]:
 def identity(row: dict) -> str:
     """A run in one line: 'Kimi K2 Thinking, 8x H200 tp8, FP8 KV, INT4-G32 experts (as shipped), checksum verify ·
     poisson 2 req/s, chat · 2026-12-01 21:00 UTC · twin (modelled)': what pickers, tables, `capbench runs` and
-    reports show (row: a runs_table row, or run_config plus started/host)."""
+    reports show (row: a runs_table row, or run_config plus started/host/label); the run's label, if any, last."""
     f = identity_fields(row)
     experts = f["experts"].replace(" (", " experts (", 1) if "(" in f["experts"] else f["experts"] and \
         f"{f['experts']} experts"
@@ -57,7 +57,8 @@ def identity(row: dict) -> str:
                                        f["checksum"] != "off" and f"checksum {f['checksum']}") if x)
     load = f["load"] + (f", {f['workload']}" if f["workload"] else "")
     when = f["started (UTC)"] and f["started (UTC)"] + " UTC"
-    return " · ".join(x for x in (deployment, load, when, f["source"]) if x)
+    label = row.get("label") if isinstance(row.get("label"), str) else ""
+    return " · ".join(x for x in (deployment, load, when, f["source"], label and f"'{label}'") if x)
 
 
 IDENTITY_COLUMNS = ("started (UTC)", "model", "GPUs", "parallelism", "KV cache", "experts", "checksum", "load",

@@ -85,11 +85,11 @@ st.dataframe(gains, hide_index=True, key="gains_table")
 
 figures = side.melt(id_vars=["run"], value_vars=["KV pool tokens", "output tokens/s", "goodput req/s",
                                                  "$ per 1M output tokens"], var_name="figure").dropna()
-st.altair_chart(charts.compare_bars(figures, "Capacity, throughput and cost"))
+common.chart(st, charts.compare_bars(figures, "Capacity, throughput and cost"))
 pct = pd.concat([runinfo.percentile_rows(sums[r]).assign(run=labels[r]) for r in chosen])
 pct = pct[pct.metric.isin(["TTFT", "TPOT", "E2E"])]
 if not pct.empty:
-    st.altair_chart(charts.latency_percentiles(pct, "Latency percentiles by run (ms)"))
+    common.chart(st, charts.latency_percentiles(pct, "Latency percentiles by run (ms)"))
 
 with st.expander("Every compared figure (store query, ratios to the first run)"):
     st.dataframe(common.read(queries.compare, chosen, slo), key="compare_table")
@@ -101,7 +101,7 @@ for m in mvp:
     if not m["rows"]:
         st.caption(f"{labels[m['run_id']]}: no prediction ({m.get('why_not', 'unknown')}).")
 if not pred_rows.empty:
-    st.altair_chart(charts.measured_vs_predicted(pred_rows))
+    common.chart(st, charts.measured_vs_predicted(pred_rows))
     shown = pred_rows[["run", "figure", "measured", "predicted", "error"]].copy()
     shown["error"] = shown["error"].map(lambda e: "n/a" if pd.isna(e) else f"{e:+.1%}")
     st.dataframe(shown, hide_index=True, key="prediction_table")

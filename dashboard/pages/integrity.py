@@ -58,7 +58,7 @@ st.caption("Throughput overhead: output tokens/s against runs of the same model,
 bars = table.melt(id_vars=["run"], value_vars=["pages_checksummed", "pages_verified", "mismatches"],
                   var_name="counter").dropna()
 if not bars.empty:
-    st.altair_chart(charts.integrity_bars(bars))
+    common.chart(st, charts.integrity_bars(bars))
 
 run_id = st.selectbox("Run", list(table.run_id), format_func=labels.get, key="integrity_run")
 series = common.read(runinfo.kv_counter_series, run_id)
@@ -66,9 +66,9 @@ if not series.empty:
     pages = series[series.counter.isin(["pages_checksummed", "pages_verified"])]
     bad = series[series.counter == "checksum_mismatch"]
     c1, c2 = st.columns(2)
-    c1.altair_chart(charts.timeseries(pages, "value", "KV pages checksummed and verified", color="counter",
+    common.chart(c1, charts.timeseries(pages, "value", "KV pages checksummed and verified", color="counter",
                                       y_title="pages"), height=TS_HEIGHT)
-    c2.altair_chart(charts.timeseries(bad, "value", "Checksum mismatches", y_title="mismatches"), height=TS_HEIGHT)
+    common.chart(c2, charts.timeseries(bad, "value", "Checksum mismatches", y_title="mismatches"), height=TS_HEIGHT)
 events = common.read(runinfo.integrity_events, run_id)
 st.subheader(f"Integrity events ({len(events)})")
 if events.empty:

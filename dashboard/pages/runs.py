@@ -69,7 +69,7 @@ if s["errors_by_kind"]:
 
 pct = runinfo.percentile_rows(s)
 if not pct.empty:
-    st.altair_chart(charts.latency_percentiles(pct))
+    common.chart(st, charts.latency_percentiles(pct))
 dists = {m: common.read(runinfo.distribution, run_id, m) for m in ("ttft", "itl", "e2e")}
 c1, c2 = st.columns(2)
 for col, metric, title, unit in ((c1, "ttft", "Time to first token", "requests"),
@@ -78,9 +78,9 @@ for col, metric, title, unit in ((c1, "ttft", "Time to first token", "requests")
     if dists[metric].empty:
         col.caption(f"No {metric.upper()} values in this run.")
     else:
-        col.altair_chart(charts.distribution(dists[metric], title, unit))
+        common.chart(col, charts.distribution(dists[metric], title, unit))
 if not dists["itl"].empty:
-    c2.altair_chart(charts.cdf(dists["itl"], "Inter-token latency: share of gaps at or below"))
+    common.chart(c2, charts.cdf(dists["itl"], "Inter-token latency: share of gaps at or below"))
 
 series = common.read(runinfo.series, run_id, res)
 gpu = common.read(queries.gpu_series, run_id, res)
@@ -97,31 +97,31 @@ domain = (0.0, float(max(x.max() for x in spans)) + res)
 
 st.subheader("Over time (one time axis)")
 if not series.empty:
-    st.altair_chart(charts.timeseries(series, "output_tps", "Output tokens/s", domain, y_title="tokens/s",
+    common.chart(st, charts.timeseries(series, "output_tps", "Output tokens/s", domain, y_title="tokens/s",
                                       step=res), height=TS_HEIGHT)
-    st.altair_chart(charts.timeseries(series, "rps", "Completed requests/s", domain, y_title="req/s", step=res),
+    common.chart(st, charts.timeseries(series, "rps", "Completed requests/s", domain, y_title="req/s", step=res),
                     height=TS_HEIGHT)
     for metric, name in (("ttft", "Time to first token"), ("tpot", "Time per output token")):
         lat = series.melt(id_vars=["elapsed_s"], value_vars=[f"{metric}_p50", f"{metric}_p99"], var_name="latency")
         lat["ms"] = lat["value"] * 1e3
         lat["latency"] = lat["latency"].str.replace(f"{metric}_", "")
-        st.altair_chart(charts.timeseries(lat, "ms", f"{name} per slot, p50 and p99 (no line: nothing finished)",
+        common.chart(st, charts.timeseries(lat, "ms", f"{name} per slot, p50 and p99 (no line: nothing finished)",
                                           domain, color="latency", y_title="ms", step=res), height=TS_HEIGHT)
 if "sglang:num_running_reqs" in server:
     conc = pd.concat([server[n].assign(metric=n.removeprefix("sglang:")) for n in
                       ("sglang:num_running_reqs", "sglang:num_queue_reqs") if n in server])
-    st.altair_chart(charts.timeseries(conc, "value", "Concurrency: running and queued requests", domain,
+    common.chart(st, charts.timeseries(conc, "value", "Concurrency: running and queued requests", domain,
                                       color="metric", y_title="requests", step=res), height=TS_HEIGHT)
 if not gpu.empty:
     gpu["gpu"] = "GPU " + gpu["gpu"].astype(str)
     for y, title in (("gpu_util_pct", "GPU utilisation (%)"), ("power_w", "GPU power (W)"),
                      ("mem_used_mib", "GPU memory used (MiB)")):
-        st.altair_chart(charts.timeseries(gpu, y, title, domain, color="gpu", y_title=title, step=res),
+        common.chart(st, charts.timeseries(gpu, y, title, domain, color="gpu", y_title=title, step=res),
                         height=TS_HEIGHT)
 else:
     st.caption("No GPU samples in this run (no NVML on the machine that ran it).")
 for name, df in server.items():
     if name in ("sglang:num_running_reqs", "sglang:num_queue_reqs"):
         continue
-    st.altair_chart(charts.timeseries(df, "value", name, domain, y_title=name.removeprefix("sglang:"), step=res),
+    common.chart(st, charts.timeseries(df, "value", name, domain, y_title=name.removeprefix("sglang:"), step=res),
                     height=TS_HEIGHT)
