@@ -168,7 +168,7 @@ def integrity_bars(df: pd.DataFrame, title: str = "KV pages checksummed, verifie
     """df: run, counter, value."""
     return _base(df).mark_bar().encode(
         x=alt.X("value:Q", title="pages", scale=alt.Scale(type="symlog")),
-        y=alt.Y("run:N", title=None, axis=alt.Axis(labelLimit=220)),
+        y=alt.Y("run:N", title=None, axis=alt.Axis(labelLimit=460)),
         yOffset="counter:N",
         color=alt.Color("counter:N", scale=alt.Scale(domain=["pages_checksummed", "pages_verified", "mismatches"],
                                                      range=["#4c78a8", "#54a24b", "#e45756"])),

@@ -21,10 +21,10 @@ def test_integrity_totals_events_and_overhead(db):
                                ).fetchone()[0]
         on = queries.summary(con, by_label["kimi fp8-kv checksum"])["output_tps"]
         off = queries.summary(con, by_label["kimi fp8-kv"])["output_tps"]
-    kimi = table[table.run.str.startswith("kimi")].iloc[0]
+    kimi = table[table["run id"] == by_label["kimi fp8-kv checksum"]].iloc[0]
     assert kimi.pages_verified == verified and kimi.mismatches == 1
     assert kimi["throughput overhead %"] == round((1 - on / off) * 100, 3)
-    glm = table[table.run.str.startswith("glm")].iloc[0]
+    glm = table[table["run id"] == by_label["glm fp8-kv checksum"]].iloc[0]
     assert glm.mismatches == 0 and glm["throughput overhead %"] != glm["throughput overhead %"]  # NaN: no baseline
     assert metric(at, "Mismatches") == 1
 
