@@ -18,7 +18,7 @@ from bench.model import Slo
 from bench.store import DEFAULT_DB, Store, StoreBusy, runinfo
 
 TTL_S = 3
-TS_HEIGHT = 280  # Streamlit's default "content" height squashes a line chart whose legend is tall
+TS_HEIGHT = 320  # Streamlit's default "content" height squashes a line chart whose legend is tall
 
 
 def db_path() -> Path:

@@ -141,9 +141,10 @@ def compare_bars(df: pd.DataFrame, title: str) -> alt.Chart:
         y=alt.Y("run:N", title=None, sort=order, axis=alt.Axis(labelLimit=460)),
         x=alt.X("value:Q", title=None, axis=alt.Axis(format=",.3~s")),
         color=alt.Color("run:N", scale=CONFIG_COLORS, sort=order, legend=None),
-        column=alt.Column("figure:N", title=None, sort=list(dict.fromkeys(df["figure"]))),
+        row=alt.Row("figure:N", title=None, sort=list(dict.fromkeys(df["figure"])),
+                    header=alt.Header(labelAngle=0, labelAlign="left", labelFontWeight="bold")),
         tooltip=["run", "figure", alt.Tooltip("value:Q", format=",.2f")],
-    ).resolve_scale(x="independent").properties(title=title, width=140, height=alt.Step(22))
+    ).resolve_scale(x="independent").properties(title=title, width=360, height=alt.Step(20))
 
 
 def measured_vs_predicted(df: pd.DataFrame, title: str = "") -> alt.Chart:
@@ -158,10 +159,11 @@ def measured_vs_predicted(df: pd.DataFrame, title: str = "") -> alt.Chart:
         x=alt.X("value:Q", title=None, axis=alt.Axis(format=",.3~s")),
         color=alt.Color("source:N", scale=alt.Scale(domain=["measured", "predicted"], range=["#4c78a8", "#f58518"]),
                         legend=alt.Legend(orient="top", title=None)),
-        column=alt.Column("figure:N", title=None, sort=list(dict.fromkeys(df["figure"]))),
+        row=alt.Row("figure:N", title=None, sort=list(dict.fromkeys(df["figure"])),
+                    header=alt.Header(labelAngle=0, labelAlign="left", labelFontWeight="bold")),
         tooltip=["run", "figure", "source", alt.Tooltip("value:Q", format=",.1f"),
                  alt.Tooltip("error:Q", format="+.1%", title="prediction error")],
-    ).resolve_scale(x="independent").properties(title=title, width=150, height=alt.Step(12))
+    ).resolve_scale(x="independent").properties(title=title, width=360, height=alt.Step(12))
 
 
 def integrity_bars(df: pd.DataFrame, title: str = "KV pages checksummed, verified and mismatched") -> alt.Chart:

@@ -52,13 +52,21 @@ def measured(con: duckdb.DuckDBPyConnection, run_ids: list[str], slo: Slo) -> pd
 def sweep_runs(runs: pd.DataFrame, run_id: str) -> list[str]:
     """The runs that make one load curve with `run_id` (runs: runinfo.runs_table): its sweep's stages, else the
     runs of the same deployment and workload, oldest first."""
-    row = runs[runs.run_id == run_id].iloc[0]
-    if pd.notna(row.get("sweep_id")) and row.get("sweep_id"):
-        same = runs[runs.sweep_id == row.sweep_id]
-    else:
-        keys = ["model", "gpu", "tp", "kv_dtype", "weights", "workload", "twin"]
-        same = runs[(runs[keys].astype(str) == row[keys].astype(str)).all(axis=1)]
-    return list(same.sort_values("started_at").run_id)
+    rows = runs.to_dict("records")
+    row = next(r for r in rows if r["run_id"] == run_id)
+
+    def key(r: dict) -> tuple:
+        if _given(r.get("sweep_id")):
+            return ("sweep", r["sweep_id"])
+        return tuple(str(r.get(k)) for k in ("model", "gpu", "tp", "kv_dtype", "weights", "workload", "twin",
+                                             "kv_checksum"))
+
+    same = [r for r in rows if key(r) == key(row)]
+    return [r["run_id"] for r in sorted(same, key=lambda r: r["started_at"])]
+
+
+def _given(v: object) -> bool:
+    return v is not None and not (isinstance(v, float) and pd.isna(v)) and v != ""
 
 
 def highest_within(df: pd.DataFrame) -> dict[str, float | None]:

@@ -38,7 +38,10 @@ def latency_vs_load(df: pd.DataFrame, slo: Slo, title: str = "Latency against lo
     base = alt.Chart(long)
     lines = base.mark_line(point=alt.OverlayMarkDef(size=40)).encode(
         x=alt.X("x:Q", title=None), y=alt.Y("ms:Q", title=None, scale=alt.Scale(type="log")),
-        color=alt.Color("source:N", scale=SOURCE, legend=alt.Legend(orient="top", title=None)),
+        color=alt.Color("source:N", scale=alt.Scale(domain=[x for x in SOURCE.domain if x in set(df.source)],
+                                                    range=[c for x, c in zip(SOURCE.domain, SOURCE.range,
+                                                                             strict=True) if x in set(df.source)]),
+                        legend=alt.Legend(orient="top", title=None)),
         order="x:Q", detail="source:N",
         tooltip=["source", "run", alt.Tooltip("x:Q", format=",.2f", title="req/s"),
                  alt.Tooltip("ms:Q", format=",.1f", title="ms")])
@@ -68,7 +71,7 @@ def _points(rows: pd.DataFrame, x: str, y: str, x_title: str, y_title: str, fron
            "y": alt.Y(f"{y}:Q", title=y_title, scale=alt.Scale(zero=False))}
     dots = base.mark_point(filled=True, size=70, opacity=0.85).encode(
         **enc, color=alt.Color("variant:N", scale=VARIANT, legend=alt.Legend(orient="bottom", title=None,
-                                                                             columns=2, labelLimit=300)),
+                                                                             columns=1, labelLimit=400)),
         shape=alt.Shape("gpu:N", legend=alt.Legend(orient="bottom", title="GPU")),
         tooltip=["config", alt.Tooltip(f"{x}:Q", format=",.2f", title=x_title),
                  alt.Tooltip(f"{y}:Q", format=y_fmt, title=y_title), "gpus_needed", "limited_by"])

@@ -96,7 +96,8 @@ m[2].metric("Weights per GPU", fmt(cap.weight_bytes_per_gpu / 1e9, ",.1f", " GB"
 m[3].metric("Max running requests", fmt(cap.max_running_requests, ",d"))
 m = st.columns(4)
 none = "does not fit" if not cap.fits else wording.NONE_MEETS
-m[0].metric("Max rate within the SLO (req/s per instance)", fmt(pred.rate_rps, ",.2f") if serves else none)
+m[0].metric("Max rate within SLO (req/s)", fmt(pred.rate_rps, ",.2f") if serves else none,
+            help="Per instance (one set of tp GPUs): the highest Poisson rate whose percentiles meet the SLO")
 m[1].metric("Output tokens/s at that rate", fmt(pred.output_tps, ",.0f") if serves else none)
 m[2].metric("$ per 1M output tokens", wording.money(chosen.usd_per_m_output, ",.2f", none))
 m[3].metric(f"GPUs needed for {target:g} req/s", fmt(chosen.gpus_needed, ",d") if serves else none)
@@ -107,7 +108,10 @@ m[2].metric(f"TPOT p{slo_p} at that rate (ms)", fmt(pred.tpot_s * 1e3, ",.1f") i
 m[3].metric("Limited by", f"{pred.limited_by}" if serves else none)
 
 st.subheader("Recommendation")
-st.success(wording.recommendation(plan)) if rec else st.error(wording.recommendation(plan))
+if rec is not None:
+    st.success(wording.recommendation(plan))
+else:
+    st.error(wording.recommendation(plan))
 for sentence in wording.savings(plan, common.drift_table()):
     st.markdown(f"- {sentence}.")
 if rec is not None:
@@ -140,15 +144,16 @@ for note in plan.notes:
 if rec is not None:
     st.subheader("Latency against load")
     curve = latency_curve(q)
-    common.chart(st, plancharts.latency_vs_load(curve, q.slo, f"Predicted for {rec.label}"))
+    common.chart(st, plancharts.latency_vs_load(curve, q.slo, f"Predicted for {rec.label}"), height=520)
     st.subheader("Every configuration that meets the SLO")
     every = pd.DataFrame(plan.rows())
     left, right = st.columns(2)
-    common.chart(left, plancharts.pareto_throughput(every))
-    common.chart(right, plancharts.pareto_cost(every, slo_p))
+    common.chart(left, plancharts.pareto_throughput(every), height=520)
+    common.chart(right, plancharts.pareto_cost(every, slo_p), height=520)
     bests = gpu_bests(plan)
     if len(bests) > 1:
-        common.chart(st, plancharts.gpu_comparison(pd.DataFrame([o.to_row() for o in bests]), target))
+        common.chart(st, plancharts.gpu_comparison(pd.DataFrame([o.to_row() for o in bests]), target),
+                     height=80 + 34 * len(bests))
     else:
         st.caption("Add GPUs to 'GPUs to search' to compare each GPU at its best configuration.")
 
@@ -156,11 +161,11 @@ st.subheader("Every configuration searched, and why each lost")
 every = pd.DataFrame(plan.rows())
 shown = pd.DataFrame({
     "configuration": every["config"],
-    "max req/s per instance": every["rate_rps"].map(lambda v: fmt(v, ",.2f")),
-    "output tok/s per GPU": every["output_tps_per_gpu"].map(lambda v: fmt(v, ",.0f")),
-    "tok/s per user": every["tps_per_user"].map(lambda v: fmt(v, ",.1f")),
+    "max req/s per instance": every["rate_rps"].map(lambda v: fmt(v, ",.2f") if pd.notna(v) and v else "-"),
+    "output tok/s per GPU": every["output_tps_per_gpu"].map(lambda v: fmt(v, ",.0f") if pd.notna(v) and v else "-"),
+    "tok/s per user": every["tps_per_user"].map(lambda v: fmt(v, ",.1f") if pd.notna(v) and v else "-"),
     "$ per 1M output tokens": every["usd_per_m_output"].map(lambda v: wording.money(v, ",.2f", "-")),
-    f"GPUs for {target:g} req/s": every["gpus_needed"].map(lambda v: fmt(v, ",.0f")),
+    f"GPUs for {target:g} req/s": every["gpus_needed"].map(lambda v: fmt(v, ",.0f") if pd.notna(v) and v else "-"),
     "monthly cost": every["monthly_cost"].map(lambda v: wording.money(v, ",.0f", "-")),
     "why not": every["rejected_because"].fillna(every["recommended"].map({True: "recommended", False: ""})),
 })

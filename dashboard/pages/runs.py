@@ -78,9 +78,9 @@ for col, metric, title, unit in ((c1, "ttft", "Time to first token", "requests")
     if dists[metric].empty:
         col.caption(f"No {metric.upper()} values in this run.")
     else:
-        common.chart(col, charts.distribution(dists[metric], title, unit))
+        common.chart(col, charts.distribution(dists[metric], title, unit), height=300)
 if not dists["itl"].empty:
-    common.chart(c2, charts.cdf(dists["itl"], "Inter-token latency: share of gaps at or below"))
+    common.chart(c2, charts.cdf(dists["itl"], "Inter-token latency: share of gaps at or below"), height=300)
 
 series = common.read(runinfo.series, run_id, res)
 gpu = common.read(queries.gpu_series, run_id, res)

@@ -88,3 +88,27 @@ def test_twin_runs_are_shown_in_the_modelled_gpus_time(tmp_path):
     assert itl["value_ms"].iloc[0] == pytest.approx(40, rel=0.01)
     row = runinfo.runs_table(store.runs()).iloc[0]
     assert "poisson 2 req/s" in row["identity"] and row["identity"].endswith("twin (modelled)")
+
+
+def test_latency_against_load_puts_measured_and_predicted_on_one_chart_with_the_slo(db):
+    from bench.model import Question, Slo, make_plan
+    from bench.report import load, plancharts
+
+    path, ids = db
+    slo = Slo(ttft_s=2.0, tpot_s=0.05)
+    runs = runinfo.list_runs(Store(path, read_only=True))
+    assert load.sweep_runs(runs, ids[0]) == [ids[0]]  # the only run of its deployment (BF16 KV, no checksum)
+    with Store(path, read_only=True).connect() as con:
+        measured = load.measured(con, [ids[0]], slo)
+    assert measured.offered_rps.tolist() == [4.0] and measured.within_slo.tolist() == [True]
+    q = Question(model="kimi-k2-thinking", gpu="h200", tp=8, kv_dtype="bf16", workload="chat", search_gpus=("h200",))
+    rec = make_plan(q).recommended
+    predicted = load.predicted(rec.config.deployment(q.model), q.request_mix(), slo, rec.prediction)
+    assert load.highest_within(predicted)["predicted"] == rec.prediction.rate_rps  # the plan's figure is marked
+    ttft = predicted.sort_values("offered_rps").tpot_ms.tolist()
+    assert ttft[0] < ttft[-1]  # more load, slower tokens
+    spec = plancharts.latency_vs_load(pd.concat([measured, predicted]), slo).to_dict()
+    rows = next(iter(spec["datasets"].values()))
+    assert {r["source"] for r in rows} == {"measured", "predicted"}
+    assert {r["slo_ms"] for r in rows if r["metric"].startswith("TPOT")} == {50.0}
+    assert sum(r["best"] for r in rows) == 2 * 2 * 2  # measured and predicted, TTFT and TPOT, offered and achieved
