@@ -69,53 +69,68 @@ def does_not_fit(o: Option) -> str:
 
 
 def savings(plan: Plan, drift: pd.DataFrame | None = None) -> list[str]:
-    """What FP8 KV and INT4 experts save at the recommended GPU and parallelism, each with its risk."""
+    """What FP8 KV and converted experts save, each with its risk. When the recommendation uses one, against the
+    cheapest configuration searched without it (any parallelism on that GPU); when it does not, what switching
+    the recommended configuration to it would do."""
     rec = plan.recommended
     if rec is None:
         return []
+    model = plan.question.model
     four = plan.four_way()
+    serving = [o for o in plan.simulated if o.serves and o.config.gpu == rec.config.gpu]
+
+    def cheapest(keep) -> Option | None:
+        return min((o for o in serving if keep(o)), key=lambda o: (o.monthly_cost, o.gpus_needed), default=None)
+
     out = []
-    bf16 = next((o for o in four if o.weights == rec.weights and o.kv_dtype == "bf16"), None)
-    fp8 = next((o for o in four if o.weights == rec.weights and o.kv_dtype != "bf16"), None)
-    if bf16 and fp8:
-        out.append(_saving("FP8 KV cache", bf16, fp8, quality(drift, plan.question.model, "fp8 KV"),
-                           fp8 is rec or bf16 is rec))
-    native = next((o for o in four if o.kv_dtype == rec.kv_dtype and not converted(o)), None)
+    kv_risk = quality(drift, model, "fp8 KV")
+    if rec.kv_dtype != "bf16":
+        out.append(_saving("FP8 KV cache", cheapest(lambda o: o.kv_dtype == "bf16"), rec, kv_risk))
+    else:
+        fp8 = next((o for o in four if o.weights == rec.weights and o.kv_dtype != "bf16"), None)
+        if fp8:
+            out.append(_saving("FP8 KV cache", rec, fp8, kv_risk))
     conv = next((o for o in four if o.kv_dtype == rec.kv_dtype and converted(o)), None)
-    if native and conv:
-        risk = quality(drift, plan.question.model, "int4 experts") if "int4" in experts(conv) else \
-            "capbench converts them; check quality with capbench drift"
-        out.append(_saving(f"{experts(conv).upper()} experts (converted from the checkpoint's "
-                           f"{experts(native).upper()})", native, conv, risk, True))
+    name = experts(conv or rec).upper()
+    what = f"{name} experts (converted by capbench from the checkpoint's " \
+           f"{capacity.weight_formats(catalog.model(model), 'native')[0].upper()})"
+    risk = quality(drift, model, "int4 experts") if "int4" in name.lower() else \
+        "capbench converts them: check quality with capbench drift"
+    if converted(rec):
+        out.append(_saving(what, cheapest(lambda o: not converted(o)), rec, risk))
+    elif conv:
+        out.append(_saving(what, rec, conv, risk))
     return out
 
 
-def _saving(what: str, before: Option, after: Option, risk: str, relevant: bool) -> str:
+def _saving(what: str, before: Option | None, after: Option, risk: str) -> str:
+    """One sentence: `after` (with `what`) against `before` (without it; None: nothing without it serves)."""
+    if before is None:
+        return (f"{what}: without it no configuration searched on {after.config.gpu.upper()} meets the SLO; with it "
+                f"{after.gpus_needed} GPUs serve the load ({money(after.monthly_cost)} a month); {risk}")
     a, b = before.monthly_cost, after.monthly_cost
     gains = []
-    if before.capacity.kv_pool_tokens:
+    if before.capacity.kv_pool_tokens and after.capacity.fits:
         gains.append(f"{after.capacity.kv_pool_tokens / before.capacity.kv_pool_tokens:.2f}x the KV cache tokens")
     if before.serves and after.serves:
         gains.append(f"{after.prediction.rate_rps / before.prediction.rate_rps:.2f}x the requests/s per instance")
     gain = f" ({', '.join(gains)})" if gains else ""
-    if a is None and b is None:
-        return f"{what}: neither with nor without it does any rate meet the SLO on {after.config.gpu} " \
-               f"{after.config.parallelism()}; {risk}"
-    if a is None:
-        return f"{what}: without it no rate meets the SLO; with it {after.gpus_needed} GPUs serve the load " \
-               f"({money(b)} a month){gain}; {risk}"
     if b is None:
-        return f"{what}: no saving: with it no rate meets the SLO on this GPU and parallelism"
+        why = "its weights do not fit" if not after.capacity.fits else NONE_MEETS
+        return f"{what}: no saving: on {after.config.gpu.upper()} {after.config.parallelism()} {why}"
+    if a is None:
+        return (f"{what}: without it {before.config.parallelism()} cannot serve the load; with it "
+                f"{after.gpus_needed} GPUs do ({money(b)} a month){gain}; {risk}")
     if b > a:
         return (f"{what}: would cost {money(b - a)} a month more ({before.gpus_needed} -> {after.gpus_needed} GPUs, "
                 f"{money(a)} -> {money(b)}){gain}: not worth it here")
     if b == a:
         return (f"{what}: no monthly saving at this load (the same {after.gpus_needed} GPUs, {money(b)} a month)"
-                f"{gain}, only headroom for more load or longer contexts; {risk}" +
-                ("; without a saving, the checkpoint's own weights are the safer choice" if "converted" in what
-                 else ""))
-    return (f"{what}: saves {money(a - b)} a month ({before.gpus_needed} -> {after.gpus_needed} GPUs, "
-            f"{money(a)} -> {money(b)}){gain}; {risk}")
+                f"{gain}, only headroom for more load or longer contexts; {risk}"
+                + ("; without a saving, the checkpoint's own weights are the safer choice" if "converted" in what
+                   else ""))
+    return (f"{what}: saves {money(a - b)} a month against {before.label} ({before.gpus_needed} -> "
+            f"{after.gpus_needed} GPUs, {money(a)} -> {money(b)}){gain}; {risk}")
 
 
 def question_text(q: Question) -> str:
@@ -130,9 +145,11 @@ def recommendation(plan: Plan) -> str:
     if rec is None:
         return ("No configuration searched serves this workload within the SLO: relax the SLO, shorten the "
                 "requests, or search more GPUs (each rejected configuration below says why it missed).")
+    kv = rec.kv_dtype.replace("_e4m3", "").upper()
+    kv_article = "an" if kv.startswith("F") else "a"
     return (f"Deploy {rec.gpus_needed} x {rec.config.gpu.upper()} as {rec.instances_needed} SGLang instance(s) of "
             f"{rec.config.parallelism()} with {experts(rec).upper()} experts"
-            f"{' (converted)' if converted(rec) else ''} and a {rec.kv_dtype.replace('_e4m3', '').upper()} KV "
+            f"{' (converted)' if converted(rec) else ''} and {kv_article} {kv} KV "
             f"cache: {money(rec.monthly_cost)} a month ({HOURS_PER_MONTH} h at ${rec.price:.2f}/GPU-hour), "
             f"{money(rec.usd_per_m_output, ',.2f')} per 1M output tokens; each instance serves up to "
             f"{rec.prediction.rate_rps:,.2f} requests/s within the SLO (then {rec.prediction.limited_by} "

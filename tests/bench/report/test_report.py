@@ -50,7 +50,7 @@ def test_report_with_runs_has_tables_charts_and_the_measurements(db):
     rec = make_plan(Q).recommended
     assert f"Deploy {rec.gpus_needed} x H200 as {rec.instances_needed} SGLang instance(s)" in page
     assert f"${rec.monthly_cost:,.0f} a month" in page
-    assert "FP8 KV cache:" in page and "INT4 experts:" in page
+    assert "FP8 KV cache:" in page and "experts (converted by capbench from the checkpoint" in page
     # launch commands: one node, and one instance over two nodes
     assert "capbench sglang-launch --kv-checksum verify" in page
     assert "--model-path moonshotai/Kimi-K2-Thinking --tp 8 --kv-cache-dtype fp8_e4m3" in page
