@@ -76,12 +76,13 @@ def distribution(df: pd.DataFrame, title: str, unit: str = "requests") -> alt.Ch
     value_ms, n (and run: several runs overlaid, y as each run's share)."""
     runs = "run" in df and df["run"].nunique() > 1
     binned = log_bins(df)
-    y = alt.Y("share:Q", title=f"share of {unit}", axis=alt.Axis(format="%")) if runs else \
-        alt.Y("n:Q", title=unit)
+    y = alt.Y("share:Q", title=f"share of {unit}", axis=alt.Axis(format="%"), scale=alt.Scale(zero=True)) if runs \
+        else alt.Y("n:Q", title=unit, scale=alt.Scale(zero=True))
     color = alt.Color("run:N", scale=CONFIG_COLORS, legend=alt.Legend(orient="bottom", title=None, labelLimit=400)) \
         if runs else alt.value("#4c78a8")
-    return _base(binned).mark_bar(opacity=0.6 if runs else 0.9, binSpacing=0).encode(
-        x=alt.X("lo_ms:Q", title="ms (log scale)", scale=alt.Scale(type="log")), x2="hi_ms:Q", y=y, color=color,
+    return _base(binned).mark_rect(opacity=0.6 if runs else 0.9).encode(
+        x=alt.X("lo_ms:Q", title="ms (log scale)", scale=alt.Scale(type="log")), x2="hi_ms:Q", y=y, y2=alt.datum(0),
+        color=color,
         tooltip=[alt.Tooltip("lo_ms:Q", format=",.1f", title="from ms"),
                  alt.Tooltip("hi_ms:Q", format=",.1f", title="to ms"), alt.Tooltip("n:Q", format=",.0f", title=unit)],
     ).properties(title=title, width=WIDTH / 2 - 30, height=180)

@@ -102,7 +102,7 @@ def build(q: Question, db: str | Path | None = None, run_ids: list[str] | None =
                 mvp = measured_vs_predicted(con, row.run_id, slo)
                 measured.append(Measured(row.run_id, row.identity, mvp["config"], mvp["summary"], mvp,
                                          runinfo.integrity(con, row.run_id),
-                                         f"{identity.short(row.to_dict())} ({row.run_id[-6:]})"))
+                                         f"{_without_model(identity.short(row.to_dict()))} ({row.run_id[-6:]})"))
                 if progress:
                     progress()
             drift = runinfo.drift(con)
@@ -139,6 +139,11 @@ def latency_load(r: Report, db: str | Path | None) -> pd.DataFrame | None:
         with Store(db, read_only=True).connect() as con:
             df = pd.concat([df, load.measured(con, same, q.slo)], ignore_index=True)
     return df
+
+
+def _without_model(short: str) -> str:
+    """A run's short identity less its model name (the report's sections are per model): for chart labels."""
+    return short.split(", ", 1)[-1]
 
 
 def _unique_labels(runs: list[Measured]) -> None:
