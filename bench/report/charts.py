@@ -140,7 +140,7 @@ def compare_bars(df: pd.DataFrame, title: str) -> alt.Chart:
     order = list(dict.fromkeys(df["run"]))
     return _base(df).mark_bar().encode(
         y=alt.Y("run:N", title=None, sort=order, axis=alt.Axis(labelLimit=460)),
-        x=alt.X("value:Q", title=None, axis=alt.Axis(format=",.3~s")),
+        x=alt.X("value:Q", title=None, axis=alt.Axis(format=",.4~g")),
         color=alt.Color("run:N", scale=CONFIG_COLORS, sort=order, legend=None),
         row=alt.Row("figure:N", title=None, sort=list(dict.fromkeys(df["figure"])),
                     header=alt.Header(labelAngle=0, labelAlign="left", labelFontWeight="bold")),
@@ -157,7 +157,7 @@ def measured_vs_predicted(df: pd.DataFrame, title: str = "") -> alt.Chart:
     return _base(long).mark_bar().encode(
         y=alt.Y("run:N", title=None, sort=order, axis=alt.Axis(labelLimit=460)),
         yOffset="source:N",
-        x=alt.X("value:Q", title=None, axis=alt.Axis(format=",.3~s")),
+        x=alt.X("value:Q", title=None, axis=alt.Axis(format=",.4~g")),
         color=alt.Color("source:N", scale=alt.Scale(domain=["measured", "predicted"], range=["#4c78a8", "#f58518"]),
                         legend=alt.Legend(orient="top", title=None)),
         row=alt.Row("figure:N", title=None, sort=list(dict.fromkeys(df["figure"])),

@@ -118,11 +118,10 @@ if pd.notna(first.model) and pd.notna(first.gpu) and pd.notna(first.tp):
                                   first.weights or "native", first.workload or "chat", slo)
 curve = pd.concat([x for x in (measured_curve, predicted_curve) if x is not None and not x.empty])
 if not curve.empty:
-    common.chart(st, charts_load.latency_vs_load(curve, slo, "Measured runs of the compared deployments, and the "
-                                                 f"model's curve for {shorts[chosen[0]]}"))
+    common.chart(st, charts_load.latency_vs_load(curve, slo, "Measured and predicted"), height=520)
     st.caption("Measured: every run of the same deployment and workload as a compared run (a sweep's stages "
                "together). Predicted: capbench simulate at rates around the highest rate the model gives within the "
-               "SLO for the first run's deployment.")
+               f"SLO, for the first run's deployment and workload: {identity.short(first.to_dict())}.")
 
 st.subheader("Measured vs predicted")
 mvp = [common.read(measured_vs_predicted, r, slo) for r in chosen]

@@ -33,12 +33,16 @@ PAGES = [
     ("integrity", 2, "Integrity events"),
 ]
 # Data marks of every chart on the page: Vega draws a mark's items as paths inside g.role-mark (axes, legends and
-# titles have role-axis-*, role-legend-*, role-title); a chart with no data draws none, or only empty paths.
+# titles have role-axis-*, role-legend-*, role-title). A mark counts when it covers some area (a line: some length):
+# a chart with no data draws none, and bars of zero width (linear bins from 0 on a log axis) do not count.
 MARKS = """() => [...document.querySelectorAll('[data-testid="stVegaLiteChart"]')].map(c => {
     const svg = c.querySelector('svg.marks');
     const title = svg ? [...svg.querySelectorAll('g.role-title text')].map(t => t.textContent).join(' ') : '';
-    const marks = svg ? [...svg.querySelectorAll('g.role-mark > path')].filter(p => (p.getAttribute('d') || '')
-        .length > 2).length : -1;
+    const marks = svg ? [...svg.querySelectorAll('g.role-mark > path')].filter(p => {
+        const b = p.getBBox();
+        const line = p.closest('g.mark-line, g.mark-rule');
+        return line ? (b.width > 0.5 || b.height > 0.5) : (b.width > 0.5 && b.height > 0.5);
+    }).length : -1;
     return {title, marks};
 })"""
 
@@ -134,3 +138,27 @@ def _planner_matches_the_cli(metrics: dict[str, str], alerts: list[str]) -> None
     assert metrics["Monthly cost for 10 req/s"] == f"${chosen['monthly_cost']:,.0f}"
     assert metrics["TPOT p90 at that rate (ms)"] == f"{chosen['tpot_s'] * 1e3:,.1f}"
     assert any(f"${rec['monthly_cost']:,.0f} a month" in a and f"{rec['gpus_needed']} x H200" in a for a in alerts)
+
+
+def test_the_marks_check_fails_an_empty_chart_and_zero_width_bars():
+    """The same check over charts drawn by Vega: one with data passes; one with no rows, and the old ITL histogram
+    (linear bins from 0 on a log axis: every bar 0 px wide), count no marks."""
+    import altair as alt
+    import pandas as pd
+    import vl_convert as vlc
+
+    values = pd.DataFrame({"value_ms": [0.01, 0.02, 3.0, 14.0, 15.0, 40.0], "n": [50, 40, 3, 200, 180, 5]})
+    good = alt.Chart(values).mark_rect().encode(x=alt.X("value_ms:Q", scale=alt.Scale(type="log")),
+                                                x2=alt.datum(50.0), y="n:Q", y2=alt.datum(0))
+    empty = alt.Chart(values.iloc[:0]).mark_line().encode(x="value_ms:Q", y="n:Q")
+    linear_bins_on_log = alt.Chart(values).mark_bar().encode(
+        x=alt.X("value_ms:Q", scale=alt.Scale(type="log"), bin=alt.Bin(maxbins=60)), y="sum(n):Q")
+    html = "".join(f'<div data-testid="stVegaLiteChart">{vlc.vegalite_to_svg(c.to_dict())}</div>'
+                   for c in (good, empty, linear_bins_on_log))
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        page = browser.new_page()
+        page.set_content(f"<html><body>{html}</body></html>")
+        marks = [c["marks"] for c in page.evaluate(MARKS)]
+        browser.close()
+    assert marks[0] > 0 and marks[1] == 0 and marks[2] == 0
