@@ -115,8 +115,23 @@ def test_every_page_draws_data_in_every_chart_and_the_planner_matches_the_cli(da
             page.screenshot(path=str(SHOTS / f"{path or 'planner'}.png"), full_page=True)
             if path == "":
                 _planner_matches_the_cli(_metrics(page), page.locator('[data-testid="stAlert"]').all_inner_texts())
+                _planner_compares_gpus(page)
             page.set_viewport_size({"width": 1400, "height": 1000})
         browser.close()
+
+
+def _planner_compares_gpus(page) -> None:
+    """Search a second GPU: the Planner draws each GPU at its cheapest configuration, with data."""
+    box = page.locator('[data-testid="stMultiSelect"]').filter(has_text="h200").first
+    box.locator("input").fill("b200")
+    page.keyboard.press("Enter")
+    page.get_by_text("Each GPU at its cheapest configuration").first.wait_for(timeout=300_000)
+    page.wait_for_timeout(2000)
+    charts = page.evaluate(MARKS)
+    gpu = [c for c in charts if c["title"].startswith("Each GPU at its cheapest")]
+    assert gpu and gpu[0]["marks"] >= 2, gpu  # a bar per GPU searched
+    assert all(c["marks"] > 0 for c in charts), [c["title"] for c in charts if c["marks"] <= 0]
+    page.screenshot(path=str(SHOTS / "planner-gpus.png"), full_page=True)
 
 
 def _planner_matches_the_cli(metrics: dict[str, str], alerts: list[str]) -> None:
