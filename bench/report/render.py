@@ -155,6 +155,9 @@ def _body(r: Report, title: str) -> list[str]:
         if key not in t and not any(k in svgs for k in shown):
             continue
         parts += [f"<h2>{title}</h2>"] + ([_html_table(*t[key])] if key in t else [])
+        if key == "measured" and any(m.config.get("twin") for m in r.runs):
+            parts.append("<p class='meta'>Twin runs are shown in the modelled GPUs' time: a twin that ran k times "
+                         "faster has its rates divided by k and its latencies multiplied by k.</p>")
         svg = [svgs[k] for k in shown if k in svgs]
         if svg:
             parts.append("<div class='charts'>" + "".join(svg) + "</div>")

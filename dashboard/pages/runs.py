@@ -8,7 +8,7 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from bench.report import charts
+from bench.report import charts, load, plancharts
 from bench.store import identity, queries, runinfo
 from dashboard import common
 from dashboard.common import TS_HEIGHT, fmt
@@ -67,6 +67,11 @@ m[4].metric("Dispatch lag max (ms)", fmt(s["dispatch_lag_max"] * 1e3 if s["dispa
 if s["errors_by_kind"]:
     st.caption("Errors: " + ", ".join(f"{k} {v}" for k, v in s["errors_by_kind"].items()))
 
+curve = load.sweep_runs(runs, run_id)
+if len(curve) > 1:  # a sweep, or other runs of this deployment and workload at other rates: the load curve
+    common.chart(st, plancharts.latency_vs_load(common.read(load.measured, curve, slo), slo,
+                                                f"Latency against load: the {len(curve)} runs of this deployment"),
+                 height=520)
 pct = runinfo.percentile_rows(s)
 if not pct.empty:
     common.chart(st, charts.latency_percentiles(pct))
