@@ -51,7 +51,9 @@ m[0].metric("Runs with checksums", len(table))
 m[1].metric("Pages verified", fmt(table.pages_verified.sum(), ",.0f"))
 m[2].metric("Mismatches", fmt(table.mismatches.sum(), ",.0f"))
 m[3].metric("Worst throughput overhead", fmt(table["throughput overhead %"].max(), ".2f", " %"))
-st.dataframe(table.rename(columns={"run_id": "run id"}).round(3), hide_index=True, key="integrity_table")
+HEADERS = {"run_id": "run id", "mode": "checksum mode", "pages_checksummed": "pages checksummed",
+           "pages_verified": "pages verified"}
+st.dataframe(table.rename(columns=HEADERS).round(3), hide_index=True, key="integrity_table")
 st.caption("Throughput overhead: output tokens/s against runs of the same model, GPU, tp, KV dtype and weights "
            "with checksums off (n/a when there is none). Checksum time share: capbench_kv_checksum_seconds per "
            "second of the run, summed over the server's processes.")
