@@ -138,10 +138,13 @@ def run_demo(db: Path = Path("data/capbench.duckdb"), report: Path = Path("repor
     from bench.model import Question
 
     report.parent.mkdir(parents=True, exist_ok=True)
-    q = Question(model="kimi-k2-thinking", gpu="h200", tp=8, kv_dtype="fp8_e4m3", weights="int4-g32",
-                 workload="chat", search_gpus=("h200",))
-    kimi_runs = [s["run_id"] for (c, _), s in results.items() if c.model == "kimi-k2-thinking"]
-    rep.write(rep.build(q, db, kimi_runs), report)
+    reports = []  # one section per model the demo ran, each with that model's runs
+    for model in dict.fromkeys(c.model for c in configs):
+        last = [c for c in configs if c.model == model][-1]
+        q = Question(model=model, gpu="h200", tp=8, kv_dtype=last.kv_dtype, weights=last.weights,
+                     workload="chat", search_gpus=("h200",))
+        reports.append(rep.build(q, db, [s["run_id"] for (c, _), s in results.items() if c.model == model]))
+    rep.write(reports, report)
     elapsed = time.monotonic() - started
     console.print(f"\n[bold]4. Report[/bold]: {report}   [bold]Dashboard[/bold]: capbench dashboard --db {db} "
                   f"(or capbench demo --dashboard)\ndemo took {elapsed:.0f} s")

@@ -19,7 +19,7 @@ from bench.model import Slo
 from bench.store import DEFAULT_DB, Store, StoreBusy, runinfo
 
 TTL_S = 3
-TS_HEIGHT = 280  # Streamlit's default "content" height squashes a line chart whose legend is tall
+TS_HEIGHT = 320  # Streamlit's default "content" height squashes a line chart whose legend is tall
 
 
 def db_path() -> Path:
@@ -44,7 +44,7 @@ def store() -> Store | None:
 
 @st.cache_data(ttl=TTL_S, show_spinner=False)
 def _runs(path: str) -> pd.DataFrame:
-    return runinfo.runs_table(Store(path, read_only=True).runs())
+    return runinfo.list_runs(Store(path, read_only=True))
 
 
 def runs() -> pd.DataFrame:
@@ -79,14 +79,34 @@ def md_text(text: str) -> str:
 
 
 def run_label(runs_df: pd.DataFrame, run_id: str) -> str:
+    """The run's identity (runinfo.identity) and the end of its id: what every picker shows."""
     row = runs_df[runs_df.run_id == run_id]
     if row.empty:
         return run_id
-    label = row.iloc[0]["label"]
-    return f"{label} ({run_id[-6:]})" if label else run_id
+    return f"{row.iloc[0]['identity']} · {run_id[-6:]}"
 
 
 def fmt(value, spec: str = ",.1f", unit: str = "") -> str:
     if value is None or (isinstance(value, float) and pd.isna(value)):
         return "n/a"
     return f"{format(value, spec)}{unit}"
+
+
+SVG = {"embedOptions": {"renderer": "svg"}}
+
+
+def chart(where, c, **kwargs) -> None:
+    """where.altair_chart(c), drawn as SVG (also past Streamlit's 2,000-point switch to canvas), so the browser test
+    can count every chart's data marks."""
+    where.altair_chart(c.properties(usermeta=SVG), **kwargs)
+
+
+def drift_table() -> pd.DataFrame | None:
+    """The DB's drift runs (for the savings' quality note), None without a DB or drift table."""
+    path = db_path()
+    if not path.is_file():
+        return None
+    try:
+        return read(runinfo.drift)
+    except (BadInput, StoreBusy):
+        return None

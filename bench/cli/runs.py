@@ -112,9 +112,9 @@ def runs(db: str = DB_READ) -> None:
     from rich.console import Console
 
     from bench.report import terminal
-    from bench.store import Store
+    from bench.store import Store, runinfo
 
-    Console().print(terminal.runs_table(Store(db, read_only=True).runs()))
+    Console(width=max(Console().width, 250)).print(terminal.runs_table(runinfo.list_runs(Store(db, read_only=True))))
 
 
 def export(

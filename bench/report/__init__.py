@@ -2,15 +2,19 @@
 
 content    the report's content: the question, the plan, measured runs, savings, launch commands
 render     the report as one self-contained HTML page (inline SVG, no script) or Markdown
-charts     Altair charts, shared with the dashboard
+charts     Altair charts of runs, shared with the dashboard
+plancharts latency against load, the plan's Pareto views and the GPU comparison
+load       latency against load, predicted and measured
+wording    what the report and the Planner say: savings with their risk, why it does not fit, plain figures
 predicted  a measured run beside the performance model's replay of it
 terminal   rich tables for the CLI
 """
 
-from bench.report import charts, terminal
-from bench.report.content import Report, build, compared, newest_deployment
+from bench.report import charts, load, plancharts, terminal, wording
+from bench.report.content import Report, build, compared, gpu_bests, newest_deployment, predicted_table
 from bench.report.predicted import STEADY_REQUESTS, measured_vs_predicted
 from bench.report.render import render, write
 
-__all__ = ["charts", "terminal", "Report", "build", "compared", "newest_deployment", "STEADY_REQUESTS",
+__all__ = ["charts", "load", "plancharts", "terminal", "wording", "Report", "build", "compared", "gpu_bests",
+           "newest_deployment", "predicted_table", "STEADY_REQUESTS",
            "measured_vs_predicted", "render", "write"]

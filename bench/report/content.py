@@ -16,11 +16,11 @@ from pathlib import Path
 import pandas as pd
 
 from bench.errors import BadInput
-from bench.model import HOURS_PER_MONTH, Option, Plan, Question, make_plan
+from bench.model import Option, Plan, Question, capacity, catalog, make_plan
 from bench.model import launch as sglang_cmd
-from bench.report import charts
+from bench.report import charts, load, plancharts, wording
 from bench.report.predicted import STEADY_REQUESTS, measured_vs_predicted
-from bench.store import Store, runinfo
+from bench.store import Store, identity, runinfo
 
 
 @dataclass
@@ -31,6 +31,7 @@ class Measured:
     summary: dict
     vs_predicted: dict
     integrity: dict
+    short: str = ""  # for chart legends: deployment and load, and the end of the run id
 
 
 @dataclass
@@ -41,6 +42,7 @@ class Report:
     runs: list[Measured] = field(default_factory=list)
     drift: pd.DataFrame | None = None
     other_gpus: list[Option] = field(default_factory=list)  # the recommended configuration on other GPUs
+    load: pd.DataFrame | None = None  # latency against load (load.predicted / load.measured rows)
     generated_at: float = field(default_factory=time.time)
 
     @property
@@ -51,7 +53,7 @@ class Report:
 def select_runs(store: Store, run_ids: list[str] | None, model: str | None, gpu: str | None,
                 limit: int = 8) -> pd.DataFrame:
     """The runs a report covers: the ids given (all must exist), else the newest finished runs of the model/GPU."""
-    runs = runinfo.runs_table(store.runs())
+    runs = runinfo.list_runs(store)
     if run_ids:
         unknown = [r for r in run_ids if r not in set(runs.run_id)]
         if unknown:
@@ -70,7 +72,7 @@ def newest_deployment(db: str | Path | None, run_ids: list[str] | None = None) -
     when none)."""
     if db is None or not Path(db).is_file():
         return {}
-    runs = runinfo.runs_table(Store(db, read_only=True).runs())
+    runs = runinfo.list_runs(Store(db, read_only=True))
     if run_ids:
         runs = runs[runs.run_id.isin(run_ids)]
     runs = runs.dropna(subset=["model", "gpu", "tp"])
@@ -98,31 +100,58 @@ def build(q: Question, db: str | Path | None = None, run_ids: list[str] | None =
         with store.connect() as con:
             for _, row in runs.iterrows():
                 mvp = measured_vs_predicted(con, row.run_id, slo)
-                measured.append(Measured(row.run_id, row.label or row.run_id, mvp["config"], mvp["summary"], mvp,
-                                         runinfo.integrity(con, row.run_id)))
+                measured.append(Measured(row.run_id, row.identity, mvp["config"], mvp["summary"], mvp,
+                                         runinfo.integrity(con, row.run_id),
+                                         f"{_without_model(identity.short(row.to_dict()))} ({row.run_id[-6:]})"))
                 if progress:
                     progress()
             drift = runinfo.drift(con)
         _unique_labels(measured)
     plan = make_plan(q, progress=(lambda *_: progress()) if progress else None, workers=workers)
-    others = [o for o in plan.by_gpu() if o is not (plan.recommended or plan.chosen)] if other_gpus else []
-    return Report(plan, str(db) if db else None, why, measured, drift, others)
+    others = [o for o in gpu_bests(plan) if o is not (plan.recommended or plan.chosen)] if other_gpus else []
+    report = Report(plan, str(db) if db else None, why, measured, drift, others)
+    report.load = latency_load(report, db)
+    return report
+
+
+def gpu_bests(plan: Plan) -> list[Option]:
+    """Each GPU's cheapest configuration for the target (plan.by_gpu), the recommended one for its own GPU."""
+    rec = plan.recommended
+    return [rec if rec is not None and o.config.gpu == rec.config.gpu else o for o in plan.by_gpu()]
+
+
+def latency_load(r: Report, db: str | Path | None) -> pd.DataFrame | None:
+    """Predicted latency against load for the recommended configuration, with the measured runs of that
+    deployment and workload as points (None when nothing serves the load)."""
+    rec, q = r.plan.recommended, r.plan.question
+    if rec is None:
+        return None
+    df = load.predicted(rec.config.deployment(q.model, q.context), q.request_mix(), q.slo, rec.prediction)
+    model = catalog.model(q.model)
+
+    def deployed(gpu, tp, kv, weights) -> tuple:
+        return gpu, tp, kv, capacity.weight_formats(model, weights or "native")[0]
+
+    same = [m.run_id for m in r.runs if m.config.get("workload") == q.workload and
+            deployed(m.config.get("gpu"), m.config.get("tp"), m.config.get("kv_dtype"), m.config.get("weights")) ==
+            deployed(rec.config.gpu, rec.tp, rec.kv_dtype, rec.weights)]
+    if same and db is not None:
+        with Store(db, read_only=True).connect() as con:
+            df = pd.concat([df, load.measured(con, same, q.slo)], ignore_index=True)
+    return df
+
+
+def _without_model(short: str) -> str:
+    """A run's short identity less its model name (the report's sections are per model): for chart labels."""
+    return short.split(", ", 1)[-1]
 
 
 def _unique_labels(runs: list[Measured]) -> None:
-    """Runs of one label (the demo's 'demo chat' per configuration) get their KV dtype and weights, then their id."""
-    def dupes() -> set[str]:
-        labels = [m.label for m in runs]
-        return {x for x in labels if labels.count(x) > 1}
-
-    repeated = dupes()
+    """Two runs of one identity (same deployment and load, started the same minute) get the end of their id."""
+    labels = [m.label for m in runs]
     for m in runs:
-        if m.label in repeated:
-            m.label = f"{m.label} ({m.config.get('kv_dtype')} KV, {m.config.get('weights')})"
-    repeated = dupes()
-    for m in runs:
-        if m.label in repeated:
-            m.label = f"{m.label} {m.run_id[-6:]}"
+        if labels.count(m.label) > 1:
+            m.label = f"{m.label} · {m.run_id[-6:]}"
 
 
 # ---- the figures a manager reads first -----------------------------------------------------------------------------
@@ -140,74 +169,13 @@ def compared(plan: Plan) -> tuple[list[Option], list[dict]]:
     return opts, rows
 
 
-def _find(plan: Plan, weights: str, kv: str) -> Option | None:
-    return next((o for o in plan.four_way() if o.weights == weights and o.kv_dtype == kv), None)
-
-
-def _is_int4(o: Option) -> bool:
-    return "int4" in o.label.split(" experts")[0]
-
-
-def savings(plan: Plan) -> list[tuple[str, float | None, str]]:
-    """(what, monthly $ saved, explanation) of FP8 KV and of INT4 experts, at the recommended configuration's other
-    choice, and of both against the baseline."""
-    rec = plan.recommended
-    if rec is None:
-        return []
-    out = []
-    bf16, fp8 = _find(plan, rec.weights, "bf16"), _find(plan, rec.weights, "fp8_e4m3")
-    if bf16 and fp8:
-        out.append(_saving("FP8 KV cache", bf16, fp8))
-    four = plan.four_way()
-    int4 = [o for o in four if o.kv_dtype == rec.kv_dtype and _is_int4(o)]
-    other = [o for o in four if o.kv_dtype == rec.kv_dtype and not _is_int4(o)]
-    if int4 and other:
-        out.append(_saving("INT4 experts", other[0], int4[0]))
-    base = four[0] if four else None
-    if base and base.weights != rec.weights and base.kv_dtype != rec.kv_dtype:
-        out.append(_saving(f"Recommended against {base.short_label}", base, rec))
-    return out
-
-
-def _saving(what: str, before: Option, after: Option) -> tuple[str, float | None, str]:
-    """(what, monthly $ saved or None, one sentence on it)."""
-    a, b = before.monthly_cost, after.monthly_cost
-    gains = []
-    if before.capacity.kv_pool_tokens:
-        gains.append(f"{after.capacity.kv_pool_tokens / before.capacity.kv_pool_tokens:.2f}x KV pool tokens")
-    if before.prediction and after.prediction and before.prediction.rate_rps:
-        gains.append(f"{after.prediction.rate_rps / before.prediction.rate_rps:.2f}x requests/s per instance")
-    gain = f" ({', '.join(gains)})" if gains else ""
-    if a is None and b is not None:
-        return what, None, (f"{what}: {before.label} cannot meet the SLO at all; {after.label} can, on "
-                            f"{after.gpus_needed} GPUs{gain}")
-    if a is None or b is None:
-        return what, None, f"{what}: {after.label} cannot meet the SLO on this GPU and tp"
-    if a == b:
-        return what, 0.0, (f"{what}: the same {after.gpus_needed} GPUs at this load, no monthly saving{gain}; "
-                           "the headroom serves more load or longer contexts on them")
-    return what, a - b, (f"{what}: ${a - b:,.0f} a month less{gain}: {before.label} needs {before.gpus_needed} "
-                         f"GPUs (${a:,.0f}/month), {after.label} {after.gpus_needed} (${b:,.0f}/month)")
-
-
-def question_text(q: Question) -> str:
-    return (f"How many GPUs does {q.model} need on SGLang 0.5.23 to serve {q.target_rate_rps:g} requests/s "
-            f"of {q.describe_workload()} within {q.slo.describe()} ({q.gpu} at ${q.price:.2f} per GPU-hour, other "
-            f"GPUs at catalog prices), and what do an FP8 KV cache and INT4 expert weights save?")
-
-
 def answer_lines(r: Report) -> list[str]:
     plan = r.plan
     rec = plan.recommended
+    lines = [wording.recommendation(plan)]
     if rec is None:
-        return ["No configuration searched serves this workload within the SLO: relax the SLO or shorten the "
-                "requests (the rejected configurations below say why each missed)."]
-    lines = [f"Deploy {rec.gpus_needed} x {rec.config.gpu} as {rec.instances_needed} SGLang instance(s) of "
-             f"{rec.config.parallelism()} with {rec.short_label}: ${rec.monthly_cost:,.0f} a month "
-             f"({HOURS_PER_MONTH} h at ${rec.price:.2f}/GPU-hour), "
-             f"${rec.usd_per_m_output:,.2f} per 1M output tokens; each instance serves up to "
-             f"{rec.prediction.rate_rps:,.2f} requests/s within the SLO (limited by {rec.prediction.limited_by})."]
-    lines += [sentence + "." for _, _, sentence in savings(plan)]
+        return lines
+    lines += [sentence + "." for sentence in wording.savings(plan, r.drift)]
     cheaper = [o for o in r.other_gpus if o.monthly_cost is not None and o.monthly_cost < rec.monthly_cost]
     if cheaper:
         o = min(cheaper, key=lambda o: o.monthly_cost)
@@ -233,9 +201,9 @@ def answer_lines(r: Report) -> list[str]:
 
 
 # ---- tables ---------------------------------------------------------------------------------------------------------
-def _num(v, spec: str = ",.0f", suffix: str = "") -> str:
+def _num(v, spec: str = ",.0f", suffix: str = "", none: str = "n/a") -> str:
     if v is None or (isinstance(v, float) and pd.isna(v)):
-        return "n/a"
+        return none
     return f"{format(v, spec)}{suffix}"
 
 
@@ -243,12 +211,29 @@ def _gain(v) -> str:
     return "" if v is None or pd.isna(v) else f" ({v:.2f}x)"
 
 
+def predicted_table(plan: Plan) -> tuple[list[str], list[list[str]]]:
+    """The KV dtype x expert weights variants' predicted rate, latency and cost (the report and the Planner)."""
+    q, rows = plan.question, compared(plan)[1]
+    p = q.slo.percentile
+    return (["configuration", "max req/s per instance", "output tokens/s", f"TTFT p{p}", f"TPOT p{p}",
+                       "limited by", "$ per 1M output tokens", f"GPUs for {q.target_rate_rps:g} req/s",
+                       "monthly cost"],
+                      [[x["config"], _rate(x) + ("" if not x["rate_rps"] else _gain(x["rate_rps_gain"])),
+                        _num(x["output_tps"]), _num(x["ttft_s"] and x["ttft_s"] * 1e3, ",.0f", " ms"),
+                        _num(x["tpot_s"] and x["tpot_s"] * 1e3, ",.1f", " ms"),
+                        (x["limited_by"] + " passes its bound" if x["limited_by"] else "does not fit"),
+                        wording.money(x["usd_per_m_output"], ",.2f", _none(x)), _num(x["gpus_needed"], none="-"),
+                        wording.money(x["monthly_cost"], ",.0f", _none(x))] for x in rows])
+
+
 def tables(r: Report) -> dict[str, tuple[list[str], list[list[str]]]]:
     plan, q = r.plan, r.plan.question
     four, rows = compared(plan)
     t = {}
     t["configs"] = (["configuration", "expert weights", "KV cache", "weights per GPU", "fits"],
-                    [[o.label + (" (your choice)" if o.chosen else ""), o.weights, o.kv_dtype,
+                    [[o.label + (" (your choice)" if o.chosen else ""),
+                      wording.experts(o).upper() + (" (converted)" if wording.converted(o) else " (as shipped)"),
+                      o.kv_dtype.replace("_e4m3", "").upper(),
                       _num(o.capacity.weight_bytes_per_gpu / 1e9, ",.1f", " GB"), "yes" if o.capacity.fits else "no"]
                      for o in four])
     t["capacity"] = (["configuration", "KV pool tokens", f"sequences at {plan.context:,} tokens",
@@ -257,35 +242,28 @@ def tables(r: Report) -> dict[str, tuple[list[str], list[list[str]]]]:
                        _num(x["concurrent_seqs_at_context"]) + _gain(x["concurrent_seqs_at_context_gain"]),
                        _num(x["max_running_requests"]), _num(o.capacity.longest_context)]
                       for x, o in zip(rows, four, strict=True)])
-    p = q.slo.percentile
-    t["predicted"] = (["configuration", "max req/s per instance", "output tokens/s", f"TTFT p{p}", f"TPOT p{p}",
-                       "limited by", "$ per 1M output tokens", f"GPUs for {q.target_rate_rps:g} req/s",
-                       "monthly cost"],
-                      [[x["config"], _num(x["rate_rps"], ",.2f") + _gain(x["rate_rps_gain"]),
-                        _num(x["output_tps"]), _num(x["ttft_s"] and x["ttft_s"] * 1e3, ",.0f", " ms"),
-                        _num(x["tpot_s"] and x["tpot_s"] * 1e3, ",.1f", " ms"), x["limited_by"] or "does not fit",
-                        _num(x["usd_per_m_output"], ",.2f", " $"), _num(x["gpus_needed"]),
-                        _num(x["monthly_cost"], ",.0f", " $")] for x in rows])
+    t["predicted"] = predicted_table(plan)
     if r.other_gpus:
         t["gpus"] = (["configuration", "$ per GPU-hour", "fits", "max req/s per instance",
                       f"GPUs for {q.target_rate_rps:g} req/s", "monthly cost", "$ per 1M output tokens"],
-                     [[o.label, _num(o.price, ",.2f"), "yes" if o.capacity.fits else "no",
-                       _num(o.prediction and o.prediction.rate_rps, ",.2f"), _num(o.gpus_needed),
-                       _num(o.monthly_cost, ",.0f", " $"), _num(o.usd_per_m_output, ",.2f", " $")]
+                     [[o.label, wording.money(o.price, ",.2f"), "yes" if o.capacity.fits else "no",
+                       _rate(o.to_row()), _num(o.gpus_needed, none="-"),
+                       wording.money(o.monthly_cost, ",.0f", _none(o.to_row())),
+                       wording.money(o.usd_per_m_output, ",.2f", _none(o.to_row()))]
                       for o in [_on_question_gpu(plan), *r.other_gpus]])
     if r.measured:
-        t["measured"] = (["run", "deployment", "requests", "success", "achieved req/s", "output tokens/s",
+        t["measured"] = (["run", "requests", "success", "achieved req/s", "output tokens/s",
                           "goodput req/s", "TTFT p50 / p99", "TPOT p50 / p99"],
-                         [[m.label, _deployment(m.config), _num(m.summary["measured"]),
+                         [[m.label, _num(m.summary["measured"]),
                            _num(m.summary["success_rate"] and m.summary["success_rate"] * 100, ".1f", " %"),
                            _num(m.summary["achieved_rate_rps"], ",.2f"), _num(m.summary["output_tps"]),
                            _num(m.summary["goodput_rps"], ",.2f"),
                            f"{_ms(m.summary['ttft_p50'])} / {_ms(m.summary['ttft_p99'])}",
                            f"{_ms(m.summary['tpot_p50'])} / {_ms(m.summary['tpot_p99'])}"] for m in r.runs])
-        t["vs"] = (["run", "figure", "measured", "predicted", "error"],
-                   [[m.label, row["figure"], _num(row["measured"], ",.1f"), _num(row["predicted"], ",.1f"),
-                     "n/a" if row["error"] is None else f"{row['error']:+.1%}"]
-                    for m in r.runs for row in m.vs_predicted["rows"]])
+        figures = list(dict.fromkeys(row["figure"] for m in r.runs for row in m.vs_predicted["rows"]))
+        t["vs"] = (["run", *(f"{f}: measured / predicted (error)" for f in figures)],
+                   [[m.label, *(_vs_cell(next((x for x in m.vs_predicted["rows"] if x["figure"] == f), None))
+                                for f in figures)] for m in r.runs])
         checked = [m for m in r.runs if m.integrity["has_data"]]
         if checked:
             t["integrity"] = (["run", "pages checksummed", "pages verified", "mismatches", "checksum time share"],
@@ -304,9 +282,23 @@ def _ms(seconds) -> str:
     return _num(None if seconds is None else seconds * 1e3, ",.0f", " ms")
 
 
-def _deployment(c: dict) -> str:
-    s = f"{c['model']} {c['gpu']} x{c['tp']} {c['kv_dtype']} KV {c['weights']}" + (" (twin)" if c.get("twin") else "")
-    return s + (f", checksum {c['kv_checksum']}" if c.get("kv_checksum") not in (None, "off") else "")
+def _vs_cell(row: dict | None) -> str:
+    if row is None:
+        return "-"
+    err = "" if row["error"] is None else f" ({row['error']:+.0%})"
+    return f"{_num(row['measured'], ',.1f')} / {_num(row['predicted'], ',.1f')}{err}"
+
+
+def _none(row: dict) -> str:
+    return "does not fit" if not row["fits"] else "not simulated" if not row["simulated"] else wording.NONE_MEETS
+
+
+def _rate(row: dict) -> str:
+    if not row["fits"]:
+        return "does not fit"
+    if row["rate_rps"] is None:
+        return "not simulated"
+    return wording.NONE_MEETS if row["rate_rps"] == 0 else _num(row["rate_rps"], ",.2f", " req/s")
 
 
 def launch(r: Report) -> tuple[str | None, list[str], list[str]]:
@@ -331,21 +323,32 @@ def launch(r: Report) -> tuple[str | None, list[str], list[str]]:
 
 def chart_svgs(r: Report) -> dict[str, str]:
     df = pd.DataFrame(compared(r.plan)[1])
+    q = r.plan.question
     out = {
         "capacity": charts.to_svg(charts.option_bars(df, "kv_pool_tokens", "KV pool tokens",
                                                      gain_field="kv_pool_tokens_gain")),
         "throughput": charts.to_svg(charts.option_bars(df, "output_tps", "Output tokens/s at the SLO, per instance",
                                                        gain_field="output_tps_gain")),
-        "gpus": charts.to_svg(charts.option_bars(df, "gpus_needed",
-                                                 f"GPUs for {r.plan.question.target_rate_rps:g} req/s")),
+        "gpus": charts.to_svg(charts.option_bars(df, "gpus_needed", f"GPUs for {q.target_rate_rps:g} req/s")),
         "cost": charts.to_svg(charts.option_bars(df, "monthly_cost", "Monthly cost ($)")),
     }
+    rows = pd.DataFrame(r.plan.rows())
+    if rows["output_tps_per_gpu"].notna().any():
+        out["pareto_tps"] = charts.to_svg(plancharts.pareto_throughput(rows))
+        out["pareto_cost"] = charts.to_svg(plancharts.pareto_cost(rows, q.slo.percentile))
+    bests = gpu_bests(r.plan)
+    if len(bests) > 1:
+        out["gpu_compare"] = charts.to_svg(plancharts.gpu_comparison(pd.DataFrame([o.to_row() for o in bests]),
+                                                                     q.target_rate_rps))
+    if r.load is not None and not r.load.empty:
+        out["load"] = charts.to_svg(plancharts.latency_vs_load(
+            r.load, q.slo, f"Latency against load: {r.plan.recommended.label}"))
     if r.measured:
-        pct = pd.concat([runinfo.percentile_rows(m.summary).assign(run=m.label) for m in r.runs])
+        pct = pd.concat([runinfo.percentile_rows(m.summary).assign(run=m.short) for m in r.runs])
         pct = pct[pct.metric.isin(["TTFT", "TPOT", "E2E"])]
         if not pct.empty:
             out["latency"] = charts.to_svg(charts.latency_percentiles(pct, "Measured latency percentiles (ms)"))
-        vs = pd.DataFrame([dict(row, run=m.label) for m in r.runs for row in m.vs_predicted["rows"]])
+        vs = pd.DataFrame([dict(row, run=m.short) for m in r.runs for row in m.vs_predicted["rows"]])
         if not vs.empty:
             out["vs"] = charts.to_svg(charts.measured_vs_predicted(vs, "Measured vs predicted"))
     return out

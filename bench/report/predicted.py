@@ -8,7 +8,7 @@ import duckdb
 from bench.errors import BadInput
 from bench.model import Slo, catalog, fixed_workload, load_workload, simulate, workload
 from bench.model import capacity as cap
-from bench.store import queries, runinfo
+from bench.store import runinfo
 
 STEADY_REQUESTS = 50  # fewer measured requests than this: too short a run to judge a prediction by
 
@@ -18,7 +18,7 @@ def measured_vs_predicted(con: duckdb.DuckDBPyConnection, run_id: str, slo: Slo 
     workload (its named mix, else fixed lengths at its measured means), rate (the profile's, else the achieved
     one) and number of requests, so a short run is compared with an equally short simulation; error = predicted /
     measured - 1. out["steady"] is False for runs under STEADY_REQUESTS requests."""
-    s = queries.summary(con, run_id, slo)
+    s = runinfo.summary(con, run_id, slo)  # in the modelled GPUs' time, as the prediction
     cfg = runinfo.run_deployment(con, run_id)
     out = {"run_id": run_id, "summary": s, "config": cfg, "predicted": None, "rows": []}
     if not (cfg["model"] and cfg["gpu"] and cfg["tp"] and s["ok"]):
@@ -38,18 +38,23 @@ def measured_vs_predicted(con: duckdb.DuckDBPyConnection, run_id: str, slo: Slo 
     else:
         wl = fixed_workload(max(1, round((s["input_tokens"] or 0) / s["ok"])),
                             max(1, round((s["output_tokens"] or 0) / s["ok"])))
-    scale = float(cfg["time_scale"] or 1.0)  # a twin at time_scale k runs k times faster than the modelled GPUs
-    p = simulate.run(dep, wl, rate / scale, max(1, s["measured"]), min_seconds=0)
+    scale = s["time_scale"]  # a twin at time_scale k runs k times faster than the modelled GPUs
+    rate = cfg["rate"] / scale if cfg["rate"] else s["achieved_rate_rps"]
+    p = simulate.run(dep, wl, rate, max(1, s["measured"]), min_seconds=0)
     out["predicted"], out["workload"], out["steady"] = p, wl.name, s["measured"] >= STEADY_REQUESTS
     for name, measured, predicted in (
-        ("output tokens/s", runinfo.window_output_tps(con, run_id), p.output_tok_s * scale),
-        ("TPOT p50 (ms)", _ms(s["tpot_p50"]), p.tpot_p50 * 1e3 / scale),
-        ("TTFT p50 (ms)", _ms(s["ttft_p50"]), p.ttft_p50 * 1e3 / scale),
+        ("output tokens/s", _per(runinfo.window_output_tps(con, run_id), scale), p.output_tok_s),
+        ("TPOT p50 (ms)", _ms(s["tpot_p50"]), p.tpot_p50 * 1e3),
+        ("TTFT p50 (ms)", _ms(s["ttft_p50"]), p.ttft_p50 * 1e3),
     ):
         err = predicted / measured - 1 if measured else None
         out["rows"].append({"run_id": run_id, "figure": name, "measured": measured, "predicted": predicted,
                             "error": err})
     return out
+
+
+def _per(x: float | None, scale: float) -> float | None:
+    return None if x is None else x / scale
 
 
 def _ms(seconds: float | None) -> float | None:

@@ -11,7 +11,8 @@ from pathlib import Path
 from bench import __version__
 from bench.errors import BadInput
 from bench.model import catalog, fit
-from bench.report.content import Report, answer_lines, chart_svgs, launch, question_text, tables
+from bench.report.content import Report, answer_lines, chart_svgs, launch, tables
+from bench.report.wording import question_text
 
 CSS = """
 body{font-family:system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;
@@ -29,6 +30,8 @@ SECTIONS = {
     "configs": "Configurations compared",
     "capacity": "Capacity (SGLang 0.5.23 memory arithmetic)",
     "predicted": "Predicted throughput and cost (capbench simulate)",
+    "load": "Latency against load (the recommended configuration)",
+    "pareto": "Every configuration that meets the SLO: throughput, speed and cost",
     "gpus": "Each other GPU's cheapest configuration (catalog prices)",
     "measured": "Measured results",
     "vs": "Predicted vs measured",
@@ -102,16 +105,39 @@ def _method(r: Report) -> list[str]:
     ]
 
 
+def _head(title: str) -> str:
+    return (f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>{_e(title)}</title>"
+            f"<style>{CSS}</style></head><body>")
+
+
 def to_html(r: Report) -> str:
+    q = r.plan.question
+    title = f"Capacity report: {catalog.model(q.model).name} on {catalog.gpu(q.gpu).name}"
+    return "\n".join([_head(f"capbench {title}"), *_body(r, title), "</body></html>"])
+
+
+def to_html_many(reports: list[Report]) -> str:
+    """One page for several models: an index (each model's answer, linked) and a section per model."""
+    names = [catalog.model(r.plan.question.model).name for r in reports]
+    title = "Capacity report: " + ", ".join(names)
+    index = ["<h1>" + _e(title) + "</h1>", "<p class='meta'>One section per model the runs measured.</p>", "<ul>"]
+    for r, name in zip(reports, names, strict=True):
+        index.append(f"<li><a href='#{_e(r.plan.question.model)}'>{_e(name)}</a>: "
+                     f"{_e(answer_lines(r)[0])}</li>")
+    parts = [_head(f"capbench {title}"), *index, "</ul>"]
+    for r, name in zip(reports, names, strict=True):
+        parts += [f"<section id='{_e(r.plan.question.model)}'>",
+                  *_body(r, f"{name} on {catalog.gpu(r.plan.question.gpu).name}"), "</section>"]
+    return "\n".join([*parts, "</body></html>"])
+
+
+def _body(r: Report, title: str) -> list[str]:
     q, plan = r.plan.question, r.plan
     t, svgs = tables(r), chart_svgs(r)
     single, multi, notes = launch(r)
     when = datetime.fromtimestamp(r.generated_at, UTC).strftime("%Y-%m-%d %H:%M UTC")
-    model_name, gpu_name = catalog.model(q.model).name, catalog.gpu(q.gpu).name
     parts = [
-        "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>",
-        f"<title>capbench capacity report: {_e(model_name)} on {_e(gpu_name)}</title><style>{CSS}</style></head>",
-        f"<body><h1>Capacity report: {_e(model_name)} on {_e(gpu_name)}</h1>",
+        f"<h1>{_e(title)}</h1>",
         f"<p class='meta'>capbench {_e(__version__)}, {when}. Results DB: {_e(r.db or 'none')}.</p>",
         "<h2>The question</h2>", f"<p>{_e(question_text(q))}</p>",
         "<h2>The answer</h2>", "<div class='answer'>" + "".join(f"<p>{_e(x)}</p>" for x in answer_lines(r))
@@ -128,11 +154,15 @@ def to_html(r: Report) -> str:
         if key == "vs" and not r.measured:
             parts += [f"<h2>{title}</h2>", "<p>No measurements to compare the predictions with.</p>"]
             continue
-        if key not in t:
-            continue
-        parts += [f"<h2>{title}</h2>", _html_table(*t[key])]
         shown = {"capacity": ["capacity"], "predicted": ["throughput", "gpus", "cost"], "measured": ["latency"],
-                 "vs": ["vs"]}.get(key, [])
+                 "vs": ["vs"], "load": ["load"], "pareto": ["pareto_tps", "pareto_cost"],
+                 "gpus": ["gpu_compare"]}.get(key, [])
+        if key not in t and not any(k in svgs for k in shown):
+            continue
+        parts += [f"<h2>{title}</h2>"] + ([_html_table(*t[key])] if key in t else [])
+        if key == "measured" and any(m.config.get("twin") for m in r.runs):
+            parts.append("<p class='meta'>Twin runs are shown in the modelled GPUs' time: a twin that ran k times "
+                         "faster has its rates divided by k and its latencies multiplied by k.</p>")
         svg = [svgs[k] for k in shown if k in svgs]
         if svg:
             parts.append("<div class='charts'>" + "".join(svg) + "</div>")
@@ -146,8 +176,8 @@ def to_html(r: Report) -> str:
     parts += ["<p>One instance over several nodes (run one line on each node):</p>",
               "<pre>" + _e("\n".join(multi)) + "</pre>", "<ul>" + "".join(f"<li>{_e(n)}</li>" for n in notes)
               + "</ul>", "<h2>How these numbers were made</h2>",
-              "<ul>" + "".join(f"<li>{_e(m)}</li>" for m in _method(r)) + "</ul>", "</body></html>"]
-    return "\n".join(parts)
+              "<ul>" + "".join(f"<li>{_e(m)}</li>" for m in _method(r)) + "</ul>"]
+    return parts
 
 
 def to_markdown(r: Report) -> str:
@@ -178,7 +208,11 @@ def to_markdown(r: Report) -> str:
     return "\n".join(out) + "\n"
 
 
-def render(r: Report, fmt: str = "html") -> str:
+def render(r: Report | list[Report], fmt: str = "html") -> str:
+    if isinstance(r, list):
+        if fmt == "html":
+            return to_html_many(r) if len(r) > 1 else to_html(r[0])
+        return "\n".join(to_markdown(x) for x in r)
     if fmt == "html":
         return to_html(r)
     if fmt == "md":
@@ -186,7 +220,7 @@ def render(r: Report, fmt: str = "html") -> str:
     raise BadInput(f"--format must be html or md, not {fmt!r}")
 
 
-def write(r: Report, out: str | Path, fmt: str = "html") -> Path:
+def write(r: Report | list[Report], out: str | Path, fmt: str = "html") -> Path:
     path = Path(out)
     text = render(r, fmt)
     if not path.parent.is_dir():

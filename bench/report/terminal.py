@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
-from datetime import UTC, datetime
 
 import pandas as pd
 from rich import box
@@ -138,21 +137,21 @@ def print_point(p: Point, slo: Slo, dep: Deployment, wl: Workload, n: int) -> No
 
 
 def runs_table(runs: pd.DataFrame):
-    """`capbench runs` as a rich table: newest first, times in UTC."""
-    def when(t: float | None) -> str:
-        return "" if t is None or pd.isna(t) else datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%d %H:%M")
+    """`capbench runs` as a rich table, newest first: each run's identity (identity.runs_display: the columns every
+    run table shows), its status, duration and request counts."""
+    from bench.store import identity
 
-    table = Table(Column("run id", no_wrap=True, min_width=22), Column("label", ratio=1),
-                  Column("status", no_wrap=True),
-                  Column("started (UTC)", no_wrap=True), Column("duration", justify="right", no_wrap=True),
-                  Column("requests", justify="right", no_wrap=True), Column("errors", justify="right", no_wrap=True),
+    shown = identity.runs_display(runs)
+    left = ["run id", *identity.IDENTITY_COLUMNS, "label", "status"]
+    table = Table(*(Column(c, no_wrap=True) for c in left),
+                  *(Column(c, justify="right", no_wrap=True) for c in ("duration", "requests", "errors")),
                   box=box.SIMPLE_HEAD, pad_edge=False)
     if runs.empty:
         table.caption = "no runs yet"
-    for r in runs.itertuples():
+    for r, (_, row) in zip(runs.itertuples(), shown.iterrows(), strict=True):
         duration = "" if pd.isna(r.finished_at) else f"{r.finished_at - r.started_at:,.0f} s"
-        table.add_row(r.run_id, r.label or "", r.status, when(r.started_at), duration, f"{r.requests:,}",
-                      f"{r.errors:,}")
+        table.add_row(r.run_id, *(str(row[c]) for c in identity.IDENTITY_COLUMNS), r.label or "", r.status,
+                      duration, f"{r.requests:,}", f"{r.errors:,}")
     return table
 
 

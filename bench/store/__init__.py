@@ -7,11 +7,12 @@ writer     the batched background writer: Arrow batches, one short transaction a
 recorder   the writer and the samplers in a process of their own, fed through a pipe
 telemetry  NVML GPU samples and SGLang's /metrics and /server_info
 queries    a run in numbers (goodput under an SLO), time series, runs side by side
+identity   a run in one line (and as table columns): deployment, load, when, twin or measured
 runinfo    a run's deployment, latency distributions, KV integrity, quality drift
 export     one run's rows as Parquet or CSV
 """
 
-from bench.store import queries, runinfo, telemetry
+from bench.store import identity, queries, runinfo, telemetry
 from bench.store.db import DEFAULT_DB, Store, StoreBusy
 from bench.store.export import export_run
 from bench.store.histogram import HIST_METRICS, bucket_value, to_buckets
@@ -21,7 +22,7 @@ from bench.store.telemetry import GpuSampler, ServerSampler
 from bench.store.writer import BatchedWriter
 
 __all__ = [
-    "queries", "runinfo", "telemetry", "DEFAULT_DB", "Store", "StoreBusy", "export_run", "HIST_METRICS",
+    "identity", "queries", "runinfo", "telemetry", "DEFAULT_DB", "Store", "StoreBusy", "export_run", "HIST_METRICS",
     "bucket_value", "to_buckets", "Recorder", "HELD_DB_WAIT_S", "MIGRATIONS", "SCHEMA_VERSION", "GpuSampler",
     "ServerSampler", "BatchedWriter",
 ]

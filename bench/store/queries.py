@@ -115,22 +115,29 @@ def _check_resolution(resolution_s: float) -> None:
 
 def series(con: duckdb.DuckDBPyConnection, run_id: str, resolution_s: float = 1.0) -> pd.DataFrame:
     """Requests per time slot (by finish time): t (slot start, epoch s), elapsed_s (since the run started),
-    completed, errors, rps, output_tps, ttft/tpot/e2e p50 and p99 of that slot's successful requests."""
+    completed, errors, rps, output_tps, ttft/tpot/e2e p50 and p99 of that slot's successful requests. Every slot
+    from the first to the last is there: one where nothing finished has 0 completed and no latencies (NaN), so a
+    chart shows the gap instead of a line across it."""
     _check_resolution(resolution_s)
     t0 = _run_row(con, run_id)["started_at"]
     return con.execute("""
-        SELECT $1 + slot * $2 AS t, slot * $2 AS elapsed_s, count(*) AS completed,
-               count(*) FILTER (WHERE status <> 'ok') AS errors, count(*) / $2 AS rps,
-               coalesce(sum(completion_tokens) FILTER (WHERE status = 'ok'), 0) / $2 AS output_tps,
-               quantile_cont(ttft_s, 0.5) FILTER (WHERE status = 'ok') AS ttft_p50,
-               quantile_cont(ttft_s, 0.99) FILTER (WHERE status = 'ok') AS ttft_p99,
-               quantile_cont(tpot_s, 0.5) FILTER (WHERE status = 'ok') AS tpot_p50,
-               quantile_cont(tpot_s, 0.99) FILTER (WHERE status = 'ok') AS tpot_p99,
-               quantile_cont(e2e_s, 0.5) FILTER (WHERE status = 'ok') AS e2e_p50,
-               quantile_cont(e2e_s, 0.99) FILTER (WHERE status = 'ok') AS e2e_p99
-        FROM (SELECT *, floor((finished_at - $1) / $2) AS slot FROM requests
-              WHERE run_id = $3 AND phase = 'measured' AND finished_at IS NOT NULL)
-        GROUP BY slot ORDER BY slot""", [t0, resolution_s, run_id]).df()
+        WITH r AS (SELECT *, floor((finished_at - $1) / $2) AS slot FROM requests
+                   WHERE run_id = $3 AND phase = 'measured' AND finished_at IS NOT NULL),
+        per AS (
+            SELECT slot, count(*) AS completed, count(*) FILTER (WHERE status <> 'ok') AS errors,
+                   coalesce(sum(completion_tokens) FILTER (WHERE status = 'ok'), 0) AS tokens,
+                   quantile_cont(ttft_s, 0.5) FILTER (WHERE status = 'ok') AS ttft_p50,
+                   quantile_cont(ttft_s, 0.99) FILTER (WHERE status = 'ok') AS ttft_p99,
+                   quantile_cont(tpot_s, 0.5) FILTER (WHERE status = 'ok') AS tpot_p50,
+                   quantile_cont(tpot_s, 0.99) FILTER (WHERE status = 'ok') AS tpot_p99,
+                   quantile_cont(e2e_s, 0.5) FILTER (WHERE status = 'ok') AS e2e_p50,
+                   quantile_cont(e2e_s, 0.99) FILTER (WHERE status = 'ok') AS e2e_p99
+            FROM r GROUP BY slot),
+        slots AS (SELECT unnest(range(CAST(min(slot) AS BIGINT), CAST(max(slot) AS BIGINT) + 1)) AS slot FROM per)
+        SELECT $1 + s.slot * $2 AS t, s.slot * $2 AS elapsed_s, coalesce(completed, 0) AS completed,
+               coalesce(errors, 0) AS errors, coalesce(completed, 0) / $2 AS rps,
+               coalesce(tokens, 0) / $2 AS output_tps, ttft_p50, ttft_p99, tpot_p50, tpot_p99, e2e_p50, e2e_p99
+        FROM slots s LEFT JOIN per USING (slot) ORDER BY s.slot""", [t0, resolution_s, run_id]).df()
 
 
 def gpu_series(con: duckdb.DuckDBPyConnection, run_id: str, resolution_s: float = 1.0) -> pd.DataFrame:

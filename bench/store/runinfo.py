@@ -13,8 +13,8 @@ import duckdb
 import pandas as pd
 
 from bench.errors import BadInput
-from bench.model import parse_spec
-from bench.store import queries
+from bench.model import Slo, parse_spec
+from bench.store import identity, queries
 from bench.store.histogram import bucket_value
 
 # capbench_kv_* counters as prometheus_client exposes them (counters get _total).
@@ -44,7 +44,9 @@ def run_config(config: str | dict | None) -> dict:
     profile = c.get("profile") if isinstance(c.get("profile"), dict) else {}
     params = profile.get("params") if isinstance(profile.get("params"), dict) else {}
     out = {"model": _catalog_model(c.get("model")), "gpu": c.get("gpu"), "tp": c.get("tp"),
-           "kv_dtype": c.get("kv_dtype"), "weights": c.get("weights"),
+           "dp": c.get("dp") or 1, "ep": c.get("ep") or 1, "kv_dtype": c.get("kv_dtype"), "weights": c.get("weights"),
+           "profile": profile.get("name") or (c.get("profile") if isinstance(c.get("profile"), str) else None),
+           "users": params.get("users"), "sweep_id": c.get("sweep_id"), "offered_rps": c.get("offered_rps"),
            "rate": c.get("rate", params.get("rate", profile.get("rate"))),
            "kv_checksum": c.get("kv_checksum") or "off", "time_scale": c.get("time_scale") or 1.0,
            "workload": (c.get("workload") or {}).get("name") if isinstance(c.get("workload"), dict)
@@ -54,8 +56,9 @@ def run_config(config: str | dict | None) -> dict:
         try:
             s = parse_spec(spec)
             dep = s.deployment()
-            out.update(model=s.model, gpu=s.gpu, tp=s.tp, kv_dtype=dep.kv_dtype, weights=dep.weights,
+            out.update(model=s.model, gpu=s.gpu, tp=s.tp, dp=dep.dp, kv_dtype=dep.kv_dtype, weights=dep.weights,
                        time_scale=s.value("time_scale", float, 1.0), twin=True)
+            out["kv_checksum"] = s.options.get("kv_checksum") or out["kv_checksum"]
         except BadInput:
             pass
     if out["model"] and not out["weights"]:
@@ -100,19 +103,84 @@ def run_deployment(con: duckdb.DuckDBPyConnection, run_id: str) -> dict:
     return cfg
 
 
-def runs_table(runs: pd.DataFrame) -> pd.DataFrame:
-    """store.runs() with the configuration spread into columns."""
-    configs = pd.DataFrame([run_config(c) for c in runs["config"]], index=runs.index)
-    out = pd.concat([runs.drop(columns=["config"]), configs], axis=1)
+def runs_table(runs: pd.DataFrame, hosts: dict[str, str] | None = None) -> pd.DataFrame:
+    """store.runs() with the configuration spread into columns, `host` (from `hosts`, run id -> hostname) and
+    `identity`, the one description of a run every page, table and report shows."""
+    configs = pd.DataFrame([run_config(c) for c in runs["config"]], index=runs.index,
+                           columns=list(run_config(None)))
+    if "profile" in runs:  # the store's profile name, where the config does not say
+        configs["profile"] = configs["profile"].fillna(runs["profile"])
+    out = pd.concat([runs.drop(columns=["config", "profile"], errors="ignore"), configs], axis=1)
     out["started"] = pd.to_datetime(out["started_at"], unit="s", utc=True).dt.strftime("%Y-%m-%d %H:%M:%S")
+    out["host"] = [(hosts or {}).get(r) for r in out["run_id"]]
+    out["identity"] = [identity.identity(row) for row in out.to_dict("records")]
     return out
 
 
+def hosts(con: duckdb.DuckDBPyConnection) -> dict[str, str]:
+    """run id -> the host `capbench run` ran on."""
+    return dict(con.execute("SELECT run_id, hostname FROM runs WHERE hostname IS NOT NULL").fetchall())
+
+
+def list_runs(store) -> pd.DataFrame:
+    """Every run, newest first, as runs_table (with hosts)."""
+    with store.connect() as con:
+        where = hosts(con)
+    return runs_table(store.runs(), where)
+
+
+def time_scale(con: duckdb.DuckDBPyConnection, run_id: str) -> float:
+    """How many times faster than the GPUs it models the run's server was: a twin's time_scale, else 1."""
+    c = run_deployment(con, run_id)
+    return float(c["time_scale"] or 1.0) if c["twin"] else 1.0
+
+
+RATE_KEYS = ("achieved_rate_rps", "throughput_rps", "goodput_rps", "input_tps", "output_tps")
+TIME_KEYS = ("duration_s", "slo_ttft_s", "slo_tpot_s", "slo_e2e_s",
+             *(f"{m}_p{q}" for m in ("ttft", "tpot", "itl", "e2e") for q in queries.QUANTILES))
+
+
+def summary(con: duckdb.DuckDBPyConnection, run_id: str, slo: Slo | None = None) -> dict:
+    """queries.summary in the time of the GPUs the run measured or modelled: a twin that ran k times faster has
+    its SLO judged k times tighter, its rates divided by k and its latencies multiplied by k (time_scale: k). Every
+    page and report shows a run through this."""
+    k = time_scale(con, run_id)
+    s = queries.summary(con, run_id, slo.scaled(k) if slo is not None and k != 1 else slo)
+    if k != 1:
+        s.update({key: s[key] / k for key in RATE_KEYS if s.get(key) is not None})
+        s.update({key: s[key] * k for key in TIME_KEYS if s.get(key) is not None})
+    s["time_scale"] = k
+    return s
+
+
+def series(con: duckdb.DuckDBPyConnection, run_id: str, resolution_s: float = 1.0) -> pd.DataFrame:
+    """queries.series in the modelled GPUs' time (as summary): elapsed and latencies x k, rates / k; the slot is
+    resolution_s of GPU time."""
+    k = time_scale(con, run_id)
+    df = queries.series(con, run_id, resolution_s / k)
+    df["elapsed_s"] = df["elapsed_s"] * k
+    for col in ("rps", "output_tps"):
+        df[col] = df[col] / k
+    for col in [c for c in df if c.startswith(("ttft_", "tpot_", "e2e_"))]:
+        df[col] = df[col] * k
+    return df
+
+
+def server_series(con: duckdb.DuckDBPyConnection, run_id: str, metric: str,
+                  resolution_s: float = 1.0) -> pd.DataFrame:
+    """queries.server_series with elapsed_s in the modelled GPUs' time (values as the server reported them)."""
+    k = time_scale(con, run_id)
+    df = queries.server_series(con, run_id, metric, resolution_s / k)
+    df["elapsed_s"] = df["elapsed_s"] * k
+    return df
+
+
 def distribution(con: duckdb.DuckDBPyConnection, run_id: str, metric: str) -> pd.DataFrame:
-    """A latency metric's histogram (the store's 1 % log buckets): value_ms, n; empty when none."""
+    """A latency metric's histogram (the store's 1 % log buckets): value_ms (in the modelled GPUs' time), n;
+    empty when none."""
     df = con.execute("SELECT bucket, sum(n) AS n FROM latency_hist WHERE run_id = ? AND metric = ? "
                      "GROUP BY bucket ORDER BY bucket", [run_id, metric]).df()
-    df["value_ms"] = bucket_value(df["bucket"].to_numpy()) * 1e3
+    df["value_ms"] = bucket_value(df["bucket"].to_numpy()) * 1e3 * (time_scale(con, run_id) if len(df) else 1)
     return df[["value_ms", "n"]]
 
 

@@ -8,8 +8,9 @@ import streamlit as st
 
 from bench.errors import BadInput
 from bench.model import capacity, catalog
-from bench.report import charts, measured_vs_predicted
-from bench.store import queries, runinfo
+from bench.report import charts, load, measured_vs_predicted
+from bench.report import plancharts as charts_load
+from bench.store import identity, queries, runinfo
 from dashboard import common
 
 st.title("Compare")
@@ -20,6 +21,7 @@ if len(runs) < 2:
     st.info("Compare needs at least two runs.")
     st.stop()
 labels = {r: common.run_label(runs, r) for r in runs.run_id}
+shorts = {r: f"{identity.short(row)} ({r[-6:]})" for r, row in zip(runs.run_id, runs.to_dict("records"), strict=True)}
 
 
 def default_pair() -> list[str]:
@@ -44,8 +46,10 @@ first_gpu = configs.iloc[0]["gpu"]
 default_price = catalog.gpus()[first_gpu].price_per_gpu_hour if first_gpu in catalog.gpus() else 3.0
 price = st.number_input("$ per GPU-hour", min_value=0.0, value=float(default_price), step=0.1, key="compare_price")
 
-sums = {r: common.read(queries.summary, r, slo) for r in chosen}
-names = [labels[r] for r in chosen]
+sums = {r: common.read(runinfo.summary, r, slo) for r in chosen}
+if any(sums[r]["time_scale"] != 1 for r in chosen):
+    st.caption("Twin runs are shown in the modelled GPUs' time (a twin at time_scale k ran k times faster: its rates "
+               "/ k, its latencies x k, the SLO judged on that time).")
 
 
 def capacity_of(run_id: str) -> dict:
@@ -59,6 +63,17 @@ def capacity_of(run_id: str) -> dict:
         return {"kv_pool_tokens": None, "weights_gb": None}
 
 
+@st.cache_data(show_spinner="the model's latency against load", max_entries=32)
+def predicted_load(model: str, gpu: str, tp: int, kv: str, weights: str, workload: str, slo):
+    """load.predicted for a run's deployment and workload, at rates around the model's highest within the SLO."""
+    from bench.model import Config, load_workload, search_rate, workload_names
+
+    wl = load_workload(workload if workload in workload_names() else "chat")
+    dep = Config(gpu, tp, kv_dtype=kv, weights=weights).deployment(model)
+    best = search_rate(dep, wl, slo)
+    return None if best is None or best.rate_rps <= 0 else load.predicted(dep, wl, slo, best)
+
+
 def _ms(seconds: float | None) -> float | None:
     return None if seconds is None else seconds * 1e3
 
@@ -68,8 +83,7 @@ for r in chosen:
     s, c, cap = sums[r], configs.loc[r], capacity_of(r)
     tp = int(c.tp) if pd.notna(c.tp) else None
     cost = price * tp / 3600 / s["output_tps"] * 1e6 if tp and s["output_tps"] else None
-    rows.append({"run": labels[r], "config": f"{c.model} {c.gpu} x{c.tp} {c.kv_dtype} KV {c.weights}"
-                 + (" +checksum" if c.kv_checksum not in (None, "off") else ""),
+    rows.append({"run": shorts[r], "identity": c.identity,
                  "KV pool tokens": cap["kv_pool_tokens"], "output tokens/s": s["output_tps"],
                  "goodput req/s": s["goodput_rps"], "achieved req/s": s["achieved_rate_rps"],
                  "TTFT p50 ms": _ms(s["ttft_p50"]), "TPOT p50 ms": _ms(s["tpot_p50"]), "E2E p99 ms": _ms(s["e2e_p99"]),
@@ -85,23 +99,38 @@ st.dataframe(gains, hide_index=True, key="gains_table")
 
 figures = side.melt(id_vars=["run"], value_vars=["KV pool tokens", "output tokens/s", "goodput req/s",
                                                  "$ per 1M output tokens"], var_name="figure").dropna()
-st.altair_chart(charts.compare_bars(figures, "Capacity, throughput and cost"))
-pct = pd.concat([runinfo.percentile_rows(sums[r]).assign(run=labels[r]) for r in chosen])
+common.chart(st, charts.compare_bars(figures, "Capacity, throughput and cost"))
+pct = pd.concat([runinfo.percentile_rows(sums[r]).assign(run=shorts[r]) for r in chosen])
 pct = pct[pct.metric.isin(["TTFT", "TPOT", "E2E"])]
 if not pct.empty:
-    st.altair_chart(charts.latency_percentiles(pct, "Latency percentiles by run (ms)"))
+    common.chart(st, charts.latency_percentiles(pct, "Latency percentiles by run (ms)"))
 
 with st.expander("Every compared figure (store query, ratios to the first run)"):
     st.dataframe(common.read(queries.compare, chosen, slo), key="compare_table")
 
+st.subheader("Latency against load")
+curve_runs = list(dict.fromkeys(x for r in chosen for x in load.sweep_runs(runs, r)))
+measured_curve = common.read(load.measured, curve_runs, slo)
+first = runs.set_index("run_id").loc[chosen[0]]
+predicted_curve = None
+if pd.notna(first.model) and pd.notna(first.gpu) and pd.notna(first.tp):
+    predicted_curve = predicted_load(first.model, first.gpu, int(first.tp), first.kv_dtype or "bf16",
+                                  first.weights or "native", first.workload or "chat", slo)
+curve = pd.concat([x for x in (measured_curve, predicted_curve) if x is not None and not x.empty])
+if not curve.empty:
+    common.chart(st, charts_load.latency_vs_load(curve, slo, "Measured and predicted"), height=520)
+    st.caption("Measured: every run of the same deployment and workload as a compared run (a sweep's stages "
+               "together). Predicted: capbench simulate at rates around the highest rate the model gives within the "
+               f"SLO, for the first run's deployment and workload: {common.md_text(identity.short(first.to_dict()))}.")
+
 st.subheader("Measured vs predicted")
 mvp = [common.read(measured_vs_predicted, r, slo) for r in chosen]
-pred_rows = pd.DataFrame([dict(row, run=labels[m["run_id"]]) for m in mvp for row in m["rows"]])
+pred_rows = pd.DataFrame([dict(row, run=shorts[m["run_id"]]) for m in mvp for row in m["rows"]])
 for m in mvp:
     if not m["rows"]:
         st.caption(common.md_text(f"{labels[m['run_id']]}: no prediction ({m.get('why_not', 'unknown')})."))
 if not pred_rows.empty:
-    st.altair_chart(charts.measured_vs_predicted(pred_rows))
+    common.chart(st, charts.measured_vs_predicted(pred_rows))
     shown = pred_rows[["run", "figure", "measured", "predicted", "error"]].copy()
     shown["error"] = shown["error"].map(lambda e: "n/a" if pd.isna(e) else f"{e:+.1%}")
     st.dataframe(shown, hide_index=True, key="prediction_table")

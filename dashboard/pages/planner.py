@@ -9,7 +9,8 @@ import streamlit as st
 from bench.errors import BadInput
 from bench.model import Plan, Question, Slo, capacity, catalog, make_plan, workload_names
 from bench.model import launch as sglang_cmd
-from bench.report import charts, compared
+from bench.report import charts, compared, gpu_bests, load, plancharts, predicted_table, wording
+from dashboard import common
 from dashboard.common import fmt
 
 st.title("Planner")
@@ -69,6 +70,12 @@ def plan_for(q: Question) -> Plan:
     return plan
 
 
+@st.cache_data(show_spinner="latency against load", max_entries=64)
+def latency_curve(q: Question) -> pd.DataFrame:
+    rec = plan_for(q).recommended
+    return load.predicted(rec.config.deployment(q.model, q.context), q.request_mix(), q.slo, rec.prediction)
+
+
 try:
     plan = plan_for(q)
 except BadInput as e:
@@ -77,67 +84,93 @@ except BadInput as e:
 
 chosen, cap = plan.chosen, plan.chosen.capacity
 pred = chosen.prediction
-st.subheader(f"{model.name} on {tp} x {gpus[gpu_id].name}: {chosen.label}")
+rec = plan.recommended
+st.subheader(f"Your configuration: {model.name} on {tp} x {gpus[gpu_id].name}, {chosen.short_label}")
 if not cap.fits:
-    st.error(f"Does not fit: short by {cap.short_by_bytes_per_gpu / 1e9:.1f} GB per GPU. Raise tp or use INT4 "
-             "experts / FP8 KV.")
+    st.error(wording.does_not_fit(chosen))
+serves = chosen.serves
 m = st.columns(4)
 m[0].metric("KV pool tokens", fmt(cap.kv_pool_tokens, ",d"), help="SGLang's max_total_num_tokens")
 m[1].metric(f"Sequences at {int(context):,} tokens", fmt(cap.max_concurrent_sequences_at_context, ",d"))
 m[2].metric("Weights per GPU", fmt(cap.weight_bytes_per_gpu / 1e9, ",.1f", " GB"))
 m[3].metric("Max running requests", fmt(cap.max_running_requests, ",d"))
 m = st.columns(4)
-m[0].metric("Max rate in SLO, per instance (req/s)", fmt(pred.rate_rps if pred else None, ",.2f"))
-m[1].metric("Predicted output tokens/s (goodput)", fmt(pred.output_tps if pred else None, ",.0f"))
-m[2].metric("$ per 1M output tokens", fmt(chosen.usd_per_m_output, ",.3f"))
-m[3].metric(f"GPUs needed for {target:g} req/s", fmt(chosen.gpus_needed, ",d"))
+none = "does not fit" if not cap.fits else wording.NONE_MEETS
+m[0].metric("Max rate within SLO (req/s)", fmt(pred.rate_rps, ",.2f") if serves else none,
+            help="Per instance (one set of tp GPUs): the highest Poisson rate whose percentiles meet the SLO")
+m[1].metric("Output tokens/s at that rate", fmt(pred.output_tps, ",.0f") if serves else none)
+m[2].metric("$ per 1M output tokens", wording.money(chosen.usd_per_m_output, ",.2f", none))
+m[3].metric(f"GPUs needed for {target:g} req/s", fmt(chosen.gpus_needed, ",d") if serves else none)
 m = st.columns(4)
-m[0].metric(f"Rate on {int(gpu_count)} GPUs (req/s)", fmt(chosen.rate_on_hand_rps, ",.2f"))
-m[1].metric("Monthly cost for the target", "$" + fmt(chosen.monthly_cost, ",.0f"))
-m[2].metric(f"TPOT p{slo_p} at that rate (ms)", fmt(pred.tpot_s * 1e3 if pred else None, ",.1f"))
-m[3].metric("Limited by", pred.limited_by if pred else "does not fit")
+m[0].metric(f"Rate on {int(gpu_count)} GPUs (req/s)", fmt(chosen.rate_on_hand_rps, ",.2f") if serves else none)
+m[1].metric(f"Monthly cost for {target:g} req/s", wording.money(chosen.monthly_cost, ",.0f", none))
+m[2].metric(f"TPOT p{slo_p} at that rate (ms)", fmt(pred.tpot_s * 1e3, ",.1f") if serves else none)
+m[3].metric("Limited by", f"{pred.limited_by}" if serves else none)
 
-four, rows = compared(plan)
-st.subheader("What FP8 KV and INT4 experts buy")
-st.caption(f"At {four[0].config.gpu} {four[0].config.parallelism()} (the recommended parallelism): gains against "
-           f"{four[0].short_label}. Red: your choice." if four else "No configuration was simulated.")
-df = pd.DataFrame(rows)
-left, right = st.columns(2)
-left.altair_chart(charts.option_bars(df, "kv_pool_tokens", "KV pool tokens", gain_field="kv_pool_tokens_gain"))
-right.altair_chart(charts.option_bars(df, "concurrent_seqs_at_context", f"Sequences at {int(context):,} tokens",
-                                      gain_field="concurrent_seqs_at_context_gain"))
-left.altair_chart(charts.option_bars(df, "output_tps", "Predicted output tokens/s at the SLO",
-                                     gain_field="output_tps_gain"))
-right.altair_chart(charts.option_bars(df, "usd_per_m_output", "$ per 1M output tokens", fmt=",.3f"))
-left.altair_chart(charts.option_bars(df, "gpus_needed", f"GPUs for {target:g} req/s", fmt=",.0f"))
-right.altair_chart(charts.option_bars(df, "monthly_cost", "Monthly cost ($)", fmt=",.0f"))
-table = df[["config", "fits", "weights_gb_per_gpu", "kv_pool_tokens", "kv_pool_tokens_gain",
-            "concurrent_seqs_at_context", "batch", "rate_rps", "output_tps", "tpot_s", "ttft_s", "limited_by",
-            "usd_per_m_output", "gpus_needed", "monthly_cost"]]
-st.dataframe(table.round(3), hide_index=True, key="options_table")
-for note in plan.notes:
-    st.warning(note)
-st.subheader("Every configuration searched")
-every = pd.DataFrame(plan.rows())
-st.dataframe(every[["config", "rate_rps", "output_tps_per_gpu", "tps_per_user", "usd_per_m_output", "gpus_needed",
-                    "monthly_cost", "rejected_because"]].round(3), hide_index=True, key="search_table")
-
-rec = plan.recommended
 st.subheader("Recommendation")
-if rec is None:
-    st.error("No configuration searched serves this workload within the SLO: relax the SLO, shorten the requests, "
-             "or search more GPUs (the table below says why each configuration lost).")
+if rec is not None:
+    st.success(wording.recommendation(plan))
 else:
-    saving = (chosen.monthly_cost - rec.monthly_cost) if chosen.monthly_cost and rec.monthly_cost else None
-    st.success(f"{rec.gpus_needed} x {rec.config.gpu} ({rec.instances_needed} instance(s) of "
-               f"{rec.config.parallelism()}) with {rec.short_label}: ${fmt(rec.monthly_cost, ',.0f')} a month for "
-               f"{target:g} req/s, ${fmt(rec.usd_per_m_output, ',.2f')} per 1M output tokens"
-               + (f", ${fmt(saving, ',.0f')} a month less than your configuration." if saving else "."))
+    st.error(wording.recommendation(plan))
+for sentence in wording.savings(plan, common.drift_table()):
+    st.markdown(f"- {sentence}.")
+if rec is not None:
     single, multi = sglang_cmd.commands(model_id, rec.config.gpu, rec.tp, rec.kv_dtype, rec.weights, int(context))
     if single:
         st.code(single, language="bash", wrap_lines=True)
     with st.expander("Multi-node (one instance over several nodes)", expanded=single is None):
         st.code("\n".join(multi), language="bash", wrap_lines=True)
+
+four, rows = compared(plan)
+st.subheader("What FP8 KV and INT4 experts buy")
+st.caption(f"At {four[0].config.gpu.upper()} {four[0].config.parallelism()} (the recommended parallelism): gains "
+           f"against {four[0].short_label}. Red: your choice." if four else "No configuration was simulated.")
+df = pd.DataFrame(rows)
+if four:
+    left, right = st.columns(2)
+    common.chart(left, charts.option_bars(df, "kv_pool_tokens", "KV pool tokens", gain_field="kv_pool_tokens_gain"))
+    common.chart(right, charts.option_bars(df, "concurrent_seqs_at_context", f"Sequences at {int(context):,} tokens",
+                                           gain_field="concurrent_seqs_at_context_gain"))
+    common.chart(left, charts.option_bars(df, "output_tps", "Predicted output tokens/s at the SLO",
+                                          gain_field="output_tps_gain"))
+    common.chart(right, charts.option_bars(df, "usd_per_m_output", "$ per 1M output tokens", fmt=",.2f"))
+    common.chart(left, charts.option_bars(df, "gpus_needed", f"GPUs for {target:g} req/s", fmt=",.0f"))
+    common.chart(right, charts.option_bars(df, "monthly_cost", "Monthly cost ($)", fmt=",.0f"))
+    head, body = predicted_table(plan)
+    st.table(pd.DataFrame(body, columns=head).set_index("configuration"))
+for note in plan.notes:
+    st.warning(note)
+
+if rec is not None:
+    st.subheader("Latency against load")
+    curve = latency_curve(q)
+    common.chart(st, plancharts.latency_vs_load(curve, q.slo, f"Predicted for {rec.label}"), height=520)
+    st.subheader("Every configuration that meets the SLO")
+    every = pd.DataFrame(plan.rows())
+    left, right = st.columns(2)
+    common.chart(left, plancharts.pareto_throughput(every), height=520)
+    common.chart(right, plancharts.pareto_cost(every, slo_p), height=520)
+    bests = gpu_bests(plan)
+    if len(bests) > 1:
+        common.chart(st, plancharts.gpu_comparison(pd.DataFrame([o.to_row() for o in bests]), target),
+                     height=80 + 34 * len(bests))
+    else:
+        st.caption("Add GPUs to 'GPUs to search' to compare each GPU at its best configuration.")
+
+st.subheader("Every configuration searched, and why each lost")
+every = pd.DataFrame(plan.rows())
+shown = pd.DataFrame({
+    "configuration": every["config"],
+    "max req/s per instance": every["rate_rps"].map(lambda v: fmt(v, ",.2f") if pd.notna(v) and v else "-"),
+    "output tok/s per GPU": every["output_tps_per_gpu"].map(lambda v: fmt(v, ",.0f") if pd.notna(v) and v else "-"),
+    "tok/s per user": every["tps_per_user"].map(lambda v: fmt(v, ",.1f") if pd.notna(v) and v else "-"),
+    "$ per 1M output tokens": every["usd_per_m_output"].map(lambda v: wording.money(v, ",.2f", "-")),
+    f"GPUs for {target:g} req/s": every["gpus_needed"].map(lambda v: fmt(v, ",.0f") if pd.notna(v) and v else "-"),
+    "monthly cost": every["monthly_cost"].map(lambda v: wording.money(v, ",.0f", "-")),
+    "why not": every["rejected_because"].fillna(every["recommended"].map({True: "recommended", False: ""})),
+})
+st.dataframe(shown, hide_index=True, key="search_table", column_config={
+    "configuration": st.column_config.TextColumn(width="large"), "why not": st.column_config.TextColumn(width="large")})
 st.caption("Predictions: the search of `capbench plan` (the same figures as the CLI and `capbench report`): each "
            "finalist's highest Poisson rate within the SLO from capbench simulate's scheduler, simulated until it "
            "converges, with the performance model validated against published SGLang runs (`capbench validate`). "

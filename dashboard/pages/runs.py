@@ -1,13 +1,15 @@
-"""Runs: a filterable list; for one run its latency percentiles, TTFT and ITL distributions, throughput and
-concurrency over time, GPU telemetry and server metrics on the same time axis."""
+"""Runs: a filterable list of every run's identity; for one run its latency percentiles, TTFT, ITL and E2E
+distributions (log bins on log axes) and the ITL CDF, throughput, latency and concurrency over time (lines break
+where there is no data), GPU telemetry and server metrics on the same time axis. A twin's figures are in the
+modelled GPUs' time (runinfo.summary/series)."""
 
 from __future__ import annotations
 
 import pandas as pd
 import streamlit as st
 
-from bench.report import charts
-from bench.store import queries, runinfo
+from bench.report import charts, load, plancharts
+from bench.store import identity, queries, runinfo
 from dashboard import common
 from dashboard.common import TS_HEIGHT, fmt
 
@@ -32,8 +34,7 @@ if kv:
 if text:
     shown = shown[shown.label.fillna("").str.contains(text, case=False, regex=False)]
 st.caption(f"{len(shown)} of {len(runs)} runs")
-st.dataframe(shown[["label", "started", "status", "model", "gpu", "tp", "kv_dtype", "weights", "kv_checksum",
-                    "workload", "requests", "errors", "run_id"]], hide_index=True, key="runs_table")
+st.dataframe(identity.runs_display(shown), hide_index=True, key="runs_table")
 if shown.empty:
     st.stop()
 if st.button("Refresh", help="Re-read the DB (a running run keeps writing)"):
@@ -44,8 +45,12 @@ run_id = st.selectbox("Run", list(labels), format_func=labels.get, key="run")
 slo = common.slo_inputs("runs")
 res = st.select_slider("Time resolution (s)", [0.5, 1.0, 2.0, 5.0, 10.0], value=1.0, key="resolution")
 
-s = common.read(queries.summary, run_id, slo)
-st.subheader(common.md_text(f"{labels[run_id]}: {s['status']}"))
+s = common.read(runinfo.summary, run_id, slo)
+st.subheader(common.md_text(runs.set_index("run_id").loc[run_id, "identity"]))
+st.caption(f"Run {run_id}, {s['status']}"
+           + (f". A twin that ran {s['time_scale']:g}x faster than the GPUs it models: every figure here is in the "
+              "modelled GPUs' time (rates / {k:g}, latencies x {k:g}), the SLO judged on that time."
+              .format(k=s["time_scale"]) if s["time_scale"] != 1 else "."))
 m = st.columns(5)
 m[0].metric("Measured requests", fmt(s["measured"], ",d"))
 m[1].metric("Success rate", fmt(s["success_rate"] * 100 if s["success_rate"] is not None else None, ".1f", " %"))
@@ -62,23 +67,32 @@ m[4].metric("Dispatch lag max (ms)", fmt(s["dispatch_lag_max"] * 1e3 if s["dispa
 if s["errors_by_kind"]:
     st.caption("Errors: " + ", ".join(f"{k} {v}" for k, v in s["errors_by_kind"].items()))
 
+curve = load.sweep_runs(runs, run_id)
+if len(curve) > 1:  # a sweep, or other runs of this deployment and workload at other rates: the load curve
+    common.chart(st, plancharts.latency_vs_load(common.read(load.measured, curve, slo), slo,
+                                                f"Latency against load: the {len(curve)} runs of this deployment"),
+                 height=520)
 pct = runinfo.percentile_rows(s)
 if not pct.empty:
-    st.altair_chart(charts.latency_percentiles(pct))
+    common.chart(st, charts.latency_percentiles(pct))
+dists = {m: common.read(runinfo.distribution, run_id, m) for m in ("ttft", "itl", "e2e")}
 c1, c2 = st.columns(2)
-for col, metric, title in ((c1, "ttft", "TTFT distribution"), (c2, "itl", "Inter-token latency distribution")):
-    d = common.read(runinfo.distribution, run_id, metric)
-    if d.empty:
-        col.caption(f"No {metric.upper()} values yet.")
+for col, metric, title, unit in ((c1, "ttft", "Time to first token", "requests"),
+                                 (c2, "itl", "Inter-token latency (every gap between tokens)", "gaps"),
+                                 (c1, "e2e", "End-to-end latency", "requests")):
+    if dists[metric].empty:
+        col.caption(f"No {metric.upper()} values in this run.")
     else:
-        col.altair_chart(charts.distribution(d, title))
+        common.chart(col, charts.distribution(dists[metric], title, unit), height=300)
+if not dists["itl"].empty:
+    common.chart(c2, charts.cdf(dists["itl"], "Inter-token latency: share of gaps at or below"), height=300)
 
-series = common.read(queries.series, run_id, res)
+series = common.read(runinfo.series, run_id, res)
 gpu = common.read(queries.gpu_series, run_id, res)
 names = common.read(runinfo.server_metric_names, run_id)
 shown_metrics = st.multiselect("Server metrics to chart", names, key=f"metrics_{run_id}",
                                default=[n for n in runinfo.SERVER_METRICS if n in names])
-server = {n: common.read(queries.server_series, run_id, n, res)
+server = {n: common.read(runinfo.server_series, run_id, n, res)
           for n in dict.fromkeys(["sglang:num_running_reqs", "sglang:num_queue_reqs", *shown_metrics]) if n in names}
 spans = [df.elapsed_s for df in (series, gpu, *server.values()) if not df.empty]
 if not spans:
@@ -88,28 +102,31 @@ domain = (0.0, float(max(x.max() for x in spans)) + res)
 
 st.subheader("Over time (one time axis)")
 if not series.empty:
-    tput = series.melt(id_vars=["elapsed_s"], value_vars=["rps", "output_tps"], var_name="figure")
-    st.altair_chart(charts.timeseries(tput[tput.figure == "output_tps"], "value", "Output tokens/s", domain,
-                                      y_title="tokens/s"), height=TS_HEIGHT)
-    st.altair_chart(charts.timeseries(tput[tput.figure == "rps"], "value", "Completed requests/s", domain,
-                                      y_title="req/s"), height=TS_HEIGHT)
-    lat = series.melt(id_vars=["elapsed_s"], value_vars=["ttft_p50", "ttft_p99", "tpot_p50"], var_name="latency")
-    lat["ms"] = lat["value"] * 1e3
-    st.altair_chart(charts.timeseries(lat, "ms", "Latency per slot (ms)", domain, color="latency"), height=TS_HEIGHT)
+    common.chart(st, charts.timeseries(series, "output_tps", "Output tokens/s", domain, y_title="tokens/s",
+                                      step=res), height=TS_HEIGHT)
+    common.chart(st, charts.timeseries(series, "rps", "Completed requests/s", domain, y_title="req/s", step=res),
+                    height=TS_HEIGHT)
+    for metric, name in (("ttft", "Time to first token"), ("tpot", "Time per output token")):
+        lat = series.melt(id_vars=["elapsed_s"], value_vars=[f"{metric}_p50", f"{metric}_p99"], var_name="latency")
+        lat["ms"] = lat["value"] * 1e3
+        lat["latency"] = lat["latency"].str.replace(f"{metric}_", "")
+        common.chart(st, charts.timeseries(lat, "ms", f"{name} per slot, p50 and p99 (no line: nothing finished)",
+                                          domain, color="latency", y_title="ms", step=res), height=TS_HEIGHT)
 if "sglang:num_running_reqs" in server:
     conc = pd.concat([server[n].assign(metric=n.removeprefix("sglang:")) for n in
                       ("sglang:num_running_reqs", "sglang:num_queue_reqs") if n in server])
-    st.altair_chart(charts.timeseries(conc, "value", "Concurrency: running and queued requests", domain,
-                                      color="metric", y_title="requests"), height=TS_HEIGHT)
+    common.chart(st, charts.timeseries(conc, "value", "Concurrency: running and queued requests", domain,
+                                      color="metric", y_title="requests", step=res), height=TS_HEIGHT)
 if not gpu.empty:
     gpu["gpu"] = "GPU " + gpu["gpu"].astype(str)
     for y, title in (("gpu_util_pct", "GPU utilisation (%)"), ("power_w", "GPU power (W)"),
                      ("mem_used_mib", "GPU memory used (MiB)")):
-        st.altair_chart(charts.timeseries(gpu, y, title, domain, color="gpu", y_title=title), height=TS_HEIGHT)
+        common.chart(st, charts.timeseries(gpu, y, title, domain, color="gpu", y_title=title, step=res),
+                        height=TS_HEIGHT)
 else:
     st.caption("No GPU samples in this run (no NVML on the machine that ran it).")
 for name, df in server.items():
     if name in ("sglang:num_running_reqs", "sglang:num_queue_reqs"):
         continue
-    st.altair_chart(charts.timeseries(df, "value", name, domain, y_title=name.removeprefix("sglang:")),
+    common.chart(st, charts.timeseries(df, "value", name, domain, y_title=name.removeprefix("sglang:"), step=res),
                     height=TS_HEIGHT)

@@ -24,8 +24,11 @@ def test_compare_shows_the_chosen_runs_and_their_gains(db):
     at.multiselect(key="compare_runs").set_value(chosen).run()
     no_exception(at)
     assert len(at.get("vega_lite_chart")) >= 3
-    side = table_with(at, "config")
-    assert [r.startswith(lbl) for r, lbl in zip(side.run, ("kimi bf16-kv", "kimi fp8-kv"), strict=True)] == [True] * 2
+    side = table_with(at, "identity")
+    assert [i.endswith(f"'{lbl}'") for i, lbl in zip(side.identity, ("kimi bf16-kv", "kimi fp8-kv"), strict=True)] \
+        == [True] * 2
+    assert side.run.tolist() == [f"Kimi K2 Thinking, 8x H200 tp8, {kv} KV, INT4-G32 experts (as shipped) · poisson 4 "
+                                 f"req/s ({r[-6:]})" for kv, r in zip(("BF16", "FP8"), chosen, strict=True)]
     with Store(path, read_only=True).connect() as con:
         s = [queries.summary(con, r, Slo(ttft_s=2.0, tpot_s=0.05)) for r in chosen]
     assert side["output tokens/s"].tolist() == [x["output_tps"] for x in s]
@@ -36,14 +39,14 @@ def test_compare_shows_the_chosen_runs_and_their_gains(db):
     # $/1M tokens follows the price input
     cost = side["$ per 1M output tokens"].iloc[0]
     at.number_input(key="compare_price").set_value(3.79 * 2).run()
-    assert abs(table_with(at, "config")["$ per 1M output tokens"].iloc[0] - 2 * cost) < 1e-6
+    assert abs(table_with(at, "identity")["$ per 1M output tokens"].iloc[0] - 2 * cost) < 1e-6
 
     pred = table_with(at, "predicted")
     assert set(pred.figure) == {"output tokens/s", "TPOT p50 (ms)", "TTFT p50 (ms)"}
     with Store(path, read_only=True).connect() as con:
         mvp = measured_vs_predicted(con, chosen[0], Slo(ttft_s=2.0, tpot_s=0.05))
     row = next(r for r in mvp["rows"] if r["figure"] == "output tokens/s")
-    shown = pred[(pred.figure == "output tokens/s") & pred.run.str.startswith("kimi bf16-kv")].iloc[0]
+    shown = pred[(pred.figure == "output tokens/s") & pred.run.str.endswith(f"({chosen[0][-6:]})")].iloc[0]
     assert shown.predicted == row["predicted"] and shown.error == f"{row['error']:+.1%}"
 
 

@@ -13,18 +13,18 @@ def test_integrity_totals_events_and_overhead(db):
     by_label = {RUNS[i][0]: r for i, r in enumerate(ids)}
     at = page("integrity")
     no_exception(at)
-    table = table_with(at, "pages_verified")
-    assert sorted(table["mode"]) == ["verify", "verify"]
+    table = table_with(at, "pages verified")
+    assert sorted(table["checksum mode"]) == ["verify", "verify"]
     with Store(path, read_only=True).connect() as con:
         verified = con.execute("SELECT max(value) - arg_min(value, t) FROM server_samples WHERE run_id = ? AND "
                                "metric = 'capbench_kv_pages_verified_total'", [by_label["kimi fp8-kv checksum"]]
                                ).fetchone()[0]
         on = queries.summary(con, by_label["kimi fp8-kv checksum"])["output_tps"]
         off = queries.summary(con, by_label["kimi fp8-kv"])["output_tps"]
-    kimi = table[table.run.str.startswith("kimi")].iloc[0]
-    assert kimi.pages_verified == verified and kimi.mismatches == 1
+    kimi = table[table["run id"] == by_label["kimi fp8-kv checksum"]].iloc[0]
+    assert kimi["pages verified"] == verified and kimi.mismatches == 1
     assert kimi["throughput overhead %"] == round((1 - on / off) * 100, 3)
-    glm = table[table.run.str.startswith("glm")].iloc[0]
+    glm = table[table["run id"] == by_label["glm fp8-kv checksum"]].iloc[0]
     assert glm.mismatches == 0 and glm["throughput overhead %"] != glm["throughput overhead %"]  # NaN: no baseline
     assert metric(at, "Mismatches") == 1
 

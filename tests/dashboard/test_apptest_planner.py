@@ -35,9 +35,9 @@ def test_planner_cli_and_report_give_one_answer(at):
                  workload="chat", price_per_gpu_hour=3.79, search_gpus=("h200",))
     plan = make_plan(q)
     assert metric(at, "KV pool tokens") == capacity.capacity(dep).kv_pool_tokens
-    assert metric(at, "Max rate in SLO") == round(plan.chosen.prediction.rate_rps, 2)
+    assert metric(at, "Max rate within SLO") == round(plan.chosen.prediction.rate_rps, 2)
     assert metric(at, "GPUs needed for 10 req/s") == plan.chosen.gpus_needed
-    assert metric(at, "$ per 1M output tokens") == round(plan.chosen.usd_per_m_output, 3)
+    assert metric(at, "$ per 1M output tokens") == round(plan.chosen.usd_per_m_output, 2)
     rec = plan.recommended
     assert any(f"${rec.monthly_cost:,.0f} a month" in s.value for s in at.success)
 
@@ -66,10 +66,10 @@ def test_planner_follows_its_inputs(at):
     at.number_input(key="target_rate").set_value(40.0).run()  # four times the load: at least as many GPUs
     gpus_40 = metric(at, "GPUs needed for 40 req/s")
     assert gpus_40 >= gpus_10 and gpus_40 > 8
-    assert metric(at, "Monthly cost for the target") == round(gpus_40 * 3.79 * 730)
+    assert metric(at, "Monthly cost for 40 req/s") == round(gpus_40 * 3.79 * 730)
 
     at.number_input(key="price_h200").set_value(7.58).run()  # the price scales the cost per token
-    assert abs(metric(at, "$ per 1M output tokens") - 2 * cost) < 0.002
+    assert abs(metric(at, "$ per 1M output tokens") - 2 * cost) < 0.02
 
     at.selectbox(key="model").set_value("glm-4.6").run()  # another model: its own capacity and commands
     no_exception(at)

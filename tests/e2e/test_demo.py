@@ -15,6 +15,7 @@ def test_short_demo_end_to_end_twice(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "What FP8 KV and INT4 experts buy" in out and "GLM-4.6, FP8 KV" in out and "demo took" in out
     assert report.is_file() and "<svg" in report.read_text()
+    assert "Capacity report: GLM-4.6" in report.read_text()  # a section for the model the demo ran
     runs = Store(db, read_only=True).runs()
     assert len(runs) == len(configs) * len(loads) == len(first["runs"])
     assert set(runs.status) == {"completed"} and (runs.requests > 0).all()

@@ -39,7 +39,8 @@ def test_report_with_runs_has_tables_charts_and_the_measurements(db):
     assert page.count("<table>") >= 6  # configs, capacity, predicted, measured, vs, integrity
     assert page.count("<svg") >= 6  # 4 plan charts, measured latency, measured vs predicted
     kimi_runs = [label for label, config, *_ in RUNS if config["model"] == "kimi-k2-thinking"]
-    assert {m.label for m in r.runs} == set(kimi_runs)  # the model's runs, not GLM's
+    assert {m.label.rsplit(" · ", 1)[-1].strip("'") for m in r.runs} == set(kimi_runs)  # the model's, not GLM's
+    assert all(" · measured on " in m.label for m in r.runs)  # every run says what it ran and where
     for label in kimi_runs:
         assert label in page
     for heading in ("The question", "The answer", "Configurations compared", "Measured results",
@@ -47,9 +48,9 @@ def test_report_with_runs_has_tables_charts_and_the_measurements(db):
         assert heading in page
     assert "Nothing was measured" not in page
     rec = make_plan(Q).recommended
-    assert f"Deploy {rec.gpus_needed} x h200 as {rec.instances_needed} SGLang instance(s)" in page
+    assert f"Deploy {rec.gpus_needed} x H200 as {rec.instances_needed} SGLang instance(s)" in page
     assert f"${rec.monthly_cost:,.0f} a month" in page
-    assert "FP8 KV cache:" in page and "INT4 experts:" in page
+    assert "FP8 KV cache:" in page and "experts (converted by capbench from the checkpoint" in page
     # launch commands: one node, and one instance over two nodes
     assert "capbench sglang-launch --kv-checksum verify" in page
     assert "--model-path moonshotai/Kimi-K2-Thinking --tp 8 --kv-cache-dtype fp8_e4m3" in page
@@ -63,7 +64,12 @@ def test_report_without_runs_is_a_planning_report(tmp_path):
     assert_self_contained(page)
     assert not r.measured
     assert "Nothing was measured" in page and "no results database" in page
-    assert page.count("<table>") == 4 and page.count("<svg") == 4  # configs, capacity, predicted, other GPUs
+    assert page.count("<table>") == 4  # configs, capacity, predicted, other GPUs
+    # 4 plan charts, latency against load, two Pareto views, the GPU comparison
+    assert page.count("<svg") == 8
+    for heading in ("Latency against load", "Every configuration that meets the SLO",
+                    "Each GPU at its cheapest configuration for the target load"):
+        assert heading in page
     assert "Each other GPU's cheapest configuration" in page
     rec = r.plan.recommended
     assert {o.config.gpu for o in r.other_gpus} | {rec.config.gpu} == {"h200", "b200"}  # each GPU's best
@@ -115,3 +121,32 @@ def test_launch_commands_are_accepted_by_the_patched_launcher(tmp_path):
         exec_line = next(line for line in out.output.splitlines() if line.startswith("exec: "))
         assert "-m sglang.launch_server" in exec_line and "--radix-cache-backend capbench_kv_checksum" in exec_line
         assert argv[argv.index("--") + 1] in exec_line  # the server arguments pass through
+
+
+def test_one_report_for_every_model_with_plain_words(db, tmp_path):
+    """The demo's report: a section per model, each with its own runs; savings say what they risk; no "$n/a",
+    no "max rate 0.00", and a "does not fit" that does not offer FP8 KV when the weights alone do not fit."""
+    from bench.model import Option
+    from bench.report import wording
+
+    path, ids = db
+    qs = [Question(model=m, gpu="h200", tp=8, workload="chat", search_gpus=("h200",))
+          for m in ("kimi-k2-thinking", "glm-4.6")]
+    reports = [build(q, path, [i for i, (_, c, *_) in zip(ids, RUNS, strict=True) if c["model"] == q.model])
+               for q in qs]
+    page = render(reports, "html")
+    assert_self_contained(page)
+    assert "href='#kimi-k2-thinking'" in page and "href='#glm-4.6'" in page
+    assert "id='kimi-k2-thinking'" in page and "id='glm-4.6'" in page
+    assert "glm fp8-kv checksum" in page.split("id='glm-4.6'")[1]
+    assert "glm fp8-kv checksum" not in page.split("id='glm-4.6'")[0].split("id='kimi-k2-thinking'")[1]
+    for bad in ("$n/a", "n/a $", "Recommended against", "0.00 req/s", "max rate 0.00"):
+        assert bad not in page, bad
+    assert "quality not yet checked" in page  # FP8 KV / converted experts without a drift run
+    # a configuration whose weights do not fit: more GPUs or INT4, never FP8 KV (the KV cache is not the problem)
+    plan = reports[1].plan
+    big = next(o for o in plan.options if not o.capacity.fits and o.kv_dtype == "bf16" and o.weights == "native")
+    assert isinstance(big, Option)
+    hint = wording.does_not_fit(big)
+    assert hint.startswith("Does not fit: the weights alone need") and "FP8 KV" not in hint
+    assert "INT4 experts" in hint

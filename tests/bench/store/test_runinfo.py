@@ -49,3 +49,35 @@ def test_window_output_tps_counts_tokens_inside_the_arrival_window(tmp_db):
         tps = runinfo.window_output_tps(con, run)
     # 100 tokens over [1, 3]: half inside [2, 10]; 50 over [6, 7]: all; 40 over [11, 15]: none
     assert tps == pytest.approx((50 + 50) / 8)
+
+
+def test_capbench_runs_shows_each_runs_identity(tmp_path):
+    """`capbench runs` names what each run measured (model, GPUs, parallelism, KV, experts, checksum, load,
+    workload, twin or host), from the one identity every page and report shows."""
+    import socket
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from bench.store import identity
+    from tests.rundb import fill
+
+    db = tmp_path / "capbench.duckdb"
+    ids = fill(db)
+    store = Store(db)
+    twin = store.start_run(label="demo chat", config={
+        "twin": "twin:glm-4.6@h200x8,kv=fp8_e4m3,weights=int4-g32,time_scale=4",
+        "profile": {"name": "poisson", "params": {"rate": 8.0}}, "workload": {"name": "chat"}})
+    store.finish_run(twin)
+    out = subprocess.run([str(Path(sys.executable).parent / "capbench"), "runs", "--db", str(db)],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    lines = {r: next(line for line in out.stdout.splitlines() if r in line) for r in [*ids, twin]}
+    assert all(c in out.stdout for c in identity.IDENTITY_COLUMNS)
+    for word in ("GLM-4.6", "8x H200", "tp8", "FP8", "INT4-G32 (converted)", "poisson 2 req/s", "chat",
+                 "twin (modelled)"):
+        assert word in lines[twin], word
+    bf16 = lines[ids[0]]  # tests/rundb.py's first run: Kimi K2 Thinking, BF16 KV, no checksum, 4 req/s
+    for word in ("Kimi K2 Thinking", "BF16", "INT4-G32 (as shipped)", "off", "poisson 4 req/s",
+                 f"measured on {socket.gethostname()}"):
+        assert word in bf16, word

@@ -1,0 +1,118 @@
+"""Charts of a plan and of load: latency against load with the SLO drawn on it, the Pareto views of `capbench plan`
+(output tokens/s per GPU against tokens/s per user; $ per 1M output tokens against latency) and the GPU comparison
+at each GPU's best configuration. Each takes a DataFrame (plan.rows(), load.predicted/measured) and returns an
+Altair chart, for the Planner, the Compare page and the report alike."""
+
+from __future__ import annotations
+
+import altair as alt
+import pandas as pd
+
+from bench.model import Slo
+
+SOURCE = alt.Scale(domain=["measured", "predicted"], range=["#4c78a8", "#f58518"])
+VARIANT = alt.Scale(scheme="tableau10")
+
+
+def latency_vs_load(df: pd.DataFrame, slo: Slo, title: str = "Latency against load") -> alt.Chart:
+    """df: load.predicted/measured rows. A 2 x 2 grid: TTFT and TPOT (rows, own axes) against the offered and the
+    achieved rate (columns); measured and predicted lines; the SLO a dashed red line; the highest offered rate
+    within the SLO of each source ringed."""
+    q = slo.percentile
+    limits = {"TTFT": None if slo.ttft_s is None else slo.ttft_s * 1e3,
+              "TPOT": None if slo.tpot_s is None else slo.tpot_s * 1e3}
+    best = {}
+    for src, g in df.groupby("source"):
+        ok = g[g.within_slo]
+        best[src] = ok.offered_rps.max() if len(ok) else None
+    rows = []
+    for r in df.to_dict("records"):
+        for metric, col in (("TTFT", "ttft_ms"), ("TPOT", "tpot_ms")):
+            if r[col] is None or pd.isna(r[col]):
+                continue
+            for kind, x in (("offered rate (req/s)", r["offered_rps"]), ("achieved rate (req/s)", r["achieved_rps"])):
+                rows.append({"metric": f"{metric} p{q} (ms)", "x_kind": kind, "x": x, "ms": r[col],
+                             "source": r["source"], "slo_ms": limits[metric],
+                             "best": best.get(r["source"]) == r["offered_rps"], "run": r["run"]})
+    long = pd.DataFrame(rows, columns=["metric", "x_kind", "x", "ms", "source", "slo_ms", "best", "run"])
+    base = alt.Chart(long)
+    lines = base.mark_line(point=alt.OverlayMarkDef(size=40)).encode(
+        x=alt.X("x:Q", title=None), y=alt.Y("ms:Q", title=None, scale=alt.Scale(type="log")),
+        color=alt.Color("source:N", scale=alt.Scale(domain=[x for x in SOURCE.domain if x in set(df.source)],
+                                                    range=[c for x, c in zip(SOURCE.domain, SOURCE.range,
+                                                                             strict=True) if x in set(df.source)]),
+                        legend=alt.Legend(orient="top", title=None)),
+        order="x:Q", detail="source:N",
+        tooltip=["source", "run", alt.Tooltip("x:Q", format=",.2f", title="req/s"),
+                 alt.Tooltip("ms:Q", format=",.1f", title="ms")])
+    rule = base.transform_filter("isValid(datum.slo_ms)").mark_rule(color="#e45756", strokeDash=[6, 3]).encode(
+        y="mean(slo_ms):Q")
+    ring = base.transform_filter("datum.best").mark_point(size=220, shape="circle", strokeWidth=2.5,
+                                                          color="black").encode(x="x:Q", y="ms:Q")
+    return alt.layer(lines, rule, ring).properties(width=250, height=170).facet(
+        row=alt.Row("metric:N", title=None, sort=[f"TTFT p{q} (ms)", f"TPOT p{q} (ms)"]),
+        column=alt.Column("x_kind:N", title=None, sort=["offered rate (req/s)", "achieved rate (req/s)"]),
+    ).resolve_scale(y="independent", x="independent").properties(
+        title=alt.TitleParams(title, subtitle=["Dashed red: the SLO. Ringed: the highest offered rate within it."]))
+
+
+def _variant(rows: pd.DataFrame) -> pd.DataFrame:
+    rows = rows.copy()
+    rows["variant"] = rows["short"]
+    rows["marked"] = rows["recommended"].map({True: "recommended", False: "other"})
+    return rows
+
+
+def _points(rows: pd.DataFrame, x: str, y: str, x_title: str, y_title: str, front: str, title: str,
+            x_log: bool = False, y_fmt: str = ",.0f") -> alt.Chart:
+    d = _variant(rows[rows[x].notna() & rows[y].notna()])
+    base = alt.Chart(d)
+    enc = {"x": alt.X(f"{x}:Q", title=x_title, scale=alt.Scale(type="log" if x_log else "linear", zero=False)),
+           "y": alt.Y(f"{y}:Q", title=y_title, scale=alt.Scale(zero=False))}
+    dots = base.mark_point(filled=True, size=70, opacity=0.85).encode(
+        **enc, color=alt.Color("variant:N", scale=VARIANT, legend=alt.Legend(orient="bottom", title=None,
+                                                                             columns=1, labelLimit=400)),
+        shape=alt.Shape("gpu:N", legend=alt.Legend(orient="bottom", title="GPU")),
+        tooltip=["config", alt.Tooltip(f"{x}:Q", format=",.2f", title=x_title),
+                 alt.Tooltip(f"{y}:Q", format=y_fmt, title=y_title), "gpus_needed", "limited_by"])
+    edge = base.transform_filter(f"datum.{front}").mark_line(color="#888", strokeDash=[4, 3]).encode(
+        **enc, order=f"{x}:Q")
+    rec = base.transform_filter("datum.recommended").mark_point(size=400, color="#e45756", strokeWidth=3).encode(
+        **enc)
+    label = base.transform_filter("datum.recommended").mark_text(dy=-18, color="#e45756", fontWeight="bold").encode(
+        **enc, text=alt.value("recommended"))
+    return alt.layer(edge, dots, rec, label).properties(title=alt.TitleParams(
+        title, subtitle=["Each point a configuration that meets the SLO; dashed grey: the Pareto front."]),
+        width=380, height=260)
+
+
+def pareto_throughput(rows: pd.DataFrame) -> alt.Chart:
+    """plan.rows(): output tokens/s per GPU against tokens/s per user, at each configuration's highest rate within
+    the SLO."""
+    return _points(rows, "tps_per_user", "output_tps_per_gpu", "tokens/s per user (1 / TPOT)",
+                   "output tokens/s per GPU", "pareto", "Throughput per GPU against speed per user")
+
+
+def pareto_cost(rows: pd.DataFrame, percentile: int) -> alt.Chart:
+    """plan.rows(): $ per 1M output tokens against end-to-end latency at the SLO's percentile."""
+    d = rows.assign(e2e_ms=rows["e2e_s"] * 1e3)
+    return _points(d, "e2e_ms", "usd_per_m_output", f"E2E latency p{percentile} (ms)", "$ per 1M output tokens",
+                   "pareto_cost", "Cost against latency", y_fmt="$,.2f")
+
+
+def gpu_comparison(rows: pd.DataFrame, target_rps: float) -> alt.Chart:
+    """One bar per GPU at its cheapest configuration serving the target: monthly cost, labelled with the GPUs
+    needed, the configuration and $ per 1M output tokens; the recommended one red."""
+    d = rows.copy()
+    d["label"] = d.apply(lambda r: f"${r.monthly_cost:,.0f}/month: {r.gpus_needed:.0f} GPUs, {r.short}, "
+                         f"${r.usd_per_m_output:,.2f} per 1M tokens", axis=1)
+    bars = alt.Chart(d).mark_bar().encode(
+        y=alt.Y("gpu:N", title=None, sort=alt.EncodingSortField("monthly_cost")),
+        x=alt.X("monthly_cost:Q", title=f"monthly cost for {target_rps:g} req/s ($)",
+                scale=alt.Scale(domain=[0, float(d.monthly_cost.max()) * 2.2]), axis=alt.Axis(format="$,.0f")),
+        color=alt.condition("datum.recommended", alt.value("#e45756"), alt.value("#4c78a8")),
+        tooltip=["config", alt.Tooltip("monthly_cost:Q", format="$,.0f"), "gpus_needed",
+                 alt.Tooltip("usd_per_m_output:Q", format="$,.2f")])
+    text = bars.mark_text(align="left", dx=4, color="black").encode(text="label:N", color=alt.value("black"))
+    return (bars + text).properties(title="Each GPU at its cheapest configuration for the target load", width=380,
+                                    height=alt.Step(30))

@@ -1,0 +1,156 @@
+"""What the report and the Planner say in words: the question, the answer, what FP8 KV and INT4 experts save and
+what they risk (quality: the drift runs' result, or "not yet checked"), why a configuration does not fit, and
+figures written with their units, or plainly when there is none ("no rate meets the SLO", never "$n/a")."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from bench.model import HOURS_PER_MONTH, Option, Plan, Question, capacity, catalog
+
+NONE_MEETS = "no rate meets the SLO"
+
+
+def money(v: float | None, spec: str = ",.0f", none: str = NONE_MEETS) -> str:
+    return none if v is None or pd.isna(v) else f"${format(v, spec)}"
+
+
+def num(v: float | None, spec: str = ",.0f", unit: str = "", none: str = "-") -> str:
+    return none if v is None or pd.isna(v) else f"{format(v, spec)}{unit}"
+
+
+def experts(o: Option) -> str:
+    return capacity.weight_formats(catalog.model(o.model), o.weights)[0]
+
+
+def converted(o: Option) -> bool:
+    """The expert weights are not the checkpoint's own: capbench converts them (a quality risk to check)."""
+    return experts(o) != capacity.weight_formats(catalog.model(o.model), "native")[0]
+
+
+def quality(drift: pd.DataFrame | None, model: str, what: str) -> str:
+    """The drift runs' word on `what` ('fp8 KV' or 'int4 experts') for `model`, or 'not yet checked'."""
+    key = {"fp8 KV": "kv=fp8", "int4 experts": "weights=int4"}[what]
+    family = model.split("-")[0]
+    rows = pd.DataFrame() if drift is None or drift.empty or "target_b" not in drift else drift[
+        drift.apply(lambda r: any(key in str(t) and family in str(t).lower() for t in (r.target_a, r.target_b)),
+                    axis=1)]
+    if rows.empty:
+        return (f"quality not yet checked: run `capbench drift --target <BF16 server> --target <{what} server>` "
+                "before rollout")
+    r = rows.iloc[0]
+    return (f"quality checked by capbench drift (run {r.run_id}, {r.prompts:.0f} prompts): "
+            f"{r.token_agreement:.1%} of tokens agree, {r.exact_match_rate:.0%} of answers identical")
+
+
+def does_not_fit(o: Option) -> str:
+    """Why a configuration does not fit and what would: more GPUs or INT4 experts; FP8 KV only when the weights
+    fit and the KV cache is what runs out."""
+    c = o.capacity
+    weights_only = c.kv_budget_bytes_per_gpu <= 0
+    fixes = []
+    for tp in (2 * o.tp, 4 * o.tp):
+        try:
+            dep = capacity.Deployment(catalog.model(o.model), catalog.gpu(o.config.gpu), tp, kv_dtype=o.kv_dtype,
+                                      weights=o.weights)
+            if capacity.capacity(dep, with_ratios=False).fits:
+                fixes.append(f"spread them over {tp} GPUs (tp {tp})")
+                break
+        except Exception:  # noqa: BLE001 - a tp the model or GPU cannot take is simply not offered
+            continue
+    if "int4" not in experts(o):
+        fixes.append("use INT4 experts (a quality risk to check with capbench drift)")
+    if not weights_only and o.kv_dtype == "bf16":
+        fixes.append("use an FP8 KV cache")
+    what = (f"the weights alone need {c.weight_bytes_per_gpu / 1e9:,.1f} GB per GPU, "
+            f"{c.short_by_bytes_per_gpu / 1e9:,.1f} GB more than each GPU has for them" if weights_only else
+            f"after the weights ({c.weight_bytes_per_gpu / 1e9:,.1f} GB per GPU) no room is left for a KV cache page")
+    return f"Does not fit: {what}. " + ("To fit: " + "; or ".join(fixes) + "." if fixes else "")
+
+
+def savings(plan: Plan, drift: pd.DataFrame | None = None) -> list[str]:
+    """What FP8 KV and converted experts save, each with its risk. When the recommendation uses one, against the
+    cheapest configuration searched without it (any parallelism on that GPU); when it does not, what switching
+    the recommended configuration to it would do."""
+    rec = plan.recommended
+    if rec is None:
+        return []
+    model = plan.question.model
+    four = plan.four_way()
+    serving = [o for o in plan.simulated if o.serves and o.config.gpu == rec.config.gpu]
+
+    def cheapest(keep) -> Option | None:
+        return min((o for o in serving if keep(o)), key=lambda o: (o.monthly_cost, o.gpus_needed), default=None)
+
+    out = []
+    kv_risk = quality(drift, model, "fp8 KV")
+    if rec.kv_dtype != "bf16":
+        out.append(_saving("FP8 KV cache", cheapest(lambda o: o.kv_dtype == "bf16"), rec, kv_risk))
+    else:
+        fp8 = next((o for o in four if o.weights == rec.weights and o.kv_dtype != "bf16"), None)
+        if fp8:
+            out.append(_saving("FP8 KV cache", rec, fp8, kv_risk))
+    conv = next((o for o in four if o.kv_dtype == rec.kv_dtype and converted(o)), None)
+    name = experts(conv or rec).upper()
+    what = f"{name} experts (converted by capbench from the checkpoint's " \
+           f"{capacity.weight_formats(catalog.model(model), 'native')[0].upper()})"
+    risk = quality(drift, model, "int4 experts") if "int4" in name.lower() else \
+        "capbench converts them: check quality with capbench drift"
+    if converted(rec):
+        out.append(_saving(what, cheapest(lambda o: not converted(o)), rec, risk))
+    elif conv:
+        out.append(_saving(what, rec, conv, risk))
+    return out
+
+
+def _saving(what: str, before: Option | None, after: Option, risk: str) -> str:
+    """One sentence: `after` (with `what`) against `before` (without it; None: nothing without it serves)."""
+    if before is None:
+        return (f"{what}: without it no configuration searched on {after.config.gpu.upper()} meets the SLO; with it "
+                f"{after.gpus_needed} GPUs serve the load ({money(after.monthly_cost)} a month); {risk}")
+    a, b = before.monthly_cost, after.monthly_cost
+    gains = []
+    if before.capacity.kv_pool_tokens and after.capacity.fits:
+        gains.append(f"{after.capacity.kv_pool_tokens / before.capacity.kv_pool_tokens:.2f}x the KV cache tokens")
+    if before.serves and after.serves:
+        gains.append(f"{after.prediction.rate_rps / before.prediction.rate_rps:.2f}x the requests/s per instance")
+    gain = f" ({', '.join(gains)})" if gains else ""
+    if b is None:
+        why = "its weights do not fit" if not after.capacity.fits else NONE_MEETS
+        return f"{what}: no saving: on {after.config.gpu.upper()} {after.config.parallelism()} {why}"
+    if a is None:
+        return (f"{what}: without it {before.config.parallelism()} cannot serve the load; with it "
+                f"{after.gpus_needed} GPUs do ({money(b)} a month){gain}; {risk}")
+    if b > a:
+        return (f"{what}: would cost {money(b - a)} a month more ({before.gpus_needed} -> {after.gpus_needed} GPUs, "
+                f"{money(a)} -> {money(b)}){gain}: not worth it here")
+    if b == a:
+        return (f"{what}: no monthly saving at this load (the same {after.gpus_needed} GPUs, {money(b)} a month)"
+                f"{gain}, only headroom for more load or longer contexts; {risk}"
+                + ("; without a saving, the checkpoint's own weights are the safer choice" if "converted" in what
+                   else ""))
+    return (f"{what}: saves {money(a - b)} a month against {before.label} ({before.gpus_needed} -> "
+            f"{after.gpus_needed} GPUs, {money(a)} -> {money(b)}){gain}; {risk}")
+
+
+def question_text(q: Question) -> str:
+    return (f"How many GPUs does {catalog.model(q.model).name} need on SGLang 0.5.23 to serve "
+            f"{q.target_rate_rps:g} requests/s of {q.describe_workload()} within {q.slo.describe()} "
+            f"({q.gpu.upper()} at ${q.price:.2f} per GPU-hour, other GPUs at catalog prices), and what do an FP8 "
+            "KV cache and INT4 expert weights save?")
+
+
+def recommendation(plan: Plan) -> str:
+    rec = plan.recommended
+    if rec is None:
+        return ("No configuration searched serves this workload within the SLO: relax the SLO, shorten the "
+                "requests, or search more GPUs (each rejected configuration below says why it missed).")
+    kv = rec.kv_dtype.replace("_e4m3", "").upper()
+    kv_article = "an" if kv.startswith("F") else "a"
+    return (f"Deploy {rec.gpus_needed} x {rec.config.gpu.upper()} as {rec.instances_needed} SGLang instance(s) of "
+            f"{rec.config.parallelism()} with {experts(rec).upper()} experts"
+            f"{' (converted)' if converted(rec) else ''} and {kv_article} {kv} KV "
+            f"cache: {money(rec.monthly_cost)} a month ({HOURS_PER_MONTH} h at ${rec.price:.2f}/GPU-hour), "
+            f"{money(rec.usd_per_m_output, ',.2f')} per 1M output tokens; each instance serves up to "
+            f"{rec.prediction.rate_rps:,.2f} requests/s within the SLO (then {rec.prediction.limited_by} "
+            "passes its bound).")
