@@ -127,8 +127,11 @@ def discover_model(target: str, api_key_env: str | None) -> str:
     try:
         r = httpx.get(url, headers=headers, timeout=10)
         r.raise_for_status()
-        return r.json()["data"][0]["id"]
-    except (httpx.HTTPError, KeyError, IndexError, ValueError) as e:
+        model = r.json()["data"][0]["id"]
+        if not isinstance(model, str) or not model:
+            raise ValueError(f"the first model id is {model!r}")
+        return model
+    except (httpx.HTTPError, KeyError, IndexError, ValueError, TypeError) as e:
         raise BadInput(f"cannot read the model name from {url} ({type(e).__name__}: {e}); pass --model") from None
 
 
