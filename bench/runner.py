@@ -92,6 +92,7 @@ class Collector:
         self.pending: list[dict] = []
         self.records = 0
         self.sent_by_worker: dict[str, int] = {}
+        self.inflight_by_worker: dict[str, list[dict]] = {}
         self.recent: list[dict] = []  # for the live display
 
     def on_request(self, context=None, **_kw) -> None:
@@ -101,6 +102,7 @@ class Collector:
 
     def on_message(self, environment, msg, **_kw) -> None:
         self.sent_by_worker[msg.node_id] = msg.data["sent"]
+        self.inflight_by_worker[msg.node_id] = msg.data.get("inflight", [])
         self.add(msg.data["records"])
 
     def add(self, recs: list[dict]) -> None:
@@ -116,19 +118,20 @@ class Collector:
 
 
 def discover_model(target: str, api_key_env: str | None) -> str:
+    import os
+
     import httpx
 
-    headers = {}
-    if api_key_env:
-        import os
-
-        headers["Authorization"] = f"Bearer {os.environ.get(api_key_env, '')}"
+    headers = {"Authorization": f"Bearer {os.environ.get(api_key_env, '')}"} if api_key_env else {}
     url = target.rstrip("/").removesuffix("/v1") + "/v1/models"
     try:
         r = httpx.get(url, headers=headers, timeout=10)
         r.raise_for_status()
-        return r.json()["data"][0]["id"]
-    except (httpx.HTTPError, KeyError, IndexError, ValueError) as e:
+        model = r.json()["data"][0]["id"]
+        if not isinstance(model, str) or not model:
+            raise ValueError(f"the first model id is {model!r}")
+        return model
+    except (httpx.HTTPError, KeyError, IndexError, ValueError, TypeError) as e:
         raise BadInput(f"cannot read the model name from {url} ({type(e).__name__}: {e}); pass --model") from None
 
 
@@ -273,8 +276,9 @@ def _drive(opts: RunOptions, prof: profiles.Profile, config: dict, run_id: str, 
     n_workers = config["workers"]
     params = config["profile"]["params"]
     recorder = Recorder(store.path, run_id, opts.target)
-    collector = Collector(recorder, None if distributed else
-                          lambda: list(getattr(getattr(env, "capbench_plan", None), "inflight", {}).values()))
+    collector = Collector(recorder)
+    collector.inflight = (lambda: [r for recs in collector.inflight_by_worker.values() for r in recs]) if distributed \
+        else (lambda: list(getattr(getattr(env, "capbench_plan", None), "inflight", {}).values()))
 
     env = Environment(user_classes=[OpenLoopUser if prof.open_loop else ClosedLoopUser], stop_timeout=0.0)
     if distributed:

@@ -3,7 +3,8 @@
     python -m loadgen.worker --master-host HOST [--master-port 5557] [--keep]   (what `capbench worker` runs)
 
 The run's config comes from the master with every spawn message (Locust copies custom parsed options to its
-workers); records travel back as the custom message RECORDS_MSG, batched every 0.2 s and when the users stop.
+workers); records travel back as the custom message RECORDS_MSG, batched every 0.2 s and when the users stop,
+with the worker's requests in flight (so that a master killed outright still leaves them a row).
 Nothing here touches the store: the master writes.
 """
 
@@ -43,10 +44,12 @@ def forward_records(environment: Environment) -> None:
             batch.append(rec)
 
     def send(final: bool = False) -> None:
-        if batch or final:
-            sent = getattr(getattr(environment, "capbench_plan", None), "sent", 0)
+        plan = getattr(environment, "capbench_plan", None)
+        inflight = list(plan.inflight.values()) if plan is not None else []
+        if batch or inflight or final:
             out, batch[:] = list(batch), []
-            environment.runner.send_message(RECORDS_MSG, {"records": out, "sent": sent})
+            environment.runner.send_message(RECORDS_MSG, {"records": out, "sent": plan.sent if plan else 0,
+                                                          "inflight": inflight})
 
     def loop() -> None:
         while True:

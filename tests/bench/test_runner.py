@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import duckdb
+import psutil
 import pytest
 
 from bench import runner
@@ -243,3 +244,32 @@ def test_a_recorder_that_dies_fails_the_run_with_the_rows_it_lost(stub_server, t
     assert res.rows_written == len(rows(tmp_db, res.run_id)) < 40 and res.lost == 40 - res.rows_written
     assert run_row(tmp_db, res.run_id)["status"] == "failed"
     assert exit_status([res]) == 1
+
+
+def test_sigkill_with_a_local_worker_still_leaves_its_requests_in_flight_a_row(stub_server, tmp_db):
+    srv = stub_server("--token-delay", "0.5", "--max-tokens", "20")
+    proc = subprocess.Popen([CAPBENCH, "run", "--target", srv.url, "--rate", "10", "--duration", "30", "--db",
+                             str(tmp_db), "--no-live", "--workload", "synthetic", "--workers", "1"], cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    assert "capbench run" in proc.stderr.readline()
+    time.sleep(9.0)  # the worker joins (a process start, then a 2 s lead), then some seconds of requests
+    workers = [c for c in psutil.Process(proc.pid).children() if "loadgen.worker" in " ".join(c.cmdline())]
+    proc.kill()
+    proc.wait(timeout=10)
+    deadline, status, n, cancelled = time.time() + 60, "running", 0, 0
+    try:
+        while status == "running" and time.time() < deadline:
+            time.sleep(0.5)
+            con = duckdb.connect(str(tmp_db), read_only=True)
+            try:
+                status = con.execute("SELECT status FROM runs").fetchone()[0]
+                n, cancelled = con.execute("SELECT count(*), count(*) FILTER (WHERE error_kind = 'cancelled') "
+                                           "FROM requests").fetchone()
+            except duckdb.IOException:
+                continue
+            finally:
+                con.close()
+    finally:
+        for w in workers:  # orphaned by the kill: it would wait for its master's heartbeat to time out
+            w.kill()
+    assert len(workers) == 1 and status == "aborted" and n >= 5 and cancelled == n

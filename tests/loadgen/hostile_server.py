@@ -31,7 +31,7 @@ BIG_EVENT_BYTES = 3 << 20
 
 
 async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, faults: list[str],
-                 counter: list[int]) -> None:
+                 counter: list[int], models: bytes) -> None:
     try:
         while True:
             head = await reader.readuntil(b"\r\n\r\n")
@@ -40,7 +40,7 @@ async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, fau
             body = await reader.readexactly(int(headers.get("content-length", 0)))
             path = lines[0].split(" ")[1]
             if path.endswith("/v1/models"):
-                _reply(writer, 200, json.dumps({"data": [{"id": "hostile-model"}]}).encode())
+                _reply(writer, 200, models)
             elif not path.endswith("completions"):  # /metrics, /server_info: no such thing here
                 _reply(writer, 404, b"")
             else:
@@ -90,11 +90,13 @@ async def _answer(writer: asyncio.StreamWriter, fault: str, req: dict, auth: str
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--faults", default="ok")
-    faults = ap.parse_args().faults.split(",")
+    ap.add_argument("--models", default=json.dumps({"data": [{"id": "hostile-model"}]}), help="/v1/models body")
+    args = ap.parse_args()
+    faults, models = args.faults.split(","), args.models.encode()
     counter = [0]
 
     async def serve() -> None:
-        server = await asyncio.start_server(lambda r, w: handle(r, w, faults, counter), "127.0.0.1", 0,
+        server = await asyncio.start_server(lambda r, w: handle(r, w, faults, counter, models), "127.0.0.1", 0,
                                             limit=1 << 20)
         print(json.dumps({"port": server.sockets[0].getsockname()[1]}), flush=True)
         await server.serve_forever()

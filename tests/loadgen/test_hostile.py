@@ -12,6 +12,7 @@ from pathlib import Path
 import duckdb
 import pytest
 
+from bench.errors import BadInput
 from bench.runner import RunOptions, run
 from bench.store import Store, export_run
 from tests.loadgen.conftest import ROOT
@@ -22,9 +23,10 @@ MISFIT_FAULTS = ["details_string", "int32_overflow", "huge_int", "negative_token
 
 
 class Hostile:
-    def __init__(self, *faults: str):
+    def __init__(self, *faults: str, models: str | None = None):
         self.proc = subprocess.Popen([sys.executable, "-m", "tests.loadgen.hostile_server", "--faults",
-                                      ",".join(faults)], stdout=subprocess.PIPE, cwd=ROOT, text=True)
+                                      ",".join(faults), *(["--models", models] if models else [])],
+                                     stdout=subprocess.PIPE, cwd=ROOT, text=True)
         self.url = f"http://127.0.0.1:{json.loads(self.proc.stdout.readline())['port']}"
 
     def kill(self) -> None:
@@ -35,7 +37,7 @@ class Hostile:
 @pytest.fixture
 def hostile():
     servers = []
-    yield lambda *faults: servers.append(Hostile(*faults)) or servers[-1]
+    yield lambda *faults, **kw: servers.append(Hostile(*faults, **kw)) or servers[-1]
     for s in servers:
         s.kill()
 
@@ -174,3 +176,11 @@ def test_the_drain_limit_is_enforced_and_what_it_cuts_off_is_cancelled(tmp_db):
     stored = _rows(tmp_db, res.run_id)
     assert took < 15 and res.sent == len(stored) == 5
     assert all(r["error_kind"] == "cancelled" for r in stored)
+
+
+@pytest.mark.parametrize("models", ['{"data": "abc"}', '{"data": [{"id": 5}]}', '[]', "not json", '{"data": []}'])
+def test_a_models_list_of_the_wrong_shape_is_bad_input_before_the_run(hostile, tmp_db, models):
+    srv = hostile("ok", models=models)
+    with pytest.raises(BadInput, match="cannot read the model name"):
+        run(_opts(srv.url, tmp_db))
+    assert not tmp_db.exists()
