@@ -47,6 +47,17 @@ MIGRATIONS: list[tuple[int, str, list[str]]] = [
             tokens_a INTEGER, tokens_b INTEGER, token_agreement DOUBLE, first_divergence INTEGER, mean_kl DOUBLE,
             exact_match BOOLEAN, tool_calls_match BOOLEAN, error VARCHAR)""",
     ]),
+    # 4 is requests.note (issue 18); migrations apply by version, so 5 after 3 works in a branch without it
+    (5, "campaigns: the benchmark matrix, its queue and its cells (bench/campaign)", [
+        """CREATE TABLE campaigns (
+            campaign_id VARCHAR PRIMARY KEY, name VARCHAR NOT NULL, digest VARCHAR, source VARCHAR, spec VARCHAR,
+            status VARCHAR NOT NULL, submitted_at DOUBLE NOT NULL, started_at DOUBLE, finished_at DOUBLE,
+            submitted_by VARCHAR, pid INTEGER, hostname VARCHAR)""",
+        """CREATE TABLE campaign_cells (
+            campaign_id VARCHAR NOT NULL, cell VARCHAR NOT NULL, deployment VARCHAR, load VARCHAR,
+            status VARCHAR NOT NULL, started_at DOUBLE, finished_at DOUBLE, result JSON, error VARCHAR,
+            log VARCHAR)""",
+    ]),
 ]
 # What the writer appends to request_stats for each flushed batch (the batch is registered as capbench_batch).
 STATS_FROM_BATCH = """INSERT INTO request_stats
