@@ -4,18 +4,23 @@ server's last log lines; the campaign continues. Ctrl-C or SIGTERM stops what wa
 aborted; `--resume` continues it, skipping completed cells. Every run is kept.
 
 A sweep offers Poisson rates start, start x factor, ... while the SLO holds (the p-th percentile of each bound, and
-99 % of requests succeeding) and goodput keeps rising by min_gain; then it bisects `refine` times between the last
-rate within the SLO and the first past it. The cell's measured figure is that last rate within the SLO; the model's
-figure, for the same deployment, workload and SLO, is search_rate's (bench/model/rate.py).
+99 % of requests served) and goodput (offered rate x share within the SLO) keeps rising by min_gain; then it bisects
+`refine` times between the last rate within the SLO and the first past it. The cell's measured figure is that last
+rate within the SLO; the model's figure is the same sweep (rates, stage length in the deployment's own time, warm-up
+share) played by the simulator (bench/model/simulate.py) for the same deployment, workload and SLO, so both answer
+one question. A short stage is not steady state: `capbench plan`'s converged rate (search_rate) is the longer-run
+answer.
 """
 
 from __future__ import annotations
 
 import math
+import os
 import signal
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,12 +28,11 @@ from bench.campaign import record
 from bench.campaign.launch import Launched, LaunchFailed, tail
 from bench.campaign.spec import Campaign, DeploymentSpec, Load, cell_key
 from bench.errors import BadInput
-from bench.model import Slo, catalog, load_workload, search_rate, usd_per_million
-from bench.runner import RunOptions
-from bench.runner import run as run_load
+from bench.model import Slo, catalog, load_workload, simulate, usd_per_million
 from bench.store import Store
 
-RUN_ERRORS_OK = 0.01  # a stage with more failed requests than this misses the SLO
+RUN_ERRORS_OK = 0.01  # a stage with a larger share of requests unserved misses the SLO
+WARMUP_SHARE = 0.25  # of a stage's duration, run before it and not measured: the simulator's first 20 %
 
 
 @dataclass
@@ -41,7 +45,9 @@ class Stage:
 
     @property
     def goodput(self) -> float:
-        return self.summary.get("goodput_rps") or 0.0
+        """Requests/s within the SLO: the offered rate times the share of requests that met it (a short stage's
+        finished-per-second still counts the ramp, so it would stop rising before the server does)."""
+        return self.rate * (self.summary.get("slo_attainment") or 0.0)
 
 
 class Interrupt:
@@ -154,6 +160,9 @@ def _describe(r: dict) -> str:
 
 def _cell(store: Store, cid: str, dep: DeploymentSpec, load: Load, server: Launched, stop: Interrupt,
           say: Callable[[str], None]) -> dict:
+    from bench.runner import RunOptions  # Locust, and its gevent patching, only when a campaign runs
+    from bench.runner import run as run_load
+
     key = cell_key(dep, load)
     scale = dep.time_scale
     slo = load.slo.scaled(scale)
@@ -162,24 +171,28 @@ def _cell(store: Store, cid: str, dep: DeploymentSpec, load: Load, server: Launc
         stop.check()
         if rate is not None:
             profile, over = "poisson", {"rate": rate * scale, "duration": load.duration_s}
+            warmup = WARMUP_SHARE * load.duration_s
         else:
             profile, over = "users", {"users": users, "duration": load.duration_s}
+            warmup = 0.0
         opts = RunOptions(target=server.url, profile=profile, overrides=over, workload=load.workload, db=store.path,
                           label=f"campaign {key}" + (f" @{rate:.3g}rps" if rate is not None else ""), slo=slo,
-                          live=False, quiet=True, drain_s=load.duration_s,
+                          warmup_s=warmup, live=False, quiet=True, drain_s=load.duration_s,
                           run_config={"campaign": cid, "cell": key, "offered_rps": rate, "time_scale": scale,
                                       **({"twin": dep.twin} if dep.twin else {})})
-        res = run_load(opts)[-1]
+        with _telemetry("off" if dep.kind == "twin" else None):  # a twin models GPUs this host does not have
+            res = run_load(opts)[-1]
         stop.check()
         if res.status != "completed":
             raise KeyboardInterrupt
         why = server.alive()
         if why is not None:
             raise LaunchFailed(f"{dep.name} went down during {key}: {why}", tail(server.log))
-        ok, miss = _meets(res.summary, slo)
-        say(f"{key}: {'' if rate is None else f'{rate:.3g} req/s: '}goodput {res.summary.get('goodput_rps') or 0:.3g}"
-            f" req/s, {'within the SLO' if ok else miss}")
-        return Stage(rate or 0.0, res.run_id, res.summary, ok, miss)
+        ok, miss = _meets({**res.summary, "unserved": _unserved(store, res.run_id)}, slo)
+        s = Stage(rate or 0.0, res.run_id, res.summary, ok, miss)
+        say(f"{key}: {'' if rate is None else f'{rate:.3g} req/s: '}goodput {s.goodput:.3g} req/s, "
+            f"{'within the SLO' if ok else miss}")
+        return s
 
     if load.profile != "sweep":
         s = stage(load.rate, load.users)
@@ -187,7 +200,7 @@ def _cell(store: Store, cid: str, dep: DeploymentSpec, load: Load, server: Launc
     else:
         stages, best, saturation = _sweep(load, stage)
     result = _result(dep, load, stages, best, saturation)
-    result["predicted_rps"], result["predicted_usd_per_m"] = _predicted(dep, load)
+    result.update(_predicted(dep, load))
     return result
 
 
@@ -210,9 +223,9 @@ def _sweep(load: Load, stage: Callable[[float], Stage]) -> tuple[list[Stage], St
         if best is not None and s.goodput < best.goodput * (1 + sw.min_gain):
             bad, why = rate, f"goodput stopped rising at {rate:.3g} req/s"
             break
-        if best is not None and best.rate > rate:
-            break  # came down from a miss to a rate that holds
         best = s
+        if bad is not None:
+            break  # came down from a miss to a rate that holds
         rate *= sw.factor
     for _ in range(sw.refine if best is not None and bad is not None and bad > best.rate else 0):
         mid = math.sqrt(best.rate * bad)
@@ -226,17 +239,40 @@ def _sweep(load: Load, stage: Callable[[float], Stage]) -> tuple[list[Stage], St
 
 
 def _meets(summary: dict, slo: Slo) -> tuple[bool, str]:
-    """The stage's p-th percentiles within the SLO's bounds, and nearly every request served."""
+    """The stage's p-th percentiles within the SLO's bounds, and nearly every request served (`unserved`)."""
     if not summary.get("measured"):
         return False, "no request measured"
-    if (summary.get("success_rate") or 0.0) < 1 - RUN_ERRORS_OK:
-        return False, f"{1 - (summary.get('success_rate') or 0):.0%} of requests failed"
+    unserved = summary.get("unserved", 0) / summary["measured"]
+    if unserved > RUN_ERRORS_OK:
+        return False, f"{unserved:.0%} of requests failed or got no first token"
     q = slo.percentile
     for name, bound in (("ttft", slo.ttft_s), ("tpot", slo.tpot_s), ("e2e", slo.e2e_s)):
         value = summary.get(f"{name}_p{q}")
         if bound is not None and value is not None and value > bound:
             return False, f"{name.upper()} p{q} {value:.3g} s > {bound:.3g} s"
     return True, ""
+
+
+@contextmanager
+def _telemetry(value: str | None) -> Iterator[None]:
+    before = os.environ.get("CAPBENCH_GPU_TELEMETRY")
+    if value is not None:
+        os.environ["CAPBENCH_GPU_TELEMETRY"] = value
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("CAPBENCH_GPU_TELEMETRY", None)
+        else:
+            os.environ["CAPBENCH_GPU_TELEMETRY"] = before
+
+
+def _unserved(store: Store, run_id: str) -> int:
+    """Measured requests that failed, less those the run's end cut off after their first token (the simulator
+    lets those finish; their TTFT is in, and a long answer's tail says nothing about the rate)."""
+    with store.connect() as con:
+        return con.execute("SELECT count(*) FROM requests WHERE run_id = ? AND phase = 'measured' AND status <> 'ok' "
+                           "AND NOT (error_kind = 'aborted' AND first_token_at IS NOT NULL)", [run_id]).fetchone()[0]
 
 
 def _result(dep: DeploymentSpec, load: Load, stages: list[Stage], best: Stage | None, saturation: str) -> dict:
@@ -249,7 +285,7 @@ def _result(dep: DeploymentSpec, load: Load, stages: list[Stage], best: Stage | 
         "measured_usd_per_m": usd_per_million(price, dep.gpus, out_tps) if price and out_tps else None,
         "best_run": best.run_id if best else None, "stages": len(stages), "saturation": saturation,
         "points": [{"rate": s.rate, "run_id": s.run_id, "meets": s.meets, "why": s.why,
-                    "goodput_rps": s.goodput / scale, "ttft_p90": _unscaled(s.summary.get("ttft_p90"), scale),
+                    "goodput_rps": s.goodput, "ttft_p90": _unscaled(s.summary.get("ttft_p90"), scale),
                     "tpot_p90": _unscaled(s.summary.get("tpot_p90"), scale)} for s in stages],
         "slo": load.slo.text(), "time_scale": scale, "model": dep.model, "gpu": dep.gpu, "gpus": dep.gpus,
         "kv_dtype": dep.kv_dtype, "weights": dep.weights, "kv_checksum": dep.kv_checksum, "baseline": dep.baseline,
@@ -261,12 +297,21 @@ def _unscaled(value: float | None, scale: float) -> float | None:
     return None if value is None else value * scale
 
 
-def _predicted(dep: DeploymentSpec, load: Load) -> tuple[float | None, float | None]:
-    """The model's highest rate within the SLO for this deployment and workload, and its $ per 1M output tokens."""
+def _predicted(dep: DeploymentSpec, load: Load) -> dict:
+    """The model's answer to the same question: the same sweep (rates, stage length in the deployment's time,
+    warm-up) played by the simulator for this deployment, workload and SLO; its $ per 1M output tokens."""
     d = dep.deployment()
-    if d is None or dep.kv_checksum != "off":  # the model has no checksum cost: no prediction to compare
-        return None, None
-    pred = search_rate(d, load_workload(load.workload), load.slo)
-    if pred is None:
-        return None, None
-    return pred.rate_rps, usd_per_million(d.gpu.price_per_gpu_hour, dep.gpus, pred.output_tps)
+    if d is None or load.profile != "sweep" or dep.kv_checksum != "off":  # the model has no checksum cost
+        return {"predicted_rps": None, "predicted_usd_per_m": None}
+    wl = load_workload(load.workload)
+    horizon = (1 + WARMUP_SHARE) * load.duration_s * dep.time_scale
+
+    def stage(rate: float) -> Stage:
+        p = simulate.run(d, wl, rate, max(1, math.ceil(rate * horizon)), min_seconds=horizon)
+        met = load.slo.met(p)  # the simulator gives percentiles, not each request: within the SLO, all count
+        return Stage(rate, "", {"slo_attainment": 1.0 if met else 0.0, "output_tps": p.output_tok_s}, met, "")
+
+    _, best, _ = _sweep(load, stage)
+    tps = best.summary["output_tps"] if best else 0.0
+    return {"predicted_rps": best.rate if best else 0.0, "predicted_output_tps": tps,
+            "predicted_usd_per_m": usd_per_million(d.gpu.price_per_gpu_hour, dep.gpus, tps) if tps else None}

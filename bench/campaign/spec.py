@@ -81,6 +81,10 @@ class DeploymentSpec:
         """What the model predicts for (capacity, rate within the SLO, cost); None without a catalog model."""
         if self.model is None:
             return None
+        if self.twin:
+            from bench.twin import parse_twin_spec
+
+            return parse_twin_spec(self.twin).deployment()
         return Deployment(catalog.model(self.model), catalog.gpu(self.gpu), self.gpus, kv_dtype=self.kv_dtype,
                           weights=self.weights)
 
@@ -328,9 +332,10 @@ def _load(problems: Problems, where: str, raw: object, slo: Slo, duration: float
         _unknown(problems, f"{where}.sweep", s, SWEEP_KEYS)
         values = {k: _number(problems, f"{where}.sweep.{k}", s[k], int if k in ("max_stages", "refine") else float)
                   for k in SWEEP_KEYS if k in s}
-        if "refine" in s and s["refine"] == 0:
-            values["refine"] = 0
-            problems[:] = [p for p in problems if not p.startswith(f"{where}.sweep.refine")]
+        for k in ("refine", "min_gain"):  # these may be 0
+            if s.get(k) == 0:
+                values[k] = 0
+                problems[:] = [p for p in problems if not p.startswith(f"{where}.sweep.{k}:")]
         if values.get("factor") is not None and values["factor"] <= 1:
             problems.add(f"{where}.sweep.factor", "must be above 1")
         if None in values.values():
