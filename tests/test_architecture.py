@@ -119,7 +119,7 @@ ALLOWED = {
     "bench.store": {"bench.model"},
     "bench.twin": {"bench.model"},
     "bench.report": {"bench.model", "bench.store"},
-    "dashboard": {"bench.model", "bench.store", "bench.report"},
+    "dashboard": {"bench.model", "bench.store", "bench.report", "bench.campaign"},  # campaign: check and queue
     "engine_patches": set(),
 }
 

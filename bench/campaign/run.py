@@ -31,7 +31,7 @@ from bench.errors import BadInput
 from bench.model import Slo, catalog, load_workload, simulate, usd_per_million
 from bench.store import Store
 
-RUN_ERRORS_OK = 0.01  # a stage with a larger share of requests unserved misses the SLO
+RUN_ERRORS_OK = 0.01  # a stage with a larger share of failed requests misses the SLO
 WARMUP_SHARE = 0.25  # of a stage's duration, run before it and not measured: the simulator's first 20 %
 
 
@@ -188,8 +188,9 @@ def _cell(store: Store, cid: str, dep: DeploymentSpec, load: Load, server: Launc
         why = server.alive()
         if why is not None:
             raise LaunchFailed(f"{dep.name} went down during {key}: {why}", tail(server.log))
-        ok, miss = _meets({**res.summary, "unserved": _unserved(store, res.run_id)}, slo)
-        s = Stage(rate or 0.0, res.run_id, res.summary, ok, miss)
+        summary = {**res.summary, **_cut_off(store, res.run_id, slo)}
+        ok, miss = _meets(summary, slo)
+        s = Stage(rate or 0.0, res.run_id, summary, ok, miss)
         say(f"{key}: {'' if rate is None else f'{rate:.3g} req/s: '}goodput {s.goodput:.3g} req/s, "
             f"{'within the SLO' if ok else miss}")
         return s
@@ -239,12 +240,12 @@ def _sweep(load: Load, stage: Callable[[float], Stage]) -> tuple[list[Stage], St
 
 
 def _meets(summary: dict, slo: Slo) -> tuple[bool, str]:
-    """The stage's p-th percentiles within the SLO's bounds, and nearly every request served (`unserved`)."""
+    """The stage's p-th percentiles within the SLO's bounds, and nearly every request served."""
     if not summary.get("measured"):
         return False, "no request measured"
-    unserved = summary.get("unserved", 0) / summary["measured"]
-    if unserved > RUN_ERRORS_OK:
-        return False, f"{unserved:.0%} of requests failed or got no first token"
+    failed = summary.get("failed", summary.get("errors") or 0) / summary["measured"]
+    if failed > RUN_ERRORS_OK:
+        return False, f"{failed:.0%} of requests failed"
     q = slo.percentile
     for name, bound in (("ttft", slo.ttft_s), ("tpot", slo.tpot_s), ("e2e", slo.e2e_s)):
         value = summary.get(f"{name}_p{q}")
@@ -267,12 +268,22 @@ def _telemetry(value: str | None) -> Iterator[None]:
             os.environ["CAPBENCH_GPU_TELEMETRY"] = before
 
 
-def _unserved(store: Store, run_id: str) -> int:
-    """Measured requests that failed, less those the run's end cut off after their first token (the simulator
-    lets those finish; their TTFT is in, and a long answer's tail says nothing about the rate)."""
+def _cut_off(store: Store, run_id: str, slo: Slo) -> dict:
+    """Failures, the TTFT percentile and the share within the SLO, counting the requests the run's end cut off as
+    the simulator would: one that had its first token has its TTFT and is left out of the share (its tail says
+    nothing about the rate); one that had none waited longer than the run (a TTFT past any bound). Requests that
+    failed otherwise (HTTP errors, timeouts) are failures."""
+    big = 1e9
     with store.connect() as con:
-        return con.execute("SELECT count(*) FROM requests WHERE run_id = ? AND phase = 'measured' AND status <> 'ok' "
-                           "AND NOT (error_kind = 'aborted' AND first_token_at IS NOT NULL)", [run_id]).fetchone()[0]
+        failed, ttft, good, counted = con.execute(
+            "SELECT count(*) FILTER (WHERE status <> 'ok' AND coalesce(error_kind, '') <> 'aborted'), "
+            "quantile_disc(CASE WHEN first_token_at IS NULL AND status <> 'ok' THEN 1e9 ELSE ttft_s END, ?), "
+            "count(*) FILTER (WHERE status = 'ok' AND ttft_s <= ? AND coalesce(tpot_s, 0) <= ? AND e2e_s <= ?), "
+            "count(*) FILTER (WHERE status = 'ok' OR first_token_at IS NULL OR error_kind <> 'aborted') "
+            "FROM requests WHERE run_id = ? AND phase = 'measured'",
+            [slo.percentile / 100, slo.ttft_s or big, slo.tpot_s or big, slo.e2e_s or big, run_id]).fetchone()
+    out = {"failed": failed, "slo_attainment": good / counted if counted else 0.0}
+    return out | ({f"ttft_p{slo.percentile}": ttft} if ttft is not None else {})
 
 
 def _result(dep: DeploymentSpec, load: Load, stages: list[Stage], best: Stage | None, saturation: str) -> dict:

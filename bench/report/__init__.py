@@ -12,10 +12,12 @@ from bench.report import charts, terminal
 from bench.report.campaign import (
     Matrix,
     campaign_html,
+    campaign_list,
     campaign_matrix,
     campaign_sections,
     campaign_tables,
     latest_campaign,
+    live_cell,
     write_campaign,
 )
 from bench.report.content import Report, build, compared, newest_deployment
@@ -24,4 +26,4 @@ from bench.report.render import render, write
 
 __all__ = ["charts", "terminal", "Report", "build", "compared", "newest_deployment", "STEADY_REQUESTS",
            "measured_vs_predicted", "render", "write", "Matrix", "campaign_html", "campaign_matrix",
-           "campaign_sections", "campaign_tables", "latest_campaign", "write_campaign"]
+           "campaign_sections", "campaign_tables", "latest_campaign", "write_campaign", "campaign_list", "live_cell"]

@@ -140,3 +140,42 @@ def write_campaign(m: Matrix, out: str | Path) -> Path:
     p.parent.mkdir(parents=True, exist_ok=True)
     p.write_text(campaign_html(m))
     return p
+
+
+def campaign_list(con) -> list[dict]:
+    """Every campaign, newest first, with its cells done: the queue (queued, running) and the finished ones."""
+    rows = con.execute("""
+        SELECT c.campaign_id, c.name, c.status, c.submitted_at, c.submitted_by, c.source,
+               count(k.cell) FILTER (WHERE k.status = 'completed') AS completed,
+               count(k.cell) FILTER (WHERE k.status = 'failed') AS failed
+        FROM campaigns c LEFT JOIN campaign_cells k USING (campaign_id)
+        GROUP BY ALL ORDER BY c.submitted_at DESC""").fetchall()
+    keys = ("campaign_id", "name", "status", "submitted_at", "submitted_by", "source", "completed", "failed")
+    return [dict(zip(keys, r, strict=True)) for r in rows]
+
+
+def live_cell(con, campaign_id: str, window_s: float = 10.0) -> dict | None:
+    """The cell running now and its newest run over the last `window_s` seconds of requests: requests so far,
+    requests finished per second, TTFT and TPOT p50/p90 (the run's own clock; a twin's are its time)."""
+    cell = con.execute("SELECT cell, started_at FROM campaign_cells WHERE campaign_id = ? AND status = 'running' "
+                       "ORDER BY started_at DESC LIMIT 1", [campaign_id]).fetchone()
+    if cell is None:
+        return None
+    run = con.execute("SELECT run_id, label, json_extract(config, '$.offered_rps') FROM runs "
+                      "WHERE json_extract_string(config, '$.campaign') = ? AND "
+                      "json_extract_string(config, '$.cell') = ? ORDER BY started_at DESC LIMIT 1",
+                      [campaign_id, cell[0]]).fetchone()
+    out = {"cell": cell[0], "since": cell[1], "run_id": None, "label": None, "offered_rps": None, "requests": 0,
+           "rate_rps": None, "ttft_p50": None, "ttft_p90": None, "tpot_p50": None, "tpot_p90": None}
+    if run is None:
+        return out
+    n, rate, t50, t90, p50, p90 = con.execute("""
+        SELECT count(*), count(*) FILTER (WHERE finished_at >= max_t - ?) / ?,
+               quantile_cont(ttft_s, 0.5), quantile_cont(ttft_s, 0.9), quantile_cont(tpot_s, 0.5),
+               quantile_cont(tpot_s, 0.9)
+        FROM (SELECT *, max(finished_at) OVER () AS max_t FROM requests WHERE run_id = ?)""",
+                                              [window_s, window_s, run[0]]).fetchone()
+    offered = float(run[2]) if run[2] not in (None, "null") else None
+    out.update(run_id=run[0], label=run[1], offered_rps=offered, requests=n, rate_rps=rate, ttft_p50=t50,
+               ttft_p90=t90, tpot_p50=p50, tpot_p90=p90)
+    return out
