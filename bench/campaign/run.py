@@ -32,6 +32,8 @@ from bench.model import Slo, catalog, load_workload, simulate, usd_per_million
 from bench.store import Store
 
 RUN_ERRORS_OK = 0.01  # a stage with a larger share of failed requests misses the SLO
+MODEL_STAGES = 40  # the simulator's sweep is cheap: it goes on until the SLO breaks
+CUT_OFF_TTFT = 1e9  # the TTFT counted for a request that had no first token when the run ended
 WARMUP_SHARE = 0.25  # of a stage's duration, run before it and not measured: the simulator's first 20 %
 
 
@@ -198,21 +200,25 @@ def _cell(store: Store, cid: str, dep: DeploymentSpec, load: Load, server: Launc
     if load.profile != "sweep":
         s = stage(load.rate, load.users)
         stages, best, saturation = [s], s if s.meets else None, "one load point"
+        predicted = _predicted(dep, load)
     else:
-        stages, best, saturation = _sweep(load, stage)
-    result = _result(dep, load, stages, best, saturation)
-    result.update(_predicted(dep, load))
-    return result
+        predicted = _predicted(dep, load)
+        start = load.sweep.start
+        if load.sweep.from_model and predicted["predicted_rps"]:
+            start = predicted["predicted_rps"] / load.sweep.factor  # one step below the model's answer
+        stages, best, saturation = _sweep(load, stage, start)
+    return {**_result(dep, load, stages, best, saturation), **predicted}
 
 
-def _sweep(load: Load, stage: Callable[[float], Stage]) -> tuple[list[Stage], Stage | None, str]:
+def _sweep(load: Load, stage: Callable[[float], Stage], start: float, max_stages: int | None = None
+           ) -> tuple[list[Stage], Stage | None, str]:
     sw = load.sweep
     stages: list[Stage] = []
     best: Stage | None = None
     bad: float | None = None
     why = "search limit"
-    rate = sw.start
-    while len(stages) < sw.max_stages:
+    rate = start
+    while len(stages) < (max_stages or sw.max_stages):
         s = stage(rate)
         stages.append(s)
         if not s.meets:
@@ -250,6 +256,8 @@ def _meets(summary: dict, slo: Slo) -> tuple[bool, str]:
     for name, bound in (("ttft", slo.ttft_s), ("tpot", slo.tpot_s), ("e2e", slo.e2e_s)):
         value = summary.get(f"{name}_p{q}")
         if bound is not None and value is not None and value > bound:
+            if value >= CUT_OFF_TTFT:
+                return False, f"over {100 - q} % of requests had no first token by the run's end"
             return False, f"{name.upper()} p{q} {value:.3g} s > {bound:.3g} s"
     return True, ""
 
@@ -273,15 +281,15 @@ def _cut_off(store: Store, run_id: str, slo: Slo) -> dict:
     the simulator would: one that had its first token has its TTFT and is left out of the share (its tail says
     nothing about the rate); one that had none waited longer than the run (a TTFT past any bound). Requests that
     failed otherwise (HTTP errors, timeouts) are failures."""
-    big = 1e9
+    big = CUT_OFF_TTFT
     with store.connect() as con:
         failed, ttft, good, counted = con.execute(
             "SELECT count(*) FILTER (WHERE status <> 'ok' AND coalesce(error_kind, '') <> 'aborted'), "
-            "quantile_disc(CASE WHEN first_token_at IS NULL AND status <> 'ok' THEN 1e9 ELSE ttft_s END, ?), "
+            "quantile_disc(CASE WHEN first_token_at IS NULL AND status <> 'ok' THEN ? ELSE ttft_s END, ?), "
             "count(*) FILTER (WHERE status = 'ok' AND ttft_s <= ? AND coalesce(tpot_s, 0) <= ? AND e2e_s <= ?), "
             "count(*) FILTER (WHERE status = 'ok' OR first_token_at IS NULL OR error_kind <> 'aborted') "
             "FROM requests WHERE run_id = ? AND phase = 'measured'",
-            [slo.percentile / 100, slo.ttft_s or big, slo.tpot_s or big, slo.e2e_s or big, run_id]).fetchone()
+            [big, slo.percentile / 100, slo.ttft_s or big, slo.tpot_s or big, slo.e2e_s or big, run_id]).fetchone()
     out = {"failed": failed, "slo_attainment": good / counted if counted else 0.0}
     return out | ({f"ttft_p{slo.percentile}": ttft} if ttft is not None else {})
 
@@ -322,7 +330,7 @@ def _predicted(dep: DeploymentSpec, load: Load) -> dict:
         met = load.slo.met(p)  # the simulator gives percentiles, not each request: within the SLO, all count
         return Stage(rate, "", {"slo_attainment": 1.0 if met else 0.0, "output_tps": p.output_tok_s}, met, "")
 
-    _, best, _ = _sweep(load, stage)
+    _, best, _ = _sweep(load, stage, load.sweep.start, MODEL_STAGES)
     tps = best.summary["output_tps"] if best else 0.0
     return {"predicted_rps": best.rate if best else 0.0, "predicted_output_tps": tps,
             "predicted_usd_per_m": usd_per_million(d.gpu.price_per_gpu_hour, dep.gpus, tps) if tps else None}

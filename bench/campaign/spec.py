@@ -23,7 +23,7 @@ SGLANG_KEYS = {"model", "model_path", "gpu", "tp", "dp", "ep", "kv_dtype", "weig
                "port", "flags", "template"}
 TEMPLATE_KEYS = {"start", "stop", "host"}
 LOAD_KEYS = {"name", "workload", "profile", "rate", "users", "slo", "sweep", "duration"}
-SWEEP_KEYS = {"start", "factor", "max_stages", "refine", "min_gain"}
+SWEEP_KEYS = {"start", "factor", "max_stages", "refine", "min_gain", "from_model"}
 TOP_KEYS = {"name", "description", "slo", "duration", "health_timeout", "deployments", "loads"}
 KV_DTYPES = ("bf16", "fp8_e4m3", "fp8_e5m2")
 WEIGHTS = ("native", "bf16", "fp8", "int4-g32", "int4-g128")
@@ -38,6 +38,7 @@ class Sweep:
     max_stages: int = 8
     refine: int = 2  # bisections between the last rate within the SLO and the first past it
     min_gain: float = 0.05  # goodput that rises by less than this counts as no longer rising
+    from_model: bool = False  # start the measured sweep one step below the model's answer (fewer stages)
 
 
 @dataclass(frozen=True)
@@ -331,7 +332,11 @@ def _load(problems: Problems, where: str, raw: object, slo: Slo, duration: float
             return None
         _unknown(problems, f"{where}.sweep", s, SWEEP_KEYS)
         values = {k: _number(problems, f"{where}.sweep.{k}", s[k], int if k in ("max_stages", "refine") else float)
-                  for k in SWEEP_KEYS if k in s}
+                  for k in SWEEP_KEYS - {"from_model"} if k in s}
+        if "from_model" in s:
+            if not isinstance(s["from_model"], bool):
+                problems.add(f"{where}.sweep.from_model", f"true or false, got {s['from_model']!r}")
+            values["from_model"] = bool(s["from_model"])
         for k in ("refine", "min_gain"):  # these may be 0
             if s.get(k) == 0:
                 values[k] = 0
