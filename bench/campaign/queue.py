@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from bench.campaign import record
-from bench.campaign.run import run_campaign
+from bench.campaign.run import Interrupt, run_campaign
 from bench.campaign.spec import parse_campaign
 from bench.errors import BadInput
 from bench.store import Store
@@ -62,21 +62,24 @@ def take_submissions(store: Store, db: Path) -> list[str]:
 def run_queue(db: Path, once: bool = False) -> None:
     """The runner: take submissions, run the oldest queued campaign, repeat (`once`: until the queue is empty)."""
     store = Store(db)
-    while True:
-        take_submissions(store, db)
-        nxt = record.next_queued(store)
-        if nxt is None:
-            if once:
-                return
-            time.sleep(POLL_S)
-            continue
-        cid, text = nxt
-        campaign = parse_campaign(text, cid)
-        try:
-            run_campaign(campaign, db, cid=cid)
-        except BadInput as e:
-            print(f"campaign {cid} failed: {e}", file=sys.stderr, flush=True)
-            record.set_status(store, cid, "failed")
+    stop = Interrupt()  # Ctrl-C or SIGTERM: the campaign running stops (aborted, resumable), then the runner
+    try:
+        while not stop.hit:
+            take_submissions(store, db)
+            nxt = record.next_queued(store)
+            if nxt is None:
+                if once:
+                    return
+                time.sleep(POLL_S)
+                continue
+            cid, text = nxt
+            try:
+                run_campaign(parse_campaign(text, cid), db, cid=cid)
+            except BadInput as e:
+                print(f"campaign {cid} failed: {e}", file=sys.stderr, flush=True)
+                record.set_status(store, cid, "failed")
+    finally:
+        stop.close()
 
 
 def serve_queue(db: Path, host: str, port: int) -> None:

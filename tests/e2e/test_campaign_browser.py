@@ -34,6 +34,16 @@ def _requests(page) -> int:
     return int(re.sub(r"[^0-9]", "", text.split("\n")[-1]) or 0)
 
 
+def _wait_for(page, ok, timeout_s: float = 30.0) -> int:
+    """The running cell's request count once ok(count), read as the page refreshes itself (no reload)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        n = _requests(page)
+        if ok(n) or time.monotonic() > deadline:
+            return n
+        page.wait_for_timeout(500)
+
+
 def test_a_queued_campaign_runs_live_in_the_browser(tmp_path):
     db = tmp_path / "capbench.duckdb"
     port = _free_port()
@@ -63,10 +73,9 @@ def test_a_queued_campaign_runs_live_in_the_browser(tmp_path):
             page.get_by_role("button", name="Queue it").click()
             page.get_by_text("queued browser: 2 cells").wait_for(timeout=30_000)
             page.get_by_text("of browser: campaign glm/").first.wait_for(timeout=90_000)  # a run of a cell is live
-            first = _requests(page)
-            page.wait_for_timeout(4000)  # the fragment refreshes every 3 s
-            later = _requests(page)
-            assert later > first, (first, later)
+            first = _wait_for(page, lambda n: n > 0)  # the fragment refreshes every 3 s
+            later = _wait_for(page, lambda n: n > first)
+            assert later > first > 0
             page.screenshot(path=str(SHOTS / "campaigns-live.png"))
             page.get_by_text("No cell is running.").wait_for(timeout=120_000)
             page.reload()
