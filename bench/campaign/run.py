@@ -168,6 +168,9 @@ def _cell(store: Store, cid: str, dep: DeploymentSpec, load: Load, server: Launc
     key = cell_key(dep, load)
     scale = dep.time_scale
     slo = load.slo.scaled(scale)
+    # after the last arrival, wait as long as a first token may take within the SLO: a request still without one
+    # then misses it anyway, and one that has it is judged on it (_cut_off)
+    drain = min(load.duration_s, 1.2 * slo.ttft_s + 0.5) if slo.ttft_s else load.duration_s
 
     def stage(rate: float | None, users: int | None = None) -> Stage:
         stop.check()
@@ -179,7 +182,7 @@ def _cell(store: Store, cid: str, dep: DeploymentSpec, load: Load, server: Launc
             warmup = 0.0
         opts = RunOptions(target=server.url, profile=profile, overrides=over, workload=load.workload, db=store.path,
                           label=f"campaign {key}" + (f" @{rate:.3g}rps" if rate is not None else ""), slo=slo,
-                          warmup_s=warmup, live=False, quiet=True, drain_s=load.duration_s,
+                          warmup_s=warmup, live=False, quiet=True, drain_s=drain,
                           run_config={"campaign": cid, "cell": key, "offered_rps": rate, "time_scale": scale,
                                       **({"twin": dep.twin} if dep.twin else {})})
         with _telemetry("off" if dep.kind == "twin" else None):  # a twin models GPUs this host does not have
