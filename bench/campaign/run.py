@@ -208,7 +208,7 @@ def _cell(store: Store, cid: str, dep: DeploymentSpec, load: Load, server: Launc
         predicted = _predicted(dep, load)
         start = load.sweep.start
         if load.sweep.from_model and predicted["predicted_rps"]:
-            start = predicted["predicted_rps"] / load.sweep.factor  # one step below the model's answer
+            start = predicted["predicted_rps"]  # up or down from there by what the twin or server does
         stages, best, saturation = _sweep(load, stage, start)
     return {**_result(dep, load, stages, best, saturation), **predicted}
 

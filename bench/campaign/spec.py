@@ -38,7 +38,7 @@ class Sweep:
     max_stages: int = 8
     refine: int = 2  # bisections between the last rate within the SLO and the first past it
     min_gain: float = 0.05  # goodput that rises by less than this counts as no longer rising
-    from_model: bool = False  # start the measured sweep one step below the model's answer (fewer stages)
+    from_model: bool = False  # start the measured sweep at the model's answer (fewer stages)
 
 
 @dataclass(frozen=True)

@@ -57,3 +57,16 @@ def test_the_model_answers_the_same_sweep_and_fp8_kv_gains_when_the_pool_binds()
     base, fp8 = (_predicted(d, c.loads[0]) for d in c.deployments)
     assert 0 < base["predicted_rps"] < fp8["predicted_rps"]  # the pool binds: twice the tokens serve more
     assert base["predicted_usd_per_m"] > fp8["predicted_usd_per_m"] > 0
+
+
+def test_the_demo_campaign_is_kv_bound_in_the_model():
+    """The built-in demo's loads are sized so the KV pool binds within its short stages: the model's FP8 KV gain at
+    saturation is well above 1x for both models on both loads (what the measured gain is compared against)."""
+    from bench.campaign import load_campaign
+
+    c = load_campaign("demo")
+    for load in c.loads:
+        for fp8 in (d for d in c.deployments if d.baseline):
+            base = _predicted(c.deployment(fp8.baseline), load)["predicted_rps"]
+            gain = _predicted(fp8, load)["predicted_rps"] / base
+            assert gain >= 1.3, (fp8.name, load.name, gain)
