@@ -110,8 +110,9 @@ def campaign_tables(m: Matrix):
     for title, head, rows in campaign_sections(m):
         t = Table(title=title)
         for h in head:
-            t.add_column(h, justify="left" if h in ("cell", "status", "deployment", "baseline", "load", "what differs",
-                                                     "saturation / error") else "right")
+            left = h in ("cell", "status", "deployment", "baseline", "load", "what differs", "saturation / error")
+            # a cell's name is its key: folded, never cut short
+            t.add_column(h, justify="left" if left else "right", overflow="fold", no_wrap=h == "cell")
         for r in rows:
             t.add_row(*r)
         tables.append(t)
