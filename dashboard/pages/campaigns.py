@@ -85,25 +85,31 @@ def queue_and_live() -> None:
 
 queue_and_live()
 
-st.subheader("Matrix")
-camps = _campaigns()
-if not camps:
-    st.info(f"No campaigns in {db} yet: `make demo` runs the built-in one, `capbench serve` runs queued ones.")
-    st.stop()
-labels = {c["campaign_id"]: f"{c['name']} ({c['campaign_id']}, {c['status']})" for c in camps}
-cid = st.selectbox("Campaign", list(labels), format_func=labels.get)
-matrix = campaign_matrix(db, cid)
-for title, head, rows in campaign_sections(matrix):
-    st.markdown(f"**{title}**")
-    st.dataframe(pd.DataFrame(rows, columns=head), hide_index=True, width="stretch")
-done = [c for c in matrix.cells if c["status"] == "completed"]
-if done:
-    df = pd.DataFrame([{"run": c["cell"], "figure": f"{what} req/s", "value": value}
-                       for what in ("measured", "predicted") for c in done
-                       if (value := c.get(f"{what}_rps")) is not None])
-    st.altair_chart(charts.compare_bars(df, "Highest rate within the SLO (req/s of the modelled GPUs)"),
-                    width="stretch")
-for c in matrix.cells:
-    if c["status"] == "failed":
-        with st.expander(f"{c['cell']}: failed"):
-            st.code((c.get("error") or "") + "\n\n" + (c.get("log") or ""), language="text")
+@st.fragment(run_every=2 * REFRESH_S)
+def matrix_section() -> None:
+    """Each campaign's matrix, refreshed too: a finished cell appears without a reload."""
+    st.subheader("Matrix")
+    camps = _campaigns()
+    if not camps:
+        st.info(f"No campaigns in {db} yet: `make demo` runs the built-in one, `capbench serve` runs queued ones.")
+        return
+    labels = {c["campaign_id"]: f"{c['name']} ({c['campaign_id']}, {c['status']})" for c in camps}
+    cid = st.selectbox("Campaign", list(labels), format_func=labels.get, key="campaign")
+    matrix = campaign_matrix(db, cid)
+    for title, head, rows in campaign_sections(matrix):
+        st.markdown(f"**{title}**")
+        st.dataframe(pd.DataFrame(rows, columns=head), hide_index=True, width="stretch")
+    done = [c for c in matrix.cells if c["status"] == "completed"]
+    if done:
+        df = pd.DataFrame([{"run": c["cell"], "figure": f"{what} req/s", "value": value}
+                           for what in ("measured", "predicted") for c in done
+                           if (value := c.get(f"{what}_rps")) is not None])
+        st.altair_chart(charts.compare_bars(df, "Highest rate within the SLO (req/s of the modelled GPUs)"),
+                        width="stretch")
+    for c in matrix.cells:
+        if c["status"] == "failed":
+            with st.expander(f"{c['cell']}: failed"):
+                st.code((c.get("error") or "") + "\n\n" + (c.get("log") or ""), language="text")
+
+
+matrix_section()

@@ -78,7 +78,7 @@ def test_a_queued_campaign_runs_live_in_the_browser(tmp_path):
             assert later > first > 0
             page.screenshot(path=str(SHOTS / "campaigns-live.png"))
             page.get_by_text("No cell is running.").wait_for(timeout=120_000)
-            page.reload()
+            page.get_by_text("browser (c").first.wait_for(timeout=30_000)  # the matrix refreshes itself too
             page.get_by_text("highest rate within the SLO per cell").wait_for(timeout=60_000)
             page.wait_for_function("document.querySelectorAll('[data-testid=\"stVegaLiteChart\"] canvas, "
                                    "[data-testid=\"stVegaLiteChart\"] svg.marks').length >= 1", timeout=60_000)

@@ -66,8 +66,12 @@ def test_cells_end_completed_or_failed_and_every_server_is_stopped(tmp_path):
                           "{name: down, url: 'http://127.0.0.1:9', health_timeout: 2}"],
                LOADS.replace("rate: 1}", "rate: 1, duration: 2}").replace("rate: 2}", "rate: 2, duration: 2}"))
     db = tmp_path / "c.duckdb"
-    out = subprocess.run([*CLI, str(f), "--db", str(db)], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    report = tmp_path / "campaign.html"
+    out = subprocess.run([*CLI, str(f), "--db", str(db), "--report", str(report)], capture_output=True, text=True,
+                         timeout=300, cwd=ROOT)
     assert "Traceback" not in out.stderr, out.stderr[-3000:]
+    html = report.read_text()
+    assert "twin/a" in html and "fail/a: server log" in html and "CUDA out of memory" in html
     cells = _cells(db)
     assert set(cells) == {f"{d}/{x}" for d in ("twin", "ok", "fail", "die", "down") for x in ("a", "b")}
     assert {c: s for c, (s, _, _) in cells.items() if s == "completed"}.keys() >= {"twin/a", "twin/b", "ok/a", "ok/b"}
