@@ -34,6 +34,7 @@ from bench.store import Store
 RUN_ERRORS_OK = 0.01  # a stage with a larger share of failed requests misses the SLO
 MODEL_STAGES = 40  # the simulator's sweep is cheap: it goes on until the SLO breaks
 CUT_OFF_TTFT = 1e9  # the TTFT counted for a request that had no first token when the run ended
+CUT_OFF_KINDS = ("aborted", "cancelled")  # a request the run's end stopped (issue 18's loadgen says cancelled)
 WARMUP_SHARE = 0.25  # of a stage's duration, run before it and not measured: the simulator's first 20 %
 
 
@@ -285,14 +286,16 @@ def _cut_off(store: Store, run_id: str, slo: Slo) -> dict:
     nothing about the rate); one that had none waited longer than the run (a TTFT past any bound). Requests that
     failed otherwise (HTTP errors, timeouts) are failures."""
     big = CUT_OFF_TTFT
+    cut = ", ".join("?" * len(CUT_OFF_KINDS))
     with store.connect() as con:
         failed, ttft, good, counted = con.execute(
-            "SELECT count(*) FILTER (WHERE status <> 'ok' AND coalesce(error_kind, '') <> 'aborted'), "
+            f"SELECT count(*) FILTER (WHERE status <> 'ok' AND coalesce(error_kind, '') NOT IN ({cut})), "
             "quantile_disc(CASE WHEN first_token_at IS NULL AND status <> 'ok' THEN ? ELSE ttft_s END, ?), "
             "count(*) FILTER (WHERE status = 'ok' AND ttft_s <= ? AND coalesce(tpot_s, 0) <= ? AND e2e_s <= ?), "
-            "count(*) FILTER (WHERE status = 'ok' OR first_token_at IS NULL OR error_kind <> 'aborted') "
+            f"count(*) FILTER (WHERE status = 'ok' OR first_token_at IS NULL OR error_kind NOT IN ({cut})) "
             "FROM requests WHERE run_id = ? AND phase = 'measured'",
-            [big, slo.percentile / 100, slo.ttft_s or big, slo.tpot_s or big, slo.e2e_s or big, run_id]).fetchone()
+            [*CUT_OFF_KINDS, big, slo.percentile / 100, slo.ttft_s or big, slo.tpot_s or big, slo.e2e_s or big,
+             *CUT_OFF_KINDS, run_id]).fetchone()
     out = {"failed": failed, "slo_attainment": good / counted if counted else 0.0}
     return out | ({f"ttft_p{slo.percentile}": ttft} if ttft is not None else {})
 
