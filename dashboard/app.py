@@ -14,5 +14,6 @@ pages = [
     st.Page(HERE / "pages" / "runs.py", title="Runs"),
     st.Page(HERE / "pages" / "compare.py", title="Compare"),
     st.Page(HERE / "pages" / "integrity.py", title="Integrity"),
+    st.Page(HERE / "pages" / "campaigns.py", title="Campaigns"),
 ]
 st.navigation(pages).run()

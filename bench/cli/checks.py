@@ -89,7 +89,7 @@ def _path(command: str, key: str, flag: str, value: str | list) -> str | list:
         if Path(value).is_dir():
             raise BadInput(f"--db {value!r} is a directory; give the DuckDB file")
         return str(Path(value).expanduser().resolve())
-    if key == "out" and command != "sglang_launch":
+    if (key == "out" and command != "sglang_launch") or (command, key) == ("campaign", "report"):
         return checks.output_dir(flag, value) if (command, key) in OUTPUT_DIRS else checks.output_file(flag, value)
     if key == "target":
         return [_twin_paths(v) for v in value] if isinstance(value, list) else _twin_paths(value)

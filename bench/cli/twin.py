@@ -63,18 +63,21 @@ def print_figures(twin) -> None:
 
 def demo(
     db: str = typer.Option("data/capbench.duckdb", help="Results DB (runs are added; earlier ones are kept)."),
-    out: str = typer.Option("reports/demo.html", help="Where to write the capacity report."),
-    duration: float = typer.Option(8.0, help="Seconds of load per run (12 runs)."),
+    out: str = typer.Option("reports/demo.html", help="Where to write the capacity report (the campaign report goes "
+                            "beside it, as NAME-campaign.html)."),
+    duration: float = typer.Option(None, help="Seconds of load per sweep stage (default: the campaign file's)."),
+    campaign: str = typer.Option("demo", help="The campaign to run (default: the built-in data/campaigns/demo.yaml)."),
     open_dashboard: bool = typer.Option(False, "--dashboard", help="Start the dashboard at the end."),
 ) -> None:
-    """The main job, no GPU needed: what FP8 KV and INT4 experts buy Kimi K2 Thinking and GLM-4.6 on 8x H200."""
+    """The main job, no GPU needed: what FP8 KV buys Kimi K2 Thinking and GLM-4.6 on 8x H200, measured at
+    saturation on twins next to the model's prediction."""
     from pathlib import Path
 
     from bench.cli.report import dashboard
     from bench.demo import run_demo
 
-    if duration <= 0:
+    if duration is not None and duration <= 0:
         raise BadInput(f"--duration must be positive, got {duration}")
-    run_demo(Path(db), Path(out), duration)
+    run_demo(Path(db), Path(out), duration, campaign)
     if open_dashboard:
         dashboard(db=db, port=8501, host="127.0.0.1")

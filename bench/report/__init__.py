@@ -8,13 +8,26 @@ load       latency against load, predicted and measured
 wording    what the report and the Planner say: savings with their risk, why it does not fit, plain figures
 predicted  a measured run beside the performance model's replay of it
 terminal   rich tables for the CLI
+campaign   a campaign's matrix: highest rate within the SLO per cell, gains against the baseline
 """
 
 from bench.report import charts, load, plancharts, terminal, wording
+from bench.report.campaign import (
+    Matrix,
+    campaign_html,
+    campaign_list,
+    campaign_matrix,
+    campaign_sections,
+    campaign_tables,
+    latest_campaign,
+    live_cell,
+    write_campaign,
+)
 from bench.report.content import Report, build, compared, gpu_bests, newest_deployment, predicted_table
 from bench.report.predicted import STEADY_REQUESTS, measured_vs_predicted
 from bench.report.render import render, write
 
 __all__ = ["charts", "load", "plancharts", "terminal", "wording", "Report", "build", "compared", "gpu_bests",
-           "newest_deployment", "predicted_table", "STEADY_REQUESTS",
-           "measured_vs_predicted", "render", "write"]
+           "newest_deployment", "predicted_table", "STEADY_REQUESTS", "measured_vs_predicted", "render", "write",
+           "Matrix", "campaign_html", "campaign_matrix", "campaign_sections", "campaign_tables", "latest_campaign",
+           "write_campaign", "campaign_list", "live_cell"]

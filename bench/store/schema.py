@@ -50,6 +50,16 @@ MIGRATIONS: list[tuple[int, str, list[str]]] = [
     (4, "requests.note: what did not fit the schema (stored as NULL) and why, instead of a dropped row", [
         "ALTER TABLE requests ADD COLUMN note VARCHAR",
     ]),
+    (5, "campaigns: the benchmark matrix, its queue and its cells (bench/campaign)", [
+        """CREATE TABLE campaigns (
+            campaign_id VARCHAR PRIMARY KEY, name VARCHAR NOT NULL, digest VARCHAR, source VARCHAR, spec VARCHAR,
+            status VARCHAR NOT NULL, submitted_at DOUBLE NOT NULL, started_at DOUBLE, finished_at DOUBLE,
+            submitted_by VARCHAR, pid INTEGER, hostname VARCHAR)""",
+        """CREATE TABLE campaign_cells (
+            campaign_id VARCHAR NOT NULL, cell VARCHAR NOT NULL, deployment VARCHAR, load VARCHAR,
+            status VARCHAR NOT NULL, started_at DOUBLE, finished_at DOUBLE, result JSON, error VARCHAR,
+            log VARCHAR)""",
+    ]),
 ]
 # What the writer appends to request_stats for each flushed batch (the batch is registered as capbench_batch).
 STATS_FROM_BATCH = """INSERT INTO request_stats

@@ -1,0 +1,20 @@
+"""Campaigns: the benchmark matrix (deployments x loads, with an SLO) run end to end on SGLang, twins or URLs.
+
+spec    the campaign file: schema and every problem found before anything launches
+launch  a deployment up and down: twin, URL, `capbench sglang-launch`, or that through the user's template
+run     the loop: cells, sweeps to saturation, failures recorded with the log, resume
+record  the campaign, its queue status and its cells in the results DB
+queue   `capbench serve`'s runner: the one process that writes, running queued campaigns in turn
+"""
+
+from bench.campaign.launch import Launched, LaunchFailed, launch_command
+from bench.campaign.queue import pending, queue_dir, run_queue, serve_queue, submit
+from bench.campaign.record import completed_cells, new_campaign
+from bench.campaign.run import run_campaign
+from bench.campaign.spec import Campaign, DeploymentSpec, Load, cell_key, load_campaign, parse_campaign
+
+__all__ = [
+    "LaunchFailed", "Launched", "launch_command", "completed_cells", "new_campaign", "run_campaign", "Campaign",
+    "DeploymentSpec", "Load", "cell_key", "load_campaign", "parse_campaign", "pending", "queue_dir", "run_queue",
+    "serve_queue", "submit",
+]

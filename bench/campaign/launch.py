@@ -1,0 +1,172 @@
+"""Bringing a campaign's deployment up and down: a twin, an already running URL, `capbench sglang-launch` on this
+host, or that command through the user's template (ssh, srun, kubectl) with its stop command after.
+
+The server's output goes to a log file that is kept; a server that does not answer /health within the timeout, or
+exits first, fails with the log's last lines. stop() always runs (the campaign calls it in a finally), and stops
+the process group it started, so Ctrl-C leaves no server behind.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+
+from bench.campaign.spec import DeploymentSpec
+from bench.errors import BadInput
+from bench.model import launch as sglang_args
+from bench.twin import Target
+
+LOG_TAIL = 20
+
+
+class LaunchFailed(RuntimeError):
+    """The deployment did not come up (or went down): the message ends with the log's last lines."""
+
+    def __init__(self, message: str, log: str = ""):
+        super().__init__(message)
+        self.log = log
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def tail(path: Path | None, n: int = LOG_TAIL) -> str:
+    if path is None or not path.is_file():
+        return ""
+    return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
+
+
+def launch_command(dep: DeploymentSpec, port: int, host: str = "127.0.0.1") -> list[str]:
+    """`capbench sglang-launch [patch flags] -- <sglang.launch_server arguments>` for an sglang deployment."""
+    s = dep.sglang
+    patch = ["--kv-checksum", dep.kv_checksum]
+    if s.get("kv_scales"):
+        patch += ["--kv-scales", str(s["kv_scales"])]
+    path = s.get("model_path") or sglang_args.model_path(dep.model, dep.weights, dep.gpus)[0]
+    server = ["--model-path", str(path), "--tp", str(dep.gpus), "--kv-cache-dtype",
+              sglang_args.KV_FLAGS[dep.kv_dtype], "--host", host, "--port", str(port), "--enable-metrics",
+              "--trust-remote-code"]
+    for key, flag in (("dp", "--dp"), ("ep", "--ep")):
+        if s.get(key):
+            server += [flag, str(s[key])]
+    return ["capbench", "sglang-launch", *patch, "--", *server, *s.get("flags", [])]
+
+
+class Launched:
+    """A deployment that is up: its URL, and how to bring it down."""
+
+    def __init__(self, dep: DeploymentSpec, log_dir: Path):
+        self.dep, self.url = dep, ""
+        self.proc: subprocess.Popen | None = None
+        self.target: Target | None = None
+        self.log: Path | None = None
+        self.stop_command: str | None = None
+        self.log_dir = log_dir
+
+    def start(self, interrupted: Callable[[], bool] = lambda: False) -> None:
+        dep = self.dep
+        if dep.kind == "twin":
+            try:
+                self.target = Target(dep.twin)
+            except BadInput as e:
+                raise LaunchFailed(f"the twin did not start: {e}") from None
+            self.url = self.target.url
+            return
+        if dep.kind == "url":
+            self.url = dep.url
+            self.wait_healthy(interrupted)
+            return
+        host = dep.template.host if dep.template else "127.0.0.1"
+        port = int(dep.sglang.get("port") or (free_port() if host in ("127.0.0.1", "localhost") else 30000))
+        cmd = launch_command(dep, port, "0.0.0.0" if dep.template else "127.0.0.1")
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.log = self.log_dir / f"{dep.name}-{int(time.time())}.log"
+        env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+        with self.log.open("w") as out:
+            if dep.template:
+                fill = {"command": shlex.join(cmd), "port": port, "host": host}
+                started = dep.template.start.format(**fill)
+                self.stop_command = dep.template.stop.format(**fill) if dep.template.stop else None
+                out.write(f"$ {started}\n")
+                out.flush()
+                self.proc = subprocess.Popen(started, shell=True, stdout=out, stderr=subprocess.STDOUT,
+                                             stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+            else:
+                out.write(f"$ {shlex.join(cmd)}\n")
+                out.flush()
+                self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                             env=env, start_new_session=True)
+        self.url = f"http://{host}:{port}"
+        self.wait_healthy(interrupted)
+
+    def wait_healthy(self, interrupted: Callable[[], bool]) -> None:
+        """Until GET /health answers 200, the process exits, or the deployment's health_timeout passes."""
+        deadline = time.monotonic() + self.dep.health_timeout_s
+        while True:
+            if interrupted():
+                raise KeyboardInterrupt
+            try:
+                if httpx.get(f"{self.url}/health", timeout=5).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            if self.proc is not None and self.proc.poll() is not None and not self.stop_command:
+                raise LaunchFailed(f"{self.dep.name}: the server exited with code {self.proc.returncode} before "
+                                   f"{self.url}/health answered", tail(self.log))
+            if time.monotonic() > deadline:
+                raise LaunchFailed(f"{self.dep.name}: {self.url}/health did not answer within "
+                                   f"{self.dep.health_timeout_s:g} s", tail(self.log))
+            time.sleep(0.5)
+
+    def alive(self) -> str | None:
+        """None while the deployment serves; else why not (a server that died mid-run fails its cell)."""
+        if self.proc is not None and self.proc.poll() is not None and not self.stop_command:
+            return f"the server exited with code {self.proc.returncode}"
+        if self.target is not None and self.target.proc.poll() is not None:
+            return f"the twin exited with code {self.target.proc.returncode}"
+        try:
+            httpx.get(f"{self.url}/health", timeout=10).raise_for_status()
+        except httpx.HTTPError as e:
+            return f"{self.url}/health no longer answers ({type(e).__name__})"
+        return None
+
+    def stop(self) -> None:
+        """The template's stop command, then the process group capbench started: TERM, and KILL after 30 s."""
+        if self.target is not None:
+            self.target.close()
+        if self.stop_command:
+            with (self.log or Path(os.devnull)).open("a") as out:
+                out.write(f"$ {self.stop_command}\n")
+                out.flush()
+                try:
+                    subprocess.run(self.stop_command, shell=True, stdout=out, stderr=subprocess.STDOUT, timeout=120)
+                except subprocess.TimeoutExpired:
+                    out.write("the stop command did not finish within 120 s\n")
+        if self.proc is not None and self.proc.poll() is None:
+            _signal_group(self.proc, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                _signal_group(self.proc, signal.SIGKILL)
+                self.proc.wait()
+        if self.proc is not None:
+            _signal_group(self.proc, signal.SIGKILL)  # children the leader left behind
+
+
+def _signal_group(proc: subprocess.Popen, sig: int) -> None:
+    try:
+        os.killpg(proc.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass

@@ -1,0 +1,349 @@
+"""A campaign file: deployments x loads, with an SLO, read and checked before anything launches.
+
+Every problem found is one line (`deployments[2].sglang.kv_dtype: ...`); the CLI prints them all and exits 2.
+The schema is documented in data/campaigns/README.md. Rates and SLOs are of the deployment's own GPUs; a twin
+deployment runs `time_scale` times faster, so its offered rates are multiplied and its SLO divided by it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from bench.errors import BadInput
+from bench.model import Deployment, Slo, catalog, parse_slo
+
+KINDS = ("twin", "sglang", "url")
+DEPLOYMENT_KEYS = {"name", "baseline", "health_timeout", "model", "gpu", "gpus", *KINDS}
+SGLANG_KEYS = {"model", "model_path", "gpu", "tp", "dp", "ep", "kv_dtype", "weights", "kv_scales", "kv_checksum",
+               "port", "flags", "template"}
+TEMPLATE_KEYS = {"start", "stop", "host"}
+LOAD_KEYS = {"name", "workload", "profile", "rate", "users", "slo", "sweep", "duration"}
+SWEEP_KEYS = {"start", "factor", "max_stages", "refine", "min_gain", "from_model"}
+TOP_KEYS = {"name", "description", "slo", "duration", "health_timeout", "deployments", "loads"}
+KV_DTYPES = ("bf16", "fp8_e4m3", "fp8_e5m2")
+WEIGHTS = ("native", "bf16", "fp8", "int4-g32", "int4-g128")
+CHECKSUMS = ("off", "verify", "strict")
+NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+@dataclass(frozen=True)
+class Sweep:
+    start: float  # first offered rate, requests/s of the deployment's GPUs
+    factor: float = 1.5  # each next rate while the SLO holds and goodput rises
+    max_stages: int = 8
+    refine: int = 2  # bisections between the last rate within the SLO and the first past it
+    min_gain: float = 0.05  # goodput that rises by less than this counts as no longer rising
+    from_model: bool = False  # start the measured sweep at the model's answer (fewer stages)
+
+
+@dataclass(frozen=True)
+class Load:
+    name: str
+    workload: str
+    profile: str  # sweep | poisson | users
+    slo: Slo
+    duration_s: float
+    rate: float | None = None
+    users: int | None = None
+    sweep: Sweep | None = None
+
+
+@dataclass(frozen=True)
+class Template:
+    start: str  # shell command with {command} and {port}
+    stop: str | None = None
+    host: str = "127.0.0.1"
+
+
+@dataclass(frozen=True)
+class DeploymentSpec:
+    name: str
+    kind: str  # twin | sglang | url
+    twin: str | None = None  # `twin:...` spec
+    url: str | None = None
+    sglang: dict = field(default_factory=dict)
+    template: Template | None = None
+    model: str | None = None  # catalog ids, for predictions and cost (None: a URL of unknown make)
+    gpu: str = "h200"
+    gpus: int = 8
+    kv_dtype: str = "bf16"
+    weights: str = "native"
+    kv_checksum: str = "off"
+    time_scale: float = 1.0
+    baseline: str | None = None
+    health_timeout_s: float = 600.0
+
+    def deployment(self) -> Deployment | None:
+        """What the model predicts for (capacity, rate within the SLO, cost); None without a catalog model."""
+        if self.model is None:
+            return None
+        if self.twin:
+            from bench.twin import parse_twin_spec
+
+            return parse_twin_spec(self.twin).deployment()
+        return Deployment(catalog.model(self.model), catalog.gpu(self.gpu), self.gpus, kv_dtype=self.kv_dtype,
+                          weights=self.weights)
+
+
+@dataclass(frozen=True)
+class Campaign:
+    name: str
+    description: str
+    deployments: list[DeploymentSpec]
+    loads: list[Load]
+    text: str  # the file as given, kept with the campaign
+    digest: str  # of the text: --resume continues the latest unfinished campaign with this name and digest
+
+    def cells(self) -> list[tuple[DeploymentSpec, Load]]:
+        return [(d, x) for d in self.deployments for x in self.loads]
+
+    def deployment(self, name: str) -> DeploymentSpec:
+        return next(d for d in self.deployments if d.name == name)
+
+
+def cell_key(dep: DeploymentSpec, load: Load) -> str:
+    return f"{dep.name}/{load.name}"
+
+
+class Problems(list):
+    def add(self, where: str, what: str) -> None:
+        self.append(f"{where}: {what}")
+
+
+def load_campaign(path: str | Path) -> Campaign:
+    p = Path(path)
+    if not p.is_file():
+        builtin = Path(__file__).resolve().parents[2] / "data" / "campaigns" / f"{path}.yaml"
+        if not builtin.is_file():
+            raise BadInput(f"no campaign file {path} (nor a built-in data/campaigns/{path}.yaml)")
+        p = builtin
+    return parse_campaign(p.read_text(), str(p))
+
+
+def parse_campaign(text: str, source: str = "campaign") -> Campaign:
+    """The campaign in `text`, or BadInput listing every problem, one per line."""
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise BadInput(f"{source}: not YAML ({str(e).splitlines()[0]})") from None
+    problems = Problems()
+    if not isinstance(raw, dict):
+        raise BadInput(f"{source}: a campaign is a mapping with deployments and loads")
+    _unknown(problems, "", raw, TOP_KEYS)
+    name = str(raw.get("name") or "")
+    if not NAME.match(name):
+        problems.add("name", f"a name of letters, digits, . _ - is required, got {name!r}")
+    slo = _slo(problems, "slo", raw.get("slo"), Slo())
+    duration = _number(problems, "duration", raw.get("duration", 10.0))
+    timeout = _number(problems, "health_timeout", raw.get("health_timeout", 600.0))
+    deps = [_deployment(problems, f"deployments[{i}]", d, timeout)
+            for i, d in enumerate(_list(problems, "deployments", raw.get("deployments")))]
+    loads = [_load(problems, f"loads[{i}]", x, slo, duration)
+             for i, x in enumerate(_list(problems, "loads", raw.get("loads")))]
+    deps, loads = [d for d in deps if d], [x for x in loads if x]
+    for kind, items in (("deployments", deps), ("loads", loads)):
+        names = [x.name for x in items]
+        for dup in sorted({n for n in names if names.count(n) > 1}):
+            problems.add(kind, f"name {dup!r} is used twice")
+    for i, d in enumerate(deps):
+        if d.baseline and d.baseline not in {x.name for x in deps}:
+            problems.add(f"deployments[{i}].baseline", f"no deployment named {d.baseline!r}")
+    if problems:
+        raise BadInput(f"{source}: {len(problems)} problem(s) in the campaign file\n" + "\n".join(problems))
+    return Campaign(name, str(raw.get("description") or ""), deps, loads, text,
+                    hashlib.sha256(text.encode()).hexdigest()[:12])
+
+
+def _unknown(problems: Problems, where: str, raw: dict, known: set[str]) -> None:
+    for key in raw:
+        if key not in known:
+            problems.add(f"{where}{'.' if where else ''}{key}", f"unknown key (known: {', '.join(sorted(known))})")
+
+
+def _list(problems: Problems, where: str, value: object) -> list:
+    if not isinstance(value, list) or not value:
+        problems.add(where, "a non-empty list is required")
+        return []
+    return value
+
+
+def _number(problems: Problems, where: str, value: object, kind: type = float) -> float | None:
+    try:
+        v = kind(value)
+    except (TypeError, ValueError):
+        problems.add(where, f"expected a number, got {value!r}")
+        return None
+    if not v > 0:
+        problems.add(where, f"must be positive, got {value!r}")
+        return None
+    return v
+
+
+def _slo(problems: Problems, where: str, value: object, default: Slo) -> Slo:
+    if value is None:
+        return default
+    try:
+        if isinstance(value, dict):
+            value = ",".join(f"{k}={v}" for k, v in value.items())
+        return parse_slo(str(value))
+    except BadInput as e:
+        problems.add(where, str(e))
+        return default
+
+
+def _choice(problems: Problems, where: str, value: object, choices: tuple) -> str:
+    if value not in choices:
+        problems.add(where, f"{value!r} is not one of {', '.join(choices)}")
+    return str(value)
+
+
+def _catalog(problems: Problems, where: str, model: str | None, gpu: str) -> bool:
+    ok = True
+    if model is not None and model not in catalog.models():
+        problems.add(f"{where}.model", f"unknown model {model!r} (known: {', '.join(sorted(catalog.models()))})")
+        ok = False
+    if gpu not in catalog.gpus():
+        problems.add(f"{where}.gpu", f"unknown GPU {gpu!r} (known: {', '.join(sorted(catalog.gpus()))})")
+        ok = False
+    return ok
+
+
+def _deployment(problems: Problems, where: str, raw: object, timeout: float | None) -> DeploymentSpec | None:
+    if not isinstance(raw, dict):
+        problems.add(where, "a deployment is a mapping with a name and one of twin, sglang, url")
+        return None
+    _unknown(problems, where, raw, DEPLOYMENT_KEYS)
+    name = str(raw.get("name") or "")
+    if not NAME.match(name):
+        problems.add(f"{where}.name", f"a name of letters, digits, . _ - is required, got {name!r}")
+    kinds = [k for k in KINDS if k in raw]
+    if len(kinds) != 1:
+        problems.add(where, f"exactly one of twin, sglang, url is required, got {kinds or 'none'}")
+        return None
+    common = {"name": name, "kind": kinds[0], "baseline": raw.get("baseline"),
+              "health_timeout_s": _number(problems, f"{where}.health_timeout",
+                                          raw.get("health_timeout", timeout or 600.0)) or 600.0}
+    if kinds[0] == "twin":
+        return _twin(problems, where, raw, common)
+    if kinds[0] == "url":
+        url = str(raw["url"])
+        if not url.startswith(("http://", "https://")):
+            problems.add(f"{where}.url", f"expected http://HOST:PORT, got {url!r}")
+        model, gpu = raw.get("model"), str(raw.get("gpu", "h200"))
+        gpus = _number(problems, f"{where}.gpus", raw.get("gpus", 8), int) or 8
+        if not _catalog(problems, where, model, gpu):
+            return None
+        return DeploymentSpec(**common, url=url.rstrip("/"), model=model, gpu=gpu, gpus=int(gpus))
+    return _sglang(problems, f"{where}.sglang", raw["sglang"], common)
+
+
+def _twin(problems: Problems, where: str, raw: dict, common: dict) -> DeploymentSpec | None:
+    from bench.twin import parse_twin_spec
+
+    text = str(raw["twin"])
+    text = text if text.startswith("twin:") else f"twin:{text}"
+    try:
+        config = parse_twin_spec(text)
+    except BadInput as e:
+        problems.add(f"{where}.twin", str(e))
+        return None
+    return DeploymentSpec(**common, twin=text, model=config.model, gpu=config.gpu, gpus=config.tp,
+                          kv_dtype=config.kv_dtype, weights=config.weights, time_scale=config.time_scale)
+
+
+def _sglang(problems: Problems, where: str, raw: object, common: dict) -> DeploymentSpec | None:
+    if not isinstance(raw, dict):
+        problems.add(where, "a mapping with model, tp, kv_dtype, ... is required")
+        return None
+    _unknown(problems, where, raw, SGLANG_KEYS)
+    model, gpu = raw.get("model"), str(raw.get("gpu", "h200"))
+    if model is None:
+        problems.add(f"{where}.model", "the catalog model id is required (e.g. kimi-k2-thinking)")
+    ok = _catalog(problems, where, model, gpu)
+    kv = _choice(problems, f"{where}.kv_dtype", raw.get("kv_dtype", "bf16"), KV_DTYPES)
+    weights = _choice(problems, f"{where}.weights", raw.get("weights", "native"), WEIGHTS)
+    checksum = _choice(problems, f"{where}.kv_checksum", raw.get("kv_checksum", "off"), CHECKSUMS)
+    for key in ("tp", "dp", "ep", "port"):
+        if key in raw:
+            _number(problems, f"{where}.{key}", raw[key], int)
+    flags = raw.get("flags", [])
+    if not isinstance(flags, list) or not all(isinstance(f, str | int | float) for f in flags):
+        problems.add(f"{where}.flags", "a list of SGLang arguments is required, e.g. [--mem-fraction-static, 0.85]")
+        flags = []
+    for flag in (str(f) for f in flags):
+        if flag.startswith("--") and flag.split("=")[0] in OWN_FLAGS:
+            problems.add(f"{where}.flags", f"{flag.split('=')[0]} is set by the campaign's own keys; use those")
+    template = None
+    if "template" in raw:
+        t = raw["template"]
+        if not isinstance(t, dict) or "start" not in t:
+            problems.add(f"{where}.template", "a mapping with start (and stop, host) is required")
+        else:
+            _unknown(problems, f"{where}.template", t, TEMPLATE_KEYS)
+            if "{command}" not in str(t["start"]):
+                problems.add(f"{where}.template.start", "must contain {command} (capbench fills in the launch)")
+            template = Template(str(t["start"]), str(t["stop"]) if t.get("stop") else None,
+                                str(t.get("host", "127.0.0.1")))
+    if not ok:
+        return None
+    tp = int(raw.get("tp", 8))
+    spec = {**raw, "flags": [str(f) for f in flags], "tp": tp}
+    return DeploymentSpec(**common, sglang=spec, template=template, model=model, gpu=gpu, gpus=tp, kv_dtype=kv,
+                          weights=weights, kv_checksum=checksum)
+
+
+# the launch arguments the sglang keys write (bench/campaign/launch.py); a flag may not set them a second time
+OWN_FLAGS = {"--model-path", "--tp", "--tp-size", "--dp", "--dp-size", "--ep", "--ep-size", "--kv-cache-dtype",
+             "--port", "--host"}
+
+
+def _load(problems: Problems, where: str, raw: object, slo: Slo, duration: float | None) -> Load | None:
+    if not isinstance(raw, dict):
+        problems.add(where, "a load is a mapping with a name, a workload and a profile")
+        return None
+    _unknown(problems, where, raw, LOAD_KEYS)
+    name = str(raw.get("name") or raw.get("workload") or "")
+    if not NAME.match(name):
+        problems.add(f"{where}.name", f"a name of letters, digits, . _ - is required, got {name!r}")
+    workload = str(raw.get("workload", "chat"))
+    from bench.model import workload_names
+
+    if workload not in workload_names() and not Path(workload).is_file():
+        problems.add(f"{where}.workload", f"unknown workload {workload!r} (built-in: {', '.join(workload_names())})")
+    profile = _choice(problems, f"{where}.profile", raw.get("profile", "sweep"), ("sweep", "poisson", "users"))
+    load_slo = _slo(problems, f"{where}.slo", raw.get("slo"), slo)
+    if profile == "sweep" and not load_slo.bounded:
+        problems.add(f"{where}.slo", "a sweep to saturation needs an SLO (here or at the top)")
+    secs = _number(problems, f"{where}.duration", raw.get("duration", duration or 10.0)) or 10.0
+    rate = users = sweep = None
+    if profile == "poisson":
+        rate = _number(problems, f"{where}.rate", raw.get("rate"))
+    elif profile == "users":
+        users = _number(problems, f"{where}.users", raw.get("users"), int)
+    else:
+        s = raw.get("sweep") or {}
+        if not isinstance(s, dict) or "start" not in s:
+            problems.add(f"{where}.sweep", "a mapping with start (the first rate, req/s) is required")
+            return None
+        _unknown(problems, f"{where}.sweep", s, SWEEP_KEYS)
+        values = {k: _number(problems, f"{where}.sweep.{k}", s[k], int if k in ("max_stages", "refine") else float)
+                  for k in SWEEP_KEYS - {"from_model"} if k in s}
+        if "from_model" in s:
+            if not isinstance(s["from_model"], bool):
+                problems.add(f"{where}.sweep.from_model", f"true or false, got {s['from_model']!r}")
+            values["from_model"] = bool(s["from_model"])
+        for k in ("refine", "min_gain"):  # these may be 0
+            if s.get(k) == 0:
+                values[k] = 0
+                problems[:] = [p for p in problems if not p.startswith(f"{where}.sweep.{k}:")]
+        if values.get("factor") is not None and values["factor"] <= 1:
+            problems.add(f"{where}.sweep.factor", "must be above 1")
+        if None in values.values():
+            return None
+        sweep = Sweep(**values)
+    return Load(name, workload, profile, load_slo, secs, rate, users, sweep)

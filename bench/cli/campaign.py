@@ -1,0 +1,59 @@
+"""The campaign commands: `campaign` (run a campaign file now, in this process) and `serve` (the dashboard and the
+one runner process that runs queued campaigns)."""
+
+from __future__ import annotations
+
+import typer
+
+from bench.errors import BadInput
+
+
+def campaign(
+    file: str = typer.Argument(..., help="Campaign YAML (schema: data/campaigns/README.md), or a built-in name."),
+    db: str = typer.Option("data/capbench.duckdb", help="Results DB (runs and the campaign are added)."),
+    resume: bool = typer.Option(False, "--resume", help="Continue the latest unfinished campaign of this file, "
+                                "skipping its completed cells."),
+    check: bool = typer.Option(False, "--check", help="Only check the file (one line per problem, exit 2)."),
+    report: str = typer.Option(None, help="Also write the campaign report as HTML here."),
+) -> None:
+    """Run a benchmark matrix: deployments (SGLang launches, twins, URLs) x loads, sweeps to saturation."""
+    from pathlib import Path
+
+    from bench.campaign import load_campaign, run_campaign
+
+    spec = load_campaign(file)
+    if check:
+        print(f"{file}: {len(spec.deployments)} deployments x {len(spec.loads)} loads, no problem found")
+        return
+    try:
+        cid = run_campaign(spec, Path(db), source=file, resume=resume)
+    except KeyboardInterrupt:
+        raise typer.Exit(130) from None
+    _report(cid, Path(db), report)
+
+
+def _report(cid: str, db, out: str | None) -> None:
+    from rich.console import Console
+
+    from bench import report as rep
+
+    matrix = rep.campaign_matrix(db, cid)
+    Console(width=160).print(rep.campaign_tables(matrix))
+    if out:
+        rep.write_campaign(matrix, out)
+        print(f"campaign report: {out}")
+
+
+def serve(
+    db: str = typer.Option("data/capbench.duckdb", help="Results DB the runner writes and the dashboard reads."),
+    port: int = typer.Option(8501, help="Dashboard port."),
+    host: str = typer.Option("127.0.0.1", help="Dashboard address."),
+) -> None:
+    """The dashboard and one runner process that owns the DB's writes and runs queued campaigns in turn."""
+    from pathlib import Path
+
+    from bench.campaign import serve_queue
+
+    if not 0 < port < 65536:
+        raise BadInput(f"--port must be between 1 and 65535, got {port}")
+    serve_queue(Path(db), host, port)

@@ -1,0 +1,182 @@
+"""A campaign's report: per deployment and load the highest rate measured within the SLO and its $ per 1M output
+tokens; each deployment against its baseline at saturation (FP8 KV, INT4 experts, the checksum's overhead),
+measured and predicted. One function makes the figures (campaign_matrix), one the tables (campaign_sections);
+the CLI, the HTML page and the dashboard's Campaigns page all show those tables.
+
+Rates are requests/s of the deployment's own GPUs (a twin's are divided by its time scale); $ per 1M output tokens
+is usd_per_million (bench/model/perfmodel.py) at the output tokens/s of that rate, the catalog's $/GPU-hour.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from bench.store import Store
+
+
+@dataclass
+class Matrix:
+    campaign_id: str
+    name: str
+    status: str
+    cells: list[dict]  # one per cell: deployment, load, status, error, log, and the result's figures
+    gains: list[dict] = field(default_factory=list)  # deployment vs its baseline per load, measured and predicted
+
+
+def campaign_matrix(db: str | Path, campaign_id: str) -> Matrix:
+    with Store(db, read_only=True).connect() as con:
+        head = con.execute("SELECT name, status FROM campaigns WHERE campaign_id = ?", [campaign_id]).fetchone()
+        rows = con.execute("SELECT cell, deployment, load, status, result, error, log FROM campaign_cells "
+                           "WHERE campaign_id = ? ORDER BY started_at", [campaign_id]).fetchall()
+    if head is None:
+        from bench.errors import BadInput
+
+        raise BadInput(f"no campaign {campaign_id} in {db}")
+    cells = [{"cell": c, "deployment": d, "load": x, "status": s, "error": e, "log": lg,
+              **(json.loads(r) if r else {})} for c, d, x, s, r, e, lg in rows]
+    return Matrix(campaign_id, head[0], head[1], cells, _gains(cells))
+
+
+def latest_campaign(db: str | Path) -> str | None:
+    with Store(db, read_only=True).connect() as con:
+        row = con.execute("SELECT campaign_id FROM campaigns ORDER BY submitted_at DESC LIMIT 1").fetchone()
+    return row[0] if row else None
+
+
+def _what_differs(cell: dict, base: dict) -> str:
+    parts = []
+    if cell.get("kv_dtype") != base.get("kv_dtype"):
+        parts.append(f"{'FP8' if str(cell.get('kv_dtype')).startswith('fp8') else cell.get('kv_dtype')} KV")
+    if cell.get("weights") != base.get("weights"):
+        w = str(cell.get("weights"))
+        parts.append(f"INT4 experts ({w})" if w.startswith("int4") else f"{w} weights")
+    if cell.get("kv_checksum") != base.get("kv_checksum"):
+        parts.append(f"checksum {cell.get('kv_checksum')}")
+    return " + ".join(parts) or "same configuration"
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a and b else None
+
+
+def _gains(cells: list[dict]) -> list[dict]:
+    done = {(c["deployment"], c["load"]): c for c in cells if c["status"] == "completed"}
+    out = []
+    for (dep, load), c in done.items():
+        base = done.get((c.get("baseline"), load))
+        if not c.get("baseline") or base is None:
+            continue
+        measured = _ratio(c["measured_rps"], base["measured_rps"])
+        predicted = _ratio(c.get("predicted_rps"), base.get("predicted_rps"))
+        out.append({"deployment": dep, "baseline": base["deployment"], "load": load, "what": _what_differs(c, base),
+                    "measured_gain": measured, "predicted_gain": predicted,
+                    "error": measured / predicted - 1 if measured and predicted else None})
+    return out
+
+
+def _f(v: float | None, spec: str = ".3g", suffix: str = "") -> str:
+    return "-" if v is None else f"{v:{spec}}{suffix}"
+
+
+def campaign_sections(m: Matrix) -> list[tuple[str, list[str], list[list[str]]]]:
+    """(title, header, rows) of the report's tables, in the order shown."""
+    cells = [[c["cell"], c["status"], _f(c.get("measured_rps")), _f(c.get("predicted_rps")),
+              _f(c.get("measured_usd_per_m"), ",.2f"), _f(c.get("predicted_usd_per_m"), ",.2f"),
+              str(c.get("stages", "-")), c.get("saturation") or (c.get("error") or "").splitlines()[0][:90]]
+             for c in m.cells]
+    gains = [[g["deployment"], g["baseline"], g["load"], g["what"], _f(g["measured_gain"], ".2f", "x"),
+              _f(g["predicted_gain"], ".2f", "x"), _f(g["error"] and g["error"] * 100, "+.0f", " %")]
+             for g in m.gains]
+    return [
+        (f"Campaign {m.name} ({m.campaign_id}, {m.status}): highest rate within the SLO per cell",
+         ["cell", "status", "measured req/s", "predicted req/s", "measured $/1M out", "predicted $/1M out",
+          "stages", "saturation / error"], cells),
+        ("Against the baseline at saturation (gain: highest rate within the SLO / the baseline's; "
+         "below 1x for the checksum is its overhead)",
+         ["deployment", "baseline", "load", "what differs", "measured gain", "predicted gain", "measured vs predicted"],
+         gains),
+    ]
+
+
+def campaign_tables(m: Matrix):
+    """The sections as rich tables, for the terminal."""
+    from rich.console import Group
+    from rich.table import Table
+
+    tables = []
+    for title, head, rows in campaign_sections(m):
+        t = Table(title=title)
+        for h in head:
+            left = h in ("cell", "status", "deployment", "baseline", "load", "what differs", "saturation / error")
+            # a cell's name is its key: folded, never cut short
+            t.add_column(h, justify="left" if left else "right", overflow="fold", no_wrap=h == "cell")
+        for r in rows:
+            t.add_row(*r)
+        tables.append(t)
+    return Group(*tables)
+
+
+def campaign_html(m: Matrix) -> str:
+    parts = [f"<h1>Campaign {html.escape(m.name)}</h1>"]
+    for title, head, rows in campaign_sections(m):
+        parts.append(f"<h2>{html.escape(title)}</h2><table><tr>"
+                     + "".join(f"<th>{html.escape(h)}</th>" for h in head) + "</tr>"
+                     + "".join("<tr>" + "".join(f"<td>{html.escape(v)}</td>" for v in r) + "</tr>" for r in rows)
+                     + "</table>")
+    for c in m.cells:
+        if c["status"] == "failed" and c.get("log"):
+            parts.append(f"<h3>{html.escape(c['cell'])}: server log (last lines)</h3>"
+                         f"<pre>{html.escape(c['log'])}</pre>")
+    style = ("body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto}table{border-collapse:collapse}"
+             "th,td{border:1px solid #ccc;padding:.3em .6em}td{text-align:right}td:first-child{text-align:left}")
+    return f"<!doctype html><html><head><meta charset='utf-8'><style>{style}</style></head><body>{''.join(parts)}" \
+           "</body></html>"
+
+
+def write_campaign(m: Matrix, out: str | Path) -> Path:
+    p = Path(out)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text(campaign_html(m))
+    return p
+
+
+def campaign_list(con) -> list[dict]:
+    """Every campaign, newest first, with its cells done: the queue (queued, running) and the finished ones."""
+    rows = con.execute("""
+        SELECT c.campaign_id, c.name, c.status, c.submitted_at, c.submitted_by, c.source,
+               count(k.cell) FILTER (WHERE k.status = 'completed') AS completed,
+               count(k.cell) FILTER (WHERE k.status = 'failed') AS failed
+        FROM campaigns c LEFT JOIN campaign_cells k USING (campaign_id)
+        GROUP BY ALL ORDER BY c.submitted_at DESC""").fetchall()
+    keys = ("campaign_id", "name", "status", "submitted_at", "submitted_by", "source", "completed", "failed")
+    return [dict(zip(keys, r, strict=True)) for r in rows]
+
+
+def live_cell(con, campaign_id: str, window_s: float = 10.0) -> dict | None:
+    """The cell running now and its newest run over the last `window_s` seconds of requests: requests so far,
+    requests finished per second, TTFT and TPOT p50/p90 (the run's own clock; a twin's are its time)."""
+    cell = con.execute("SELECT cell, started_at FROM campaign_cells WHERE campaign_id = ? AND status = 'running' "
+                       "ORDER BY started_at DESC LIMIT 1", [campaign_id]).fetchone()
+    if cell is None:
+        return None
+    run = con.execute("SELECT run_id, label, json_extract(config, '$.offered_rps') FROM runs "
+                      "WHERE json_extract_string(config, '$.campaign') = ? AND "
+                      "json_extract_string(config, '$.cell') = ? ORDER BY started_at DESC LIMIT 1",
+                      [campaign_id, cell[0]]).fetchone()
+    out = {"cell": cell[0], "since": cell[1], "run_id": None, "label": None, "offered_rps": None, "requests": 0,
+           "rate_rps": None, "ttft_p50": None, "ttft_p90": None, "tpot_p50": None, "tpot_p90": None}
+    if run is None:
+        return out
+    n, rate, t50, t90, p50, p90 = con.execute("""
+        SELECT count(*), count(*) FILTER (WHERE finished_at >= max_t - ?) / ?,
+               quantile_cont(ttft_s, 0.5), quantile_cont(ttft_s, 0.9), quantile_cont(tpot_s, 0.5),
+               quantile_cont(tpot_s, 0.9)
+        FROM (SELECT *, max(finished_at) OVER () AS max_t FROM requests WHERE run_id = ?)""",
+                                              [window_s, window_s, run[0]]).fetchone()
+    offered = float(run[2]) if run[2] not in (None, "null") else None
+    out.update(run_id=run[0], label=run[1], offered_rps=offered, requests=n, rate_rps=rate, ttft_p50=t50,
+               ttft_p90=t90, tpot_p50=p50, tpot_p90=p90)
+    return out

@@ -1,0 +1,72 @@
+"""The sweep to saturation on a server whose limit is known: up by the factor while the SLO holds and goodput
+rises, down when even the first rate misses, then bisection between the last rate within the SLO and the first
+past it; and the model's answer to the same sweep for a twin."""
+
+import math
+
+from bench.campaign import parse_campaign
+from bench.campaign.run import Stage, _predicted, _sweep
+
+SPEC = """
+name: s
+slo: "ttft=30s,tpot=300ms"
+duration: 3
+deployments:
+  - {{name: b, twin: "kimi-k2-thinking@h200x8,kv=bf16,mem_fraction=0.6,time_scale=10"}}
+  - {{name: f, twin: "kimi-k2-thinking@h200x8,kv=fp8_e4m3,mem_fraction=0.6,time_scale=10"}}
+loads:
+  - {{name: x, workload: campaign-long-context, sweep: {sweep}}}
+"""
+
+
+def _load(sweep: str):
+    return parse_campaign(SPEC.format(sweep=sweep)).loads[0]
+
+
+def _server(limit: float, plateau: float = math.inf):
+    """Meets the SLO up to `limit` req/s; serves at most `plateau` req/s within it (goodput stops rising)."""
+    def stage(rate: float) -> Stage:
+        attained = min(1.0, plateau / rate)
+        return Stage(rate, f"run@{rate:.3f}", {"slo_attainment": attained}, rate <= limit, "" if rate <= limit else "x")
+    return stage
+
+
+def test_up_until_the_slo_breaks_then_bisect():
+    stages, best, why = _sweep(_load("{start: 0.5, factor: 1.5, refine: 2}"), _server(1.0), 0.5)
+    rates = [s.rate for s in stages]
+    mid = math.sqrt(0.75 * 1.125)  # 0.919: holds; then sqrt(0.919 * 1.125) = 1.017: misses
+    assert rates[:3] == [0.5, 0.75, 1.125] and math.isclose(rates[3], mid)
+    assert len(rates) == 5 and math.isclose(rates[4], math.sqrt(mid * 1.125))
+    assert best.rate == rates[3] and "SLO broke at 1.12" in why
+
+
+def test_down_when_the_first_rate_misses():
+    stages, best, _ = _sweep(_load("{start: 4, factor: 2, refine: 0}"), _server(1.0), 4.0)
+    assert [s.rate for s in stages] == [4.0, 2.0, 1.0] and best.rate == 1.0
+
+
+def test_stops_where_goodput_stops_rising():
+    stages, best, why = _sweep(_load("{start: 1, factor: 2, refine: 0, min_gain: 0.05}"), _server(100, 3.0), 1.0)
+    # goodput 1, 2, 3 (4 req/s, 75 % within the SLO), then 3 again at 8 req/s
+    assert [s.rate for s in stages] == [1.0, 2.0, 4.0, 8.0] and best.rate == 4.0
+    assert "goodput stopped rising at 8" in why
+
+
+def test_the_model_answers_the_same_sweep_and_fp8_kv_gains_when_the_pool_binds():
+    c = parse_campaign(SPEC.format(sweep="{start: 0.2, factor: 1.25, refine: 1}"))
+    base, fp8 = (_predicted(d, c.loads[0]) for d in c.deployments)
+    assert 0 < base["predicted_rps"] < fp8["predicted_rps"]  # the pool binds: twice the tokens serve more
+    assert base["predicted_usd_per_m"] > fp8["predicted_usd_per_m"] > 0
+
+
+def test_the_demo_campaign_is_kv_bound_in_the_model():
+    """The built-in demo's loads are sized so the KV pool binds within its short stages: the model's FP8 KV gain at
+    saturation is well above 1x for both models on both loads (what the measured gain is compared against)."""
+    from bench.campaign import load_campaign
+
+    c = load_campaign("demo")
+    for load in c.loads:
+        for fp8 in (d for d in c.deployments if d.baseline):
+            base = _predicted(c.deployment(fp8.baseline), load)["predicted_rps"]
+            gain = _predicted(fp8, load)["predicted_rps"] / base
+            assert gain >= 1.3, (fp8.name, load.name, gain)

@@ -1,0 +1,100 @@
+"""`capbench serve` in a real browser: a campaign pasted on the Campaigns page is queued (the page writes only the
+queue folder), the runner process takes it, the page shows the running cell live (its requests rising between
+refreshes), then the finished matrix with its chart; Ctrl-C stops the service."""
+
+from __future__ import annotations
+
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import duckdb
+import httpx
+from playwright.sync_api import sync_playwright
+
+from tests.e2e.test_browser import ARGS, CHROMIUM, SHOTS, _free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+CAMPAIGN = """name: browser
+slo: "ttft=10s,tpot=200ms"
+duration: 6
+deployments:
+  - {name: glm, twin: "glm-4.6@h200x8,time_scale=20"}
+loads:
+  - {name: chat, workload: chat, profile: poisson, rate: 0.5}
+  - {name: again, workload: chat, profile: poisson, rate: 0.75}
+"""
+
+
+def _requests(page) -> int:
+    text = page.get_by_test_id("stMetric").first.inner_text()
+    return int(re.sub(r"[^0-9]", "", text.split("\n")[-1]) or 0)
+
+
+def _wait_for(page, ok, timeout_s: float = 30.0) -> int:
+    """The running cell's request count once ok(count), read as the page refreshes itself (no reload)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        n = _requests(page)
+        if ok(n) or time.monotonic() > deadline:
+            return n
+        page.wait_for_timeout(500)
+
+
+def test_a_queued_campaign_runs_live_in_the_browser(tmp_path):
+    db = tmp_path / "capbench.duckdb"
+    port = _free_port()
+    log = open(tmp_path / "serve.log", "w")
+    proc = subprocess.Popen([str(Path(sys.executable).parent / "capbench"), "serve", "--db", str(db), "--port",
+                             str(port)], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            try:
+                if httpx.get(f"{url}/_stcore/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "serve.log").read_text()
+            time.sleep(0.3)
+        SHOTS.mkdir(parents=True, exist_ok=True)
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+            page = browser.new_page(viewport={"width": 1400, "height": 1400})
+            page.goto(f"{url}/campaigns", timeout=60_000)
+            page.get_by_text("Queue a campaign").click()
+            box = page.get_by_label("or paste it here")
+            box.fill(CAMPAIGN)
+            box.press("Control+Enter")
+            page.get_by_role("button", name="Queue it").click()
+            page.get_by_text("queued browser: 2 cells").wait_for(timeout=30_000)
+            page.get_by_text("of browser: campaign glm/").first.wait_for(timeout=90_000)  # a run of a cell is live
+            first = _wait_for(page, lambda n: n > 0)  # the fragment refreshes every 3 s
+            later = _wait_for(page, lambda n: n > first)
+            assert later > first > 0
+            page.screenshot(path=str(SHOTS / "campaigns-live.png"))
+            page.get_by_text("No cell is running.").wait_for(timeout=120_000)
+            page.get_by_text("browser (c").first.wait_for(timeout=30_000)  # the matrix refreshes itself too
+            page.get_by_text("highest rate within the SLO per cell").wait_for(timeout=60_000)
+            page.wait_for_function("document.querySelectorAll('[data-testid=\"stVegaLiteChart\"] canvas, "
+                                   "[data-testid=\"stVegaLiteChart\"] svg.marks').length >= 1", timeout=60_000)
+            assert page.locator('[data-testid="stException"]').count() == 0
+            page.screenshot(path=str(SHOTS / "campaigns-matrix.png"))
+            browser.close()
+        with duckdb.connect(str(db), read_only=True) as con:
+            assert con.execute("SELECT status FROM campaigns").fetchall() == [("completed",)]
+            cells = con.execute("SELECT cell, status FROM campaign_cells ORDER BY cell").fetchall()
+        assert cells == [("glm/again", "completed"), ("glm/chat", "completed")]
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            raise
+        log.close()
+    assert proc.returncode in (0, 130, -signal.SIGINT)
