@@ -85,7 +85,7 @@ def campaign_sections(m: Matrix) -> list[tuple[str, list[str], list[list[str]]]]
     """(title, header, rows) of the report's tables, in the order shown."""
     cells = [[c["cell"], c["status"], _f(c.get("measured_rps")), _f(c.get("predicted_rps")),
               _f(c.get("measured_usd_per_m"), ",.2f"), _f(c.get("predicted_usd_per_m"), ",.2f"),
-              str(c.get("stages", "-")), c.get("saturation") or (c.get("error") or "").splitlines()[0][:90]]
+              str(c.get("stages", "-")), c.get("saturation") or _first_line(c.get("error"))]
              for c in m.cells]
     gains = [[g["deployment"], g["baseline"], g["load"], g["what"], _f(g["measured_gain"], ".2f", "x"),
               _f(g["predicted_gain"], ".2f", "x"), _f(g["error"] and g["error"] * 100, "+.0f", " %")]
@@ -99,6 +99,11 @@ def campaign_sections(m: Matrix) -> list[tuple[str, list[str], list[list[str]]]]
          ["deployment", "baseline", "load", "what differs", "measured gain", "predicted gain", "measured vs predicted"],
          gains),
     ]
+
+
+def _first_line(text: str | None) -> str:
+    """A cell's error in one line (a running or pending cell has none yet)."""
+    return next(iter((text or "").splitlines()), "")[:90]
 
 
 def campaign_tables(m: Matrix):
