@@ -10,7 +10,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def page(name: str) -> AppTest:
-    at = AppTest.from_file(str(ROOT / "dashboard" / "pages" / f"{name}.py"), default_timeout=120)
+    at = AppTest.from_file(str(ROOT / "dashboard" / "views" / f"{name}.py"), default_timeout=120)
     return at.run()
 
 

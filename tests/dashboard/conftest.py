@@ -4,7 +4,7 @@ import pytest
 
 from tests.rundb import fill
 
-PAGES = "dashboard/pages"
+PAGES = "dashboard/views"
 
 
 @pytest.fixture(scope="session")

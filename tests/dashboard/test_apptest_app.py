@@ -11,6 +11,6 @@ def test_app_opens_on_the_planner_and_switches_pages(db):
     at = AppTest.from_file(str(ROOT / "dashboard" / "app.py"), default_timeout=120).run()
     no_exception(at)
     assert at.title[0].value == "Planner"
-    at.switch_page(str(ROOT / "dashboard" / "pages" / "integrity.py")).run()
+    at.switch_page(str(ROOT / "dashboard" / "views" / "integrity.py")).run()
     no_exception(at)
     assert at.title[0].value == "Integrity"

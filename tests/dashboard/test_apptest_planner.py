@@ -19,7 +19,7 @@ CAPBENCH = str(Path(sys.executable).parent / "capbench")
 
 
 def planner() -> AppTest:
-    return AppTest.from_file(str(ROOT / "dashboard" / "pages" / "planner.py"), default_timeout=900).run()
+    return AppTest.from_file(str(ROOT / "dashboard" / "views" / "planner.py"), default_timeout=900).run()
 
 
 @pytest.fixture(scope="module")

@@ -66,7 +66,11 @@ def test_a_queued_campaign_runs_live_in_the_browser(tmp_path):
             browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
             page = browser.new_page(viewport={"width": 1400, "height": 1400})
             page.goto(f"{url}/campaigns", timeout=60_000)
-            page.get_by_text("Queue a campaign").click()
+            links = page.get_by_test_id("stSidebarNavLink")  # the app's navigation, also on a page's own URL
+            links.filter(has_text="Planner").wait_for(timeout=60_000)
+            assert [t.strip() for t in links.all_inner_texts()] == ["Planner", "Runs", "Compare", "Integrity",
+                                                                    "Campaigns"]
+            page.get_by_test_id("stExpander").get_by_text("Queue a campaign").click(timeout=120_000)
             box = page.get_by_label("or paste it here")
             box.fill(CAMPAIGN)
             box.press("Control+Enter")
@@ -77,6 +81,7 @@ def test_a_queued_campaign_runs_live_in_the_browser(tmp_path):
             later = _wait_for(page, lambda n: n > first)
             assert later > first > 0
             page.screenshot(path=str(SHOTS / "campaigns-live.png"))
+            assert page.locator('[data-testid="stException"]').count() == 0  # the matrix of a running campaign
             page.get_by_text("No cell is running.").wait_for(timeout=120_000)
             page.get_by_text("browser (c").first.wait_for(timeout=30_000)  # the matrix refreshes itself too
             page.get_by_text("highest rate within the SLO per cell").wait_for(timeout=60_000)
