@@ -184,7 +184,9 @@ def _cell(store: Store, cid: str, dep: DeploymentSpec, load: Load, server: Launc
         opts = RunOptions(target=server.url, profile=profile, overrides=over, workload=load.workload, db=store.path,
                           label=f"campaign {key}" + (f" @{rate:.3g}rps" if rate is not None else ""), slo=slo,
                           warmup_s=warmup, live=False, quiet=True, drain_s=drain,
-                          run_config={"campaign": cid, "cell": key, "offered_rps": rate, "time_scale": scale,
+                          run_config={"campaign": cid, "cell": key, "time_scale": scale,
+                                      # what the server was offered, as a sweep stage of `capbench run` stores it
+                                      "offered_rps": None if rate is None else rate * scale,
                                       **({"twin": dep.twin} if dep.twin else {})})
         with _telemetry("off" if dep.kind == "twin" else None):  # a twin models GPUs this host does not have
             res = run_load(opts)[-1]

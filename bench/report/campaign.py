@@ -167,7 +167,8 @@ def live_cell(con, campaign_id: str, window_s: float = 10.0) -> dict | None:
                        "ORDER BY started_at DESC LIMIT 1", [campaign_id]).fetchone()
     if cell is None:
         return None
-    run = con.execute("SELECT run_id, label, json_extract(config, '$.offered_rps') FROM runs "
+    run = con.execute("SELECT run_id, label, json_extract(config, '$.offered_rps'), "
+                      "coalesce(json_extract(config, '$.time_scale')::DOUBLE, 1) FROM runs "
                       "WHERE json_extract_string(config, '$.campaign') = ? AND "
                       "json_extract_string(config, '$.cell') = ? ORDER BY started_at DESC LIMIT 1",
                       [campaign_id, cell[0]]).fetchone()
@@ -181,7 +182,7 @@ def live_cell(con, campaign_id: str, window_s: float = 10.0) -> dict | None:
                quantile_cont(tpot_s, 0.9)
         FROM (SELECT *, max(finished_at) OVER () AS max_t FROM requests WHERE run_id = ?)""",
                                               [window_s, window_s, run[0]]).fetchone()
-    offered = float(run[2]) if run[2] not in (None, "null") else None
+    offered = float(run[2]) / run[3] if run[2] not in (None, "null") else None  # in the modelled GPUs' time
     out.update(run_id=run[0], label=run[1], offered_rps=offered, requests=n, rate_rps=rate, ttft_p50=t50,
                ttft_p90=t90, tpot_p50=p50, tpot_p90=p90)
     return out

@@ -15,6 +15,7 @@ def identity_fields(c: dict) -> dict[str, str]:
     twin are in the modelled GPUs' time."""
     from bench.model import capacity, catalog
 
+    c = {k: None if isinstance(v, float) and math.isnan(v) else v for k, v in c.items()}  # a table row's gaps
     models = catalog.models()
     m = models.get(c.get("model") or "")
     tp = c.get("tp")

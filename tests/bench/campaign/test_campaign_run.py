@@ -12,6 +12,8 @@ from pathlib import Path
 
 import duckdb
 
+from bench.store import Store, runinfo
+
 ROOT = Path(__file__).resolve().parents[3]
 FAKE = Path(__file__).with_name("fake_sglang.py")
 CLI = [sys.executable, "-c", "from bench.cli import main; main()", "campaign"]
@@ -90,6 +92,12 @@ def test_cells_end_completed_or_failed_and_every_server_is_stopped(tmp_path):
     configs = [json.loads(c) for (c,) in runs]
     assert len(configs) >= 4 and all(c["campaign"].startswith("c") and "/" in c["cell"] for c in configs)
     assert status == "failed" and out.returncode == 0
+    # a stage's rate is the same in its label (the campaign's, modelled time) and in the run's identity
+    table = runinfo.list_runs(Store(db, read_only=True))
+    staged = table[table.label.str.contains("rps")]
+    assert len(staged) > 0
+    for label, ident in zip(staged.label, staged.identity, strict=True):
+        assert f" {label.rpartition('@')[2].removesuffix('rps')} req/s" in ident, (label, ident)
     assert "twin/a" in out.stdout and "ok/b" in out.stdout  # the campaign report
 
 
