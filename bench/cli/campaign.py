@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import typer
 
-from bench.errors import BadInput
-
 
 def campaign(
     file: str = typer.Argument(..., help="Campaign YAML (schema: data/campaigns/README.md), or a built-in name."),
@@ -54,6 +52,4 @@ def serve(
 
     from bench.campaign import serve_queue
 
-    if not 0 < port < 65536:
-        raise BadInput(f"--port must be between 1 and 65535, got {port}")
     serve_queue(Path(db), host, port)
