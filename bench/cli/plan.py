@@ -203,10 +203,14 @@ def plan(
     price: float = typer.Option(None, help="$ per GPU-hour of --gpu (others: the catalog's indicative prices)."),
     context: int = typer.Option(None, help="Context length (default: the model's maximum)."),
     workers: int = typer.Option(None, help="Processes for the search (default: the machine's cores)."),
+    pd: bool = typer.Option(True, "--pd/--no-pd", help="Also search prefill/decode disaggregated shapes (wide EP) "
+                            "on --gpus (default: --gpu) and show the cheapest beside the colocated answer."),
+    max_nodes: int = typer.Option(16, min=1, max=64, help="Nodes one PD prefill or decode instance may span."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON (every configuration) instead of tables."),
 ) -> None:
     """The deployment search: GPU x tp x DP attention x EP x KV dtype x expert weights x replicas, for a workload,
-    SLO and target load. Prints the recommendation, the Pareto fronts, each GPU's best, and why the rest lost."""
+    SLO and target load. Prints the recommendation, the Pareto fronts, each GPU's best, and why the rest lost;
+    with --pd, the cheapest prefill/decode disaggregated answer beside it, why one wins, and its launch commands."""
     import os
 
     from rich.console import Console
@@ -227,9 +231,11 @@ def plan(
         task = bar.add_task("sizing", total=None)
         result = make_plan(q, lambda stage, done, total: bar.update(task, description=stage, completed=done,
                                                                    total=total), workers or os.cpu_count() or 1)
+    versus = _versus(result, max_nodes) if pd else None
     if as_json:
         print(json.dumps({"question": _question_json(q), "recommended": _row(result.recommended),
-                          "configurations": [_finite(r) for r in result.rows()], "notes": result.notes}, indent=1))
+                          "configurations": [_finite(r) for r in result.rows()], "notes": result.notes}
+                         | ({"disaggregated": _finite(versus.to_json())} if versus else {}), indent=1, default=str))
         return
     console = Console(width=max(Console().width, 180))
     rec = result.recommended
@@ -249,6 +255,27 @@ def plan(
     console.print(terminal.rejected_table(result.options))
     for note in result.notes:
         console.print(f"note: {note}")
+    if versus:
+        _print_versus(console, versus)
+
+
+def _versus(result, max_nodes: int):
+    from bench.model.pd_versus import compare
+
+    return compare(result, max_nodes)
+
+
+def _print_versus(console, versus) -> None:
+    from bench.report import pd as pd_report
+
+    console.print(pd_report.versus_table(versus))
+    for line in pd_report.versus_lines(versus):
+        console.print(line, markup=False)
+    lines = pd_report.launch_lines(versus)
+    if lines:
+        console.print("Launch commands of the disaggregated answer (replace the *_NODE0 hosts):")
+        for line in lines:
+            console.print(line, markup=False, soft_wrap=True)
 
 
 def _finite(row: dict) -> dict:

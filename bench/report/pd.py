@@ -1,0 +1,49 @@
+"""Colocated vs disaggregated in words and a table (bench/model/pd_versus.py's Versus), for the CLI and the report."""
+
+from __future__ import annotations
+
+from rich.table import Table
+
+from bench.model import disagg_launch
+from bench.model.pd_versus import Versus
+
+
+def _money(x: float | None) -> str:
+    return "-" if x is None else f"${x:,.0f}"
+
+
+def versus_table(v: Versus) -> Table:
+    t = Table(title="Colocated vs prefill/decode disaggregated, cheapest of each for the target load")
+    for col in ("", "deployment", "instances", "GPUs", "$ / month", "$ / 1M output", "TTFT", "TPOT", "decode batch",
+                "figures from"):
+        t.add_column(col)
+    c, d = v.colocated, v.disaggregated
+    if c is not None:
+        p = c.prediction
+        t.add_row("colocated", c.label, str(c.instances_needed), str(c.gpus_needed), _money(c.monthly_cost),
+                  f"${c.usd_per_m_output:,.2f}", f"{p.ttft_s:,.2f} s", f"{p.tpot_s * 1e3:,.0f} ms",
+                  f"{p.batch} per instance", "simulator (rate.py), validated")
+    else:
+        t.add_row("colocated", "none serves the load", "-", "-", "-", "-", "-", "-", "-", "-")
+    if d is not None:
+        t.add_row("disaggregated", d.shape.label, d.ratio, str(d.gpus_needed), _money(d.monthly_cost),
+                  f"${d.usd_per_m_output:,.2f}", f"{d.ttft_s:,.2f} s", f"{d.tpot_s * 1e3:,.0f} ms",
+                  f"{d.batch_per_rank} per rank", "analytic PD model (disagg.py), little evidence")
+    else:
+        t.add_row("disaggregated", "none serves the load", "-", "-", "-", "-", "-", "-", "-", "-")
+    return t
+
+
+def versus_lines(v: Versus) -> list[str]:
+    return [*v.why, *v.evidence]
+
+
+def launch_lines(v: Versus) -> list[str]:
+    """The PD answer's launch commands, one per node, then the router."""
+    if v.disaggregated is None:
+        return []
+    out = []
+    for launch in disagg_launch.commands(v.disaggregated):
+        where = "router" if launch.role == "router" else f"{launch.role} {launch.instance} node {launch.node}"
+        out += [f"# {where}", launch.command]
+    return out
