@@ -65,11 +65,11 @@ def lengths(wl: Workload, seed: int = 0) -> Lengths:
 
 
 def pd_mem_fraction(model: str, gpu: str) -> float:
-    """--mem-fraction-static for every PD instance: SGLang's default for one node of DP attention. Its default
-    grows the CUDA-graph reserve with the DP size (max_bs * dp * 3 MB: 98 GB at dp64), which wide-EP deployments
-    override; the launch commands pass this value so the plan and the servers agree."""
+    """--mem-fraction-static for every PD instance: SGLang's default for one node without DP attention. With DP
+    attention its default grows the CUDA-graph reserve with the DP size (max_bs * dp * 3 MB: 98 GB at dp64), which
+    wide-EP deployments override; the launch commands pass this value so the plan and the servers agree."""
     g = catalog.gpu(gpu)
-    return mem_fraction_static(catalog.model(model), g, g.gpus_per_node, g.gpus_per_node)
+    return mem_fraction_static(catalog.model(model), g, g.gpus_per_node, 1)
 
 
 def redundant_experts(experts: int, gpus: int) -> int:
@@ -94,6 +94,7 @@ class Shape:
     eplb: bool = True
     context: int | None = None
     prefill_dp_attention: bool = True  # False: the prefill instance's attention is tensor-parallel (long prompts)
+    two_batch_overlap: bool = True  # SGLang --enable-two-batch-overlap: the all-to-all hides under the compute
 
     def deployment(self, role: str) -> Deployment:
         g = self.prefill_gpus if role == "prefill" else self.decode_gpus
@@ -156,7 +157,17 @@ def decode_step_s(shape: Shape, batch_per_rank: int, context: float, eff: Effici
     m = dep.model
     parts["comm"] = m.moe_layers * interconnect.all_to_all_s(dep.gpu, dep.ep, batch_per_rank, m.hidden_size,
                                                              m.experts_per_token, "low_latency")
-    return pm._time(parts)
+    return _step(pm, parts, shape.two_batch_overlap)
+
+
+def _step(pm: PerfModel, parts: dict[str, float], overlap: bool) -> float:
+    """A step's seconds; with two-batch overlap the communication runs beside the compute of the other micro-batch
+    and only what sticks out past it counts."""
+    if not overlap:
+        return pm._time(parts)
+    comm, parts = parts["comm"], {**parts, "comm": 0.0}
+    core = pm._time(parts)
+    return core + max(0.0, comm - (core - parts["overhead"]))
 
 
 def chunk(shape: Shape) -> int:
@@ -177,7 +188,7 @@ def prefill_step_s(shape: Shape, tokens: int, ln: Lengths, eff: Efficiency | Non
     attention_allreduce = parts["comm"] / 2 if dep.dp == 1 else 0.0  # TP attention keeps its all-reduce
     parts["comm"] = attention_allreduce + m.moe_layers * interconnect.all_to_all_s(
         dep.gpu, dep.ep, total / dep.tp, m.hidden_size, m.experts_per_token, "normal")
-    return pm._time(parts)
+    return _step(pm, parts, shape.two_batch_overlap)
 
 
 def kv_bytes(shape: Shape, tokens: float) -> float:

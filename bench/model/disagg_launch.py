@@ -37,6 +37,8 @@ def server_args(shape: Shape, role: str, batch_per_rank: int = 0, transfer: str 
             "--enable-metrics", "--host", "0.0.0.0", "--port", str(PORT)]
     if dep.dp > 1:
         args += ["--dp", str(dep.dp), "--enable-dp-attention", "--moe-dense-tp-size", "1", "--enable-dp-lm-head"]
+    if shape.two_batch_overlap:
+        args.append("--enable-two-batch-overlap")
     if shape.redundant(role):
         args += ["--enable-eplb", "--ep-num-redundant-experts", str(shape.redundant(role))]
     if role == "prefill":
