@@ -147,9 +147,10 @@ def validate(
     from bench.model import validate as val
     from bench.report import terminal
 
-    cases = [c for c in corpus.load() if not case or case in c.key]
-    if not cases:
+    matching = [c for c in corpus.load() if not case or case in c.key]
+    if not matching:
         raise BadInput(f"no published case matches {case!r}")
+    cases = [c for c in matching if c.kind != "disaggregated"]  # replayed apart, by validate_pd
     goal = [c for c in cases if fitting.in_goal(c) is None]
     with Progress(transient=True, disable=as_json) as bar:
         if fit:
@@ -173,8 +174,9 @@ def validate(
             bar.advance(task)
     validation = fitting.stored_validation()
     report = val.report(replays, goal, validation)
+    pd_replays = _pd_replays(matching)
     if as_json:
-        print(json.dumps(report, indent=1, default=str))
+        print(json.dumps(report | {"disaggregated": [_pd_json(r) for r in pd_replays]}, indent=1, default=str))
         return
     console = Console(width=max(Console().width, 200))
     why = {c.key: fitting.in_goal(c) or "" for c in cases}
@@ -185,6 +187,28 @@ def validate(
         console.print(f"GPUs ranked for {row['config']}: published {' > '.join(row['published_order'])}; predicted "
                       f"{' > '.join(row['predicted_order'])}{'' if row['agrees'] else '  (DISAGREES)'}")
     console.print(report["verdict"])
+    if pd_replays:
+        _print_pd_replays(console, pd_replays)
+
+
+def _pd_replays(cases) -> list:
+    from bench.model import validate_pd
+
+    return validate_pd.replay_all(cases)
+
+
+def _pd_json(r) -> dict:
+    return {"case": r.case.key, "phase": r.case.pd.get("phase"), "gpu": r.case.gpu, "gpus": r.case.gpus,
+            "model": r.case.model, "predicted": r.predicted, "errors": r.errors, "why_not": r.why_not,
+            "uncertain": list(r.case.uncertain)}
+
+
+def _print_pd_replays(console, replays) -> None:
+    from bench.report import pd as pd_report
+
+    console.print(pd_report.validation_table(replays))
+    console.print("These prefill/decode-disaggregated, wide-EP cases are few (two posts, neither states its SGLang "
+                  "version) and not in the goal above: the disaggregated plan rests on little evidence.")
 
 
 def plan(

@@ -283,27 +283,32 @@ class Answer:
                 "rejected_because": self.rejected_because}
 
 
+def batch_candidates(cap: int) -> list[int]:
+    """Decode batches per rank tried: 32 steps up to the cap (the colocated comparison tries the same)."""
+    return sorted({max(1, cap * k // 32) for k in range(1, 33)}) if cap >= 1 else []
+
+
 def decode_batch(shape: Shape, ln: Lengths, slo: Slo, eff: Efficiency | None = None) -> tuple[int, float, str]:
-    """(batch per rank, step seconds, what limits it): the largest batch the KV pool, max running requests and
-    the TPOT bound allow; 0 when not even one request meets them."""
+    """(batch per rank, step seconds, what limits it): of the batches the KV pool and max running requests allow,
+    the one with the most output tokens/s whose step meets the TPOT bound (past the CUDA-graph size a bigger batch
+    can be slower); 0 when not even one request meets them."""
     pool = decode_pool(shape)
     seq = ln.prompt + ln.output
     by_kv = int(pool.tokens_per_rank // seq) if pool.fits else 0
     cap = min(by_kv, pool.max_running_per_rank)
-    limit = "KV pool" if by_kv <= pool.max_running_per_rank else "max running requests"
     ctx = ln.prompt + ln.output / 2
-    if cap < 1:
-        return 0, 0.0, "KV pool"
-    if slo.tpot_s is None or decode_step_s(shape, cap, ctx, eff) <= slo.tpot_s:
-        return cap, decode_step_s(shape, cap, ctx, eff), limit
-    lo, hi = 0, cap  # step time grows with the batch: bisect for the largest within the bound
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if decode_step_s(shape, mid, ctx, eff) <= slo.tpot_s:
-            lo = mid
-        else:
-            hi = mid
-    return lo, decode_step_s(shape, max(lo, 1), ctx, eff), f"TPOT p{slo.percentile}"
+    best, best_step = 0, 0.0
+    for b in batch_candidates(cap):
+        step = decode_step_s(shape, b, ctx, eff)
+        if (slo.tpot_s is None or step <= slo.tpot_s) and (best == 0 or b / step > best / best_step):
+            best, best_step = b, step
+    if best == cap:
+        limit = "KV pool" if by_kv <= pool.max_running_per_rank else "max running requests"
+    elif best and slo.tpot_s is not None and decode_step_s(shape, min(cap, best * 2), ctx, eff) > slo.tpot_s:
+        limit = f"TPOT p{slo.percentile}"
+    else:
+        limit = "decode efficiency"
+    return best, best_step, limit if best else "KV pool"
 
 
 def evaluate(shape: Shape, ln: Lengths, slo: Slo, target_rps: float, price: float | None = None,
@@ -327,7 +332,8 @@ def evaluate(shape: Shape, ln: Lengths, slo: Slo, target_rps: float, price: floa
         return ans
     batch, step, ans.decode_limited_by = decode_batch(shape, ln, slo, eff)
     if batch < 1:
-        ans.rejected_because = f"no decode batch meets the TPOT bound ({slo.tpot_s * 1e3:,.0f} ms)"
+        ans.rejected_because = (f"no decode batch meets the TPOT bound ({slo.tpot_s * 1e3:,.0f} ms)" if slo.tpot_s
+                                else "a decode rank holds no request")
         return ans
     ans.batch_per_rank, ans.tpot_s = batch, step
     ans.kv_tokens_per_rank = int(batch * (ln.prompt + ln.output))
@@ -378,7 +384,7 @@ def colocated_rps(shape: Shape, ln: Lengths, slo: Slo, eff: Efficiency | None = 
     cap = min(int(pool.tokens_per_rank // (ln.prompt + ln.output)), pool.max_running_per_rank) if pool.fits else 0
     best, share = 0.0, 0.0
     ctx = ln.prompt + ln.output / 2
-    for b in sorted({max(1, cap * k // 32) for k in range(1, 33)}):
+    for b in batch_candidates(cap):
         step = decode_step_s(shape, b, ctx, eff)
         x = b * dec.dp / (ln.output * step)  # requests/s if decode had the GPUs to itself
         r = x / (1 + x * c)

@@ -47,3 +47,22 @@ def launch_lines(v: Versus) -> list[str]:
         where = "router" if launch.role == "router" else f"{launch.role} {launch.instance} node {launch.node}"
         out += [f"# {where}", launch.command]
     return out
+
+
+def validation_table(replays: list) -> Table:
+    """The disaggregated cases: phase, published figure, predicted, error (bench/model/validate_pd.py)."""
+    t = Table(title="Prefill/decode disaggregated, wide-EP published runs: published vs predicted (apart from the "
+              "colocated corpus)")
+    for col in ("case", "phase", "GPUs", "figure", "published", "predicted", "error", "note"):
+        t.add_column(col)
+    for r in replays:
+        published = r.case.pd.get("published", {})
+        if not r.errors:
+            t.add_row(r.case.key, str(r.case.pd.get("phase")), f"{r.case.gpus} x {r.case.gpu}", "-", "-", "-", "-",
+                      r.why_not or "")
+            continue
+        for figure, err in r.errors.items():
+            t.add_row(r.case.key, str(r.case.pd.get("phase")), f"{r.case.gpus} x {r.case.gpu}", figure,
+                      f"{float(published[figure]):,.0f}", f"{r.predicted[figure]:,.0f}", f"{err:+.0%}",
+                      f"{len(r.case.uncertain)} uncertain point(s) in the case")
+    return t
