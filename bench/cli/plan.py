@@ -284,9 +284,9 @@ def plan(
 
 
 def _versus(result, max_nodes: int):
-    from bench.model.pd_versus import compare
+    from bench.model import pd_versus
 
-    return compare(result, max_nodes)
+    return pd_versus.compare(result, max_nodes)
 
 
 def _print_versus(console, versus) -> None:

@@ -45,7 +45,8 @@ def server_args(shape: Shape, role: str, batch_per_rank: int = 0, transfer: str 
         args += ["--chunked-prefill-size", str(chunk(shape) * dep.dp),
                  "--disaggregation-bootstrap-port", str(BOOTSTRAP_PORT)]
     elif batch_per_rank:
-        args += ["--max-running-requests", str(batch_per_rank * dep.dp), "--cuda-graph-max-bs", str(batch_per_rank)]
+        args += ["--max-running-requests", str(batch_per_rank * dep.dp),
+                 "--cuda-graph-max-bs-decode", str(batch_per_rank)]
     if shape.context:
         args += ["--context-length", str(shape.context)]
     return args

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from bench.model import corpus, disagg, interconnect
+from bench.model import corpus, disagg, interconnect, pd_search
 from bench.model.disagg import Answer
 from bench.model.option import Option
 from bench.model.plan import Plan
@@ -72,14 +72,14 @@ def compare(plan: Plan, max_nodes: int = MAX_NODES, gpus: tuple[str, ...] | None
     q = plan.question
     ln = disagg.lengths(q.request_mix())
     search = list(gpus or q.search_gpus or (q.gpu,))
-    answers = disagg.search(q.model, search, ln, q.slo, q.target_rate_rps, max_nodes, price_of=q.price_of,
+    answers = pd_search.search(q.model, search, ln, q.slo, q.target_rate_rps, max_nodes, price_of=q.price_of,
                             context=q.context)
     d = next((a for a in answers if a.serves), None)
     c = plan.recommended
     share = None
     if c is not None and c.config.dp == c.config.tp:  # the analytic share is for DP-attention instances
         shape = disagg.Shape(q.model, c.config.gpu, c.config.tp, c.config.tp, c.config.kv_dtype, c.config.weights)
-        rate, _ = disagg.colocated_rps(shape, ln, q.slo)
+        rate, _ = pd_search.colocated_rps(shape, ln, q.slo)
         if rate > 0:
             per_instance = q.target_rate_rps / c.instances_needed
             chunk = disagg.chunk(shape)

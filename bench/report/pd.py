@@ -4,15 +4,14 @@ from __future__ import annotations
 
 from rich.table import Table
 
-from bench.model import disagg_launch
-from bench.model.pd_versus import Versus
+from bench.model import disagg_launch, pd_versus
 
 
 def _money(x: float | None) -> str:
     return "-" if x is None else f"${x:,.0f}"
 
 
-def versus_table(v: Versus) -> Table:
+def versus_table(v: pd_versus.Versus) -> Table:
     t = Table(title="Colocated vs prefill/decode disaggregated, cheapest of each for the target load")
     for col in ("", "deployment", "instances", "GPUs", "$ / month", "$ / 1M output", "TTFT", "TPOT", "decode batch",
                 "figures from"):
@@ -34,11 +33,11 @@ def versus_table(v: Versus) -> Table:
     return t
 
 
-def versus_lines(v: Versus) -> list[str]:
+def versus_lines(v: pd_versus.Versus) -> list[str]:
     return [*v.why, *v.evidence]
 
 
-def launch_lines(v: Versus) -> list[str]:
+def launch_lines(v: pd_versus.Versus) -> list[str]:
     """The PD answer's launch commands, one per node, then the router."""
     if v.disaggregated is None:
         return []

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from bench.model import disagg, interconnect
+from bench.model import disagg, interconnect, pd_search
 from bench.model.slo import Slo
 
 SETTINGS = settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -60,7 +60,7 @@ def test_with_free_transfer_pd_is_not_worse_than_colocated_on_a_prefill_heavy_lo
     shape = disagg.Shape(model, gpu, g, g, "fp8_e4m3")
     ln = disagg.Lengths(prompt, 0, output, prompt + output)
     slo = Slo(tpot_s=tpot)
-    rate, share = disagg.colocated_rps(shape, ln, slo)
+    rate, share = pd_search.colocated_rps(shape, ln, slo)
     assume(rate > 0)
     pd = disagg.evaluate(shape, ln, slo, 10.0, transfer=False)
     assert pd.serves
