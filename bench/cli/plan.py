@@ -229,7 +229,7 @@ def plan(
     workers: int = typer.Option(None, help="Processes for the search (default: the machine's cores)."),
     pd: bool = typer.Option(True, "--pd/--no-pd", help="Also search prefill/decode disaggregated shapes (wide EP) "
                             "on --gpus (default: --gpu) and show the cheapest beside the colocated answer."),
-    max_nodes: int = typer.Option(16, min=1, max=64, help="Nodes one PD prefill or decode instance may span."),
+    max_nodes: int = typer.Option(16, help="Nodes one PD prefill or decode instance may span (1 to 64)."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON (every configuration) instead of tables."),
 ) -> None:
     """The deployment search: GPU x tp x DP attention x EP x KV dtype x expert weights x replicas, for a workload,
@@ -245,6 +245,8 @@ def plan(
 
     if workload and (input_len or output_len):
         raise BadInput("give --workload or --input-len/--output-len, not both")
+    if not 1 <= max_nodes <= 64:
+        raise BadInput(f"--max-nodes must be between 1 and 64, got {max_nodes}")
     if (input_len is None) != (output_len is None):
         raise BadInput("give both --input-len and --output-len, or neither")
     q = Question(model=model, gpu=gpu, tp=tp, kv_dtype=kv_dtype, weights=weights, context=context,
