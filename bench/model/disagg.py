@@ -143,21 +143,38 @@ def _efficiency(shape: Shape, eff: Efficiency | None) -> Efficiency:
     return replace(e, ep_skew=e.ep_skew * interconnect.assumptions()["eplb_skew"]) if shape.eplb else e
 
 
+class PDPerfModel(PerfModel):
+    """Step times of one PD instance (what the twin's schedulers run too): PerfModel's terms, with DeepEP's
+    all-to-all (normal kernels on prefill, low-latency on decode) as the MoE's communication, hidden under the
+    compute by two-batch overlap. No CPU floor per streamed token: PD deployments stream from the router."""
+
+    def __init__(self, shape: Shape, role: str, eff: Efficiency | None = None) -> None:
+        super().__init__(shape.deployment(role), _efficiency(shape, eff))
+        self.shape, self.role = shape, role
+
+    def step_time(self, decode_batch: int, decode_ctx: int, prefill_tokens: int = 0, prefill_attn: float = 0.0,
+                  prefill_ctx: int = 0) -> float:
+        if decode_batch <= 0 and prefill_tokens <= 0:
+            return 0.0
+        parts = self.parts(decode_batch, decode_ctx, prefill_tokens, prefill_attn, prefill_ctx)
+        dep, m = self.dep, self.dep.model
+        attention_allreduce = parts["comm"] / 2 if dep.dp == 1 else 0.0  # TP attention keeps its all-reduce
+        per_rank = (decode_batch * self.verify + prefill_tokens) / dep.tp
+        parts["comm"] = attention_allreduce + m.moe_layers * interconnect.all_to_all_s(
+            dep.gpu, dep.ep, per_rank, m.hidden_size, m.experts_per_token,
+            "normal" if self.role == "prefill" else "low_latency")
+        return _step(self, parts, self.shape.two_batch_overlap)
+
+
 @cache
-def _perf(shape: Shape, role: str, eff: Efficiency | None) -> PerfModel:
-    return PerfModel(shape.deployment(role), _efficiency(shape, eff))
+def _perf(shape: Shape, role: str, eff: Efficiency | None) -> PDPerfModel:
+    return PDPerfModel(shape, role, eff)
 
 
 def decode_step_s(shape: Shape, batch_per_rank: int, context: float, eff: Efficiency | None = None) -> float:
     """One decode step of every rank holding batch_per_rank requests of `context` tokens (low-latency all-to-all)."""
-    pm = _perf(shape, "decode", eff)
-    dep = pm.dep
-    total = batch_per_rank * dep.dp
-    parts = pm.parts(total, int(total * context))
-    m = dep.model
-    parts["comm"] = m.moe_layers * interconnect.all_to_all_s(dep.gpu, dep.ep, batch_per_rank, m.hidden_size,
-                                                             m.experts_per_token, "low_latency")
-    return _step(pm, parts, shape.two_batch_overlap)
+    total = batch_per_rank * shape.deployment("decode").dp
+    return _perf(shape, "decode", eff).step_time(total, int(total * context))
 
 
 def _step(pm: PerfModel, parts: dict[str, float], overlap: bool) -> float:
@@ -178,17 +195,10 @@ def chunk(shape: Shape) -> int:
 
 def prefill_step_s(shape: Shape, tokens: int, ln: Lengths, eff: Efficiency | None = None) -> float:
     """One prefill step with `tokens` new tokens in each queue (every DP rank, or the whole TP instance) of prompts
-    like ln; the MoE's communication is DeepEP's normal all-to-all of each rank's share of the tokens."""
-    pm = _perf(shape, "prefill", eff)
-    dep = pm.dep
-    total = tokens * dep.dp
+    like ln (normal all-to-all of each rank's share of the tokens)."""
+    total = tokens * shape.deployment("prefill").dp
     pairs = total * (ln.cached + (ln.new + 1) / 2)  # each new token attends to the cached prefix and half its own
-    parts = pm.parts(0, 0, total, pairs, int(total * (ln.cached / ln.new + 1)))
-    m = dep.model
-    attention_allreduce = parts["comm"] / 2 if dep.dp == 1 else 0.0  # TP attention keeps its all-reduce
-    parts["comm"] = attention_allreduce + m.moe_layers * interconnect.all_to_all_s(
-        dep.gpu, dep.ep, total / dep.tp, m.hidden_size, m.experts_per_token, "normal")
-    return _step(pm, parts, shape.two_batch_overlap)
+    return _perf(shape, "prefill", eff).step_time(0, 0, total, pairs, int(total * (ln.cached / ln.new + 1)))
 
 
 def kv_bytes(shape: Shape, tokens: float) -> float:
