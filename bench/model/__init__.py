@@ -19,6 +19,7 @@ launch     SGLang command lines for a deployment
 interconnect  DeepEP all-to-all and KV-transfer costs from data/interconnect.yaml
 disagg     prefill/decode disaggregation: what one prefill and one decode instance sustain (wide EP, EPLB)
 pd_search  the search over PD shapes, and the colocated instance it is weighed against
+pd_simulate  a PD deployment in virtual time (prefill queue, transfer, decode queue)
 pd_versus  the plan's colocated answer beside the cheapest PD answer, and why one wins
 disagg_launch  SGLang --disaggregation-mode and router command lines for a PD answer
 validate_pd    the published PD / wide-EP runs replayed through disagg
@@ -35,6 +36,7 @@ from bench.model import (
     interconnect,
     launch,
     pd_search,
+    pd_simulate,
     pd_versus,
     perfmodel,
     plan,
@@ -65,5 +67,6 @@ __all__ = [
     "Capacity", "Deployment", "HOURS_PER_MONTH", "Config", "Option", "PerfModel", "Plan", "Question", "make_plan",
     "workload_names", "Prediction", "search_rate", "Request", "Scheduler", "Point", "Sweep", "Slo", "parse_slo",
     "Spec", "parse_spec", "Workload", "fixed_workload", "load_workload", "usd_per_million",
-    "disagg", "disagg_launch", "interconnect", "pd_search", "pd_versus", "validate_pd",
+    "disagg", "disagg_launch", "interconnect", "pd_search", "pd_simulate", "pd_versus",
+    "validate_pd",
 ]

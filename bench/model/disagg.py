@@ -154,6 +154,10 @@ class PDPerfModel(PerfModel):
 
     def step_time(self, decode_batch: int, decode_ctx: int, prefill_tokens: int = 0, prefill_attn: float = 0.0,
                   prefill_ctx: int = 0) -> float:
+        if self.role == "decode":  # the KV arrived by transfer: SGLang's decode server runs no extend for it
+            if decode_batch <= 0:
+                return self.overhead_s if prefill_tokens > 0 else 0.0
+            prefill_tokens, prefill_attn, prefill_ctx = 0, 0.0, 0
         if decode_batch <= 0 and prefill_tokens <= 0:
             return 0.0
         parts = self.parts(decode_batch, decode_ctx, prefill_tokens, prefill_attn, prefill_ctx)

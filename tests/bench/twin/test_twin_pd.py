@@ -50,7 +50,7 @@ def test_an_idle_pd_twin_measures_what_the_pd_model_predicts():
     router = interconnect.assumptions()["router_ms"] * 1e-3
     step = decode.step_time(1, prompt + 12)
     predicted_ttft = prefill.step_time(0, 0, prompt, prompt * (ln.new + 1) / 2, prompt) + transfer + router + \
-        decode.step_time(1, prompt)  # the decode instance's first step gives the first token
+        decode.step_time(0, 0, prompt)  # the decode instance takes the request in (no extend) and sends token 1
     measured_ttft = statistics.median(r["ttft"] for r in runs)
     measured_tpot = statistics.median(r["tpot"] for r in runs)
     assert measured_ttft == pytest.approx(predicted_ttft, rel=0.35), (measured_ttft, predicted_ttft)
