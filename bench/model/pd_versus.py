@@ -54,7 +54,8 @@ def _reasons(c: Option | None, d: Answer | None, share: float | None) -> list[st
         dp = c.config.dp
         per_rank = c.prediction.batch / dp if dp else c.prediction.batch
         out.append(f"Decode batch: {d.batch_per_rank} requests per decode rank ({d.decode_limited_by}) vs about "
-                   f"{per_rank:,.0f} per {'DP rank' if dp > 1 else 'instance'} colocated (mean running).")
+                   f"{per_rank:,.{1 if per_rank < 10 else 0}f} per {'DP rank' if dp > 1 else 'instance'} colocated "
+                   "(mean running).")
     if share is not None:
         out.append(f"Interference: colocated, prefill takes {share:.0%} of each second at the target load, "
                    f"stretching every decode step by x{1 / max(1 - share, 1e-9):.2f}; PD removes it.")
@@ -79,12 +80,10 @@ def compare(plan: Plan, max_nodes: int = MAX_NODES, gpus: tuple[str, ...] | None
     share = None
     if c is not None and c.config.dp == c.config.tp:  # the analytic share is for DP-attention instances
         shape = disagg.Shape(q.model, c.config.gpu, c.config.tp, c.config.tp, c.config.kv_dtype, c.config.weights)
-        rate, _ = pd_search.colocated_rps(shape, ln, q.slo)
-        if rate > 0:
-            per_instance = q.target_rate_rps / c.instances_needed
-            chunk = disagg.chunk(shape)
-            cost = disagg.prefill_step_s(shape, chunk, ln) * ln.new / chunk / c.config.tp
-            share = min(per_instance * cost, 0.99)
+        per_instance = q.target_rate_rps / c.instances_needed
+        chunk = disagg.chunk(shape)
+        cost = disagg.prefill_step_s(shape, chunk, ln) * ln.new / chunk / c.config.tp
+        share = min(per_instance * cost, 0.99)
     elif c is not None:
         shape = disagg.Shape(q.model, c.config.gpu, c.config.tp, c.config.tp, c.config.kv_dtype, c.config.weights,
                              prefill_dp_attention=False)

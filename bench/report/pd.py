@@ -11,25 +11,39 @@ def _money(x: float | None) -> str:
     return "-" if x is None else f"${x:,.0f}"
 
 
-def versus_table(v: pd_versus.Versus) -> Table:
-    t = Table(title="Colocated vs prefill/decode disaggregated, cheapest of each for the target load")
-    for col in ("", "deployment", "instances", "GPUs", "$ / month", "$ / 1M output", "TTFT", "TPOT", "decode batch",
-                "figures from"):
-        t.add_column(col)
+COLUMNS = ("", "deployment", "instances", "GPUs", "$ / month", "$ / 1M output", "TTFT", "TPOT", "decode batch",
+           "figures from")
+
+
+def versus_rows(v: pd_versus.Versus) -> list[dict]:
+    """The two answers as rows (the CLI's table and the dashboard's Planner show these)."""
     c, d = v.colocated, v.disaggregated
+    none = dict.fromkeys(COLUMNS[2:], "-")
+    rows = []
     if c is not None:
         p = c.prediction
-        t.add_row("colocated", c.label, str(c.instances_needed), str(c.gpus_needed), _money(c.monthly_cost),
-                  f"${c.usd_per_m_output:,.2f}", f"{p.ttft_s:,.2f} s", f"{p.tpot_s * 1e3:,.0f} ms",
-                  f"{p.batch} per instance", "simulator (rate.py), validated")
+        rows.append(dict(zip(COLUMNS, ("colocated", c.label, str(c.instances_needed), str(c.gpus_needed),
+                                       _money(c.monthly_cost), f"${c.usd_per_m_output:,.2f}", f"{p.ttft_s:,.2f} s",
+                                       f"{p.tpot_s * 1e3:,.0f} ms", f"{p.batch} per instance",
+                                       "simulator (rate.py), validated"), strict=True)))
     else:
-        t.add_row("colocated", "none serves the load", "-", "-", "-", "-", "-", "-", "-", "-")
+        rows.append({"": "colocated", "deployment": "none serves the load", **none})
     if d is not None:
-        t.add_row("disaggregated", d.shape.label, d.ratio, str(d.gpus_needed), _money(d.monthly_cost),
-                  f"${d.usd_per_m_output:,.2f}", f"{d.ttft_s:,.2f} s", f"{d.tpot_s * 1e3:,.0f} ms",
-                  f"{d.batch_per_rank} per rank", "analytic PD model (disagg.py), little evidence")
+        rows.append(dict(zip(COLUMNS, ("disaggregated", d.shape.label, d.ratio, str(d.gpus_needed),
+                                       _money(d.monthly_cost), f"${d.usd_per_m_output:,.2f}", f"{d.ttft_s:,.2f} s",
+                                       f"{d.tpot_s * 1e3:,.0f} ms", f"{d.batch_per_rank} per rank",
+                                       "analytic PD model (disagg.py), little evidence"), strict=True)))
     else:
-        t.add_row("disaggregated", "none serves the load", "-", "-", "-", "-", "-", "-", "-", "-")
+        rows.append({"": "disaggregated", "deployment": "none serves the load", **none})
+    return rows
+
+
+def versus_table(v: pd_versus.Versus) -> Table:
+    t = Table(title="Colocated vs prefill/decode disaggregated, cheapest of each for the target load")
+    for col in COLUMNS:
+        t.add_column(col)
+    for row in versus_rows(v):
+        t.add_row(*(row[col] for col in COLUMNS))
     return t
 
 
