@@ -257,7 +257,11 @@ def plan(
         task = bar.add_task("sizing", total=None)
         result = make_plan(q, lambda stage, done, total: bar.update(task, description=stage, completed=done,
                                                                    total=total), workers or os.cpu_count() or 1)
-    versus = _versus(result, max_nodes) if pd else None
+    versus = None
+    if pd:
+        with Progress(transient=True, disable=as_json) as bar:
+            bar.add_task("searching prefill/decode disaggregated shapes", total=None)
+            versus = _versus(result, max_nodes)
     if as_json:
         print(json.dumps({"question": _question_json(q), "recommended": _row(result.recommended),
                           "configurations": [_finite(r) for r in result.rows()], "notes": result.notes}
