@@ -272,11 +272,12 @@ class Answer:
 
     @property
     def usd_per_m_output(self) -> float | None:
-        """$ per 1M output tokens of the GPUs the target needs, at the target load."""
+        """$ per 1M output tokens of the instances the target needs, run at the highest rate they serve within the
+        SLO (as a colocated option's figure is: its instance at its highest rate)."""
         if not self.serves:
             return None
-        rate, tps = self.served(self.prefill_instances, self.decode_instances)
-        return usd_per_million(self.price, self.gpus_needed, min(rate, self.target_rps) * self.lengths.output)
+        _, tps = self.served(self.prefill_instances, self.decode_instances)
+        return usd_per_million(self.price, self.gpus_needed, tps)
 
     @property
     def ratio(self) -> str:
