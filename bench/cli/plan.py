@@ -142,7 +142,7 @@ def validate(
     from rich.console import Console
     from rich.progress import Progress
 
-    from bench.model import corpus, load_efficiency
+    from bench.model import corpus, interval, load_efficiency
     from bench.model import fit as fitting
     from bench.model import validate as val
     from bench.report import terminal
@@ -173,6 +173,7 @@ def validate(
             bar.advance(task)
     validation = fitting.stored_validation()
     report = val.report(replays, goal, validation)
+    report["interval_coverage"] = interval.coverage()
     if as_json:
         print(json.dumps(report, indent=1, default=str))
         return
@@ -185,6 +186,7 @@ def validate(
         console.print(f"GPUs ranked for {row['config']}: published {' > '.join(row['published_order'])}; predicted "
                       f"{' > '.join(row['predicted_order'])}{'' if row['agrees'] else '  (DISAGREES)'}")
     console.print(report["verdict"])
+    console.print(terminal.coverage_table(report["interval_coverage"]))
 
 
 def plan(
@@ -213,7 +215,7 @@ def plan(
     from rich.progress import Progress
 
     from bench.model import Question, make_plan, parse_slo
-    from bench.report import terminal
+    from bench.report import terminal, wording
 
     if workload and (input_len or output_len):
         raise BadInput("give --workload or --input-len/--output-len, not both")
@@ -239,6 +241,7 @@ def plan(
                       f"{rec.gpus_needed} GPUs, ${rec.monthly_cost:,.0f} a month, ${rec.usd_per_m_output:,.2f} per 1M "
                       f"output tokens ({rec.prediction.rate_rps:,.2f} req/s per instance, limited by "
                       f"{rec.prediction.limited_by})")
+        console.print(wording.interval(rec, q.slo.percentile))
     sim = sorted(result.simulated, key=lambda o: (o.monthly_cost is None, o.monthly_cost or 0))
     console.print(terminal.plan_table([o for o in sim if o.pareto], "Pareto front: output tokens/s per GPU vs tokens/s "
                                       "per user", q))

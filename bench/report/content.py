@@ -306,7 +306,7 @@ def launch(r: Report) -> tuple[str | None, list[str], list[str]]:
     (else chosen) option."""
     plan, q = r.plan, r.plan.question
     o = plan.recommended or plan.chosen
-    single, multi = sglang_cmd.commands(q.model, o.config.gpu, o.tp, o.kv_dtype, o.weights, plan.context)
+    single, multi = o.commands()
     notes = []
     path, where = sglang_cmd.model_path(q.model, o.weights, o.tp)
     if where:

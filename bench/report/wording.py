@@ -133,6 +133,37 @@ def _saving(what: str, before: Option | None, after: Option, risk: str) -> str:
             f"{after.gpus_needed} GPUs, {money(a)} -> {money(b)}){gain}; {risk}")
 
 
+def _range(pair, spec: str, unit: str = "", dollars: bool = False) -> str:
+    lo, hi = pair
+    cur = "$" if dollars else ""
+    return f"{cur}{format(lo, spec)}-{cur}{format(hi, spec)}{unit}"
+
+
+def interval(o: Option, percentile: int | None = None) -> str | None:
+    """The option's 80 % interval in one sentence (figures at the pessimistic end first where it matters), with
+    the evidence behind it; None when it serves nothing. CLI, Planner and report all say it this way."""
+    iv = o.interval()
+    if iv is None:
+        return None
+    tag = f" p{percentile}" if percentile else ""
+    n = iv["cases"]
+    text = (f"80 % interval, from the model's out-of-sample error on the published corpus ({n} case"
+            f"{'' if n == 1 else 's'} of {iv['regime'].rsplit(',', 1)[0]}): "
+            f"{_range(iv['rate_rps'], ',.2f', ' req/s')} per instance, {_range(iv['instances'], 'd')} instances "
+            f"({_range(iv['gpus_needed'], 'd')} GPUs), {_range(iv['monthly_cost'], ',.0f', dollars=True)} a month, "
+            f"{_range(iv['usd_per_m_output'], ',.2f', dollars=True)} per 1M output tokens")
+    if iv["ttft_s"] and iv["tpot_s"]:
+        text += (f", TTFT{tag} {_range(iv['ttft_s'], ',.2f', ' s')}, TPOT{tag} "
+                 f"{_range(tuple(x * 1e3 for x in iv['tpot_s']), ',.0f', ' ms')}")
+    hi = iv["instances"][1]
+    if hi > (o.instances_needed or 0):
+        text += (f". At the pessimistic end the load needs {hi} instances ({iv['gpus_needed'][1]} GPUs, "
+                 f"{money(iv['monthly_cost'][1])} a month), not {o.instances_needed}")
+    if iv["evidence"]:
+        text += f". {iv['evidence'][0].upper()}{iv['evidence'][1:]}"
+    return text
+
+
 def question_text(q: Question) -> str:
     return (f"How many GPUs does {catalog.model(q.model).name} need on SGLang 0.5.23 to serve "
             f"{q.target_rate_rps:g} requests/s of {q.describe_workload()} within {q.slo.describe()} "
@@ -153,4 +184,4 @@ def recommendation(plan: Plan) -> str:
             f"cache: {money(rec.monthly_cost)} a month ({HOURS_PER_MONTH} h at ${rec.price:.2f}/GPU-hour), "
             f"{money(rec.usd_per_m_output, ',.2f')} per 1M output tokens; each instance serves up to "
             f"{rec.prediction.rate_rps:,.2f} requests/s within the SLO (then {rec.prediction.limited_by} "
-            "passes its bound).")
+            f"passes its bound). {interval(rec, plan.question.slo.percentile) or ''}").strip()

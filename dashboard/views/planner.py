@@ -8,7 +8,6 @@ import streamlit as st
 
 from bench.errors import BadInput
 from bench.model import Plan, Question, Slo, capacity, catalog, make_plan, workload_names
-from bench.model import launch as sglang_cmd
 from bench.report import charts, compared, gpu_bests, load, plancharts, predicted_table, wording
 from dashboard import common
 from dashboard.common import fmt
@@ -115,7 +114,7 @@ else:
 for sentence in wording.savings(plan, common.drift_table()):
     st.markdown(f"- {sentence}.")
 if rec is not None:
-    single, multi = sglang_cmd.commands(model_id, rec.config.gpu, rec.tp, rec.kv_dtype, rec.weights, int(context))
+    single, multi = rec.commands()
     if single:
         st.code(single, language="bash", wrap_lines=True)
     with st.expander("Multi-node (one instance over several nodes)", expanded=single is None):
