@@ -105,6 +105,8 @@ m[0].metric(f"Rate on {int(gpu_count)} GPUs (req/s)", fmt(chosen.rate_on_hand_rp
 m[1].metric(f"Monthly cost for {target:g} req/s", wording.money(chosen.monthly_cost, ",.0f", none))
 m[2].metric(f"TPOT p{slo_p} at that rate (ms)", fmt(pred.tpot_s * 1e3, ",.1f") if serves else none)
 m[3].metric("Limited by", f"{pred.limited_by}" if serves else none)
+if serves:
+    st.caption(wording.interval(chosen, slo_p))
 
 st.subheader("Recommendation")
 if rec is not None:
