@@ -79,6 +79,8 @@ def simulate(
     num_requests: int = typer.Option(1000, help="Requests per simulated rate (at least)."),
     min_seconds: float = typer.Option(300, help="Arrivals per rate last at least this many simulated seconds."),
     seed: int = typer.Option(0, help="Seed of arrivals and lengths."),
+    max_concurrency: int = typer.Option(None, help="At most this many requests in flight (with --rate: Poisson "
+                                        "arrivals wait for a free slot, as bench_serving --max-concurrency)."),
     calibration: str = typer.Option(None, help="Efficiency factors file (JSON/YAML) over data/calibration."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
 ) -> None:
@@ -109,13 +111,18 @@ def simulate(
             raise BadInput(f"--rate {rate:g} for --min-seconds {min_seconds:g} is {rate * min_seconds:.3g} simulated "
                            f"requests; at most {SIMULATE_MAX_REQUESTS:,}: lower one of them")
         kvs = ("bf16", "fp8_e4m3") if compare_kv else (dep.kv_dtype,)
-        points = [sim.run(replace(dep, kv_dtype=kv), wl, rate, num_requests, seed, eff, min_seconds) for kv in kvs]
+        if max_concurrency is not None and max_concurrency < 1:
+            raise BadInput(f"--max-concurrency must be at least 1, got {max_concurrency}")
+        points = [sim.run(replace(dep, kv_dtype=kv), wl, rate, num_requests, seed, eff, min_seconds, max_concurrency)
+                  for kv in kvs]
         if as_json:
             print(json.dumps([{"kv_dtype": kv, **p.to_dict()} for kv, p in zip(kvs, points, strict=True)], indent=2))
         else:
             for kv, p in zip(kvs, points, strict=True):
                 terminal.print_point(p, target, replace(dep, kv_dtype=kv), wl, num_requests)
         return
+    if max_concurrency is not None:
+        raise BadInput("--max-concurrency applies to one --rate; a --sweep offers open-loop Poisson rates")
     if not target.bounded:
         raise BadInput("--sweep looks for the highest rate within the SLO: give at least one bound, e.g. "
                        "--slo ttft=2s,tpot=50ms")
