@@ -238,7 +238,8 @@ def plan(
                                                                    total=total), workers or os.cpu_count() or 1)
     if as_json:
         print(json.dumps({"question": _question_json(q), "recommended": _row(result.recommended),
-                          "configurations": [_finite(r) for r in result.rows()], "notes": result.notes}, indent=1))
+                          "configurations": [_finite(r) for r in result.rows()], "curves": result.curves(),
+                          "notes": result.notes}, indent=1))
         return
     console = Console(width=max(Console().width, 180))
     rec = result.recommended

@@ -20,7 +20,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field, replace
 
 from bench.errors import BadInput
-from bench.model import catalog, interval, workload
+from bench.model import catalog, corpus, curve, interval, workload
 from bench.model.capacity import capacity, weight_formats
 from bench.model.launch import int4_ep
 from bench.model.option import HOURS_PER_MONTH, Config, Option
@@ -113,6 +113,7 @@ class Plan:
     options: list[Option]
     context: int
     notes: list[str] = field(default_factory=list)
+    _curves: dict | None = field(default=None, repr=False, compare=False)
 
     @property
     def chosen(self) -> Option:
@@ -150,6 +151,22 @@ class Plan:
 
     def rows(self) -> list[dict]:
         return [o.to_row() for o in self.options]
+
+    def curves(self) -> dict:
+        """Each configuration that serves the load as a curve over concurrency (bench/model/curve.py), the Pareto
+        front over all their points, the published points of the same configurations, and the SLO's tokens/s per
+        user (1 / its TPOT bound). Computed once, on first use."""
+        if self._curves is None:
+            wl, points, pub = self.question.request_mix(), [], []
+            for o in self.simulated:
+                if o.serves:
+                    dep = o.config.deployment(self.question.model, self.question.context)
+                    points += curve.curve(o.label, dep, wl)
+                    pub += [{"config": o.label, **x} for x in curve.published(corpus.load(), dep)]
+            tpot = self.question.slo.tpot_s
+            self._curves = {"points": [p.to_dict() for p in curve.front(points)], "published": pub,
+                            "slo_tps_per_user": 1 / tpot if tpot else None}
+        return self._curves
 
 
 def _configs(q: Question) -> list[Config]:

@@ -334,6 +334,7 @@ def chart_svgs(r: Report) -> dict[str, str]:
     }
     rows = pd.DataFrame(r.plan.rows())
     if rows["output_tps_per_gpu"].notna().any():
+        out["curves"] = charts.to_svg(plancharts.curves(r.plan.curves()))
         out["pareto_tps"] = charts.to_svg(plancharts.pareto_throughput(rows))
         out["pareto_cost"] = charts.to_svg(plancharts.pareto_cost(rows, q.slo.percentile))
     bests = gpu_bests(r.plan)

@@ -164,7 +164,7 @@ def _body(r: Report, title: str) -> list[str]:
             parts += [f"<h2>{title}</h2>", "<p>No measurements to compare the predictions with.</p>"]
             continue
         shown = {"capacity": ["capacity"], "predicted": ["throughput", "gpus", "cost"], "measured": ["latency"],
-                 "vs": ["vs"], "load": ["load"], "pareto": ["pareto_tps", "pareto_cost"],
+                 "vs": ["vs"], "load": ["load"], "pareto": ["curves", "pareto_tps", "pareto_cost"],
                  "gpus": ["gpu_compare"]}.get(key, [])
         if key not in t and not any(k in svgs for k in shown):
             continue

@@ -75,6 +75,11 @@ def latency_curve(q: Question) -> pd.DataFrame:
     return load.predicted(rec.config.deployment(q.model, q.context), q.request_mix(), q.slo, rec.prediction)
 
 
+@st.cache_data(show_spinner="throughput against speed per user, over concurrency", max_entries=64)
+def curves_for(q: Question) -> dict:
+    return plan_for(q).curves()
+
+
 try:
     plan = plan_for(q)
 except BadInput as e:
@@ -148,6 +153,7 @@ if rec is not None:
     common.chart(st, plancharts.latency_vs_load(curve, q.slo, f"Predicted for {rec.label}"), height=520)
     st.subheader("Every configuration that meets the SLO")
     every = pd.DataFrame(plan.rows())
+    common.chart(st, plancharts.curves(curves_for(q)), height=560)
     left, right = st.columns(2)
     common.chart(left, plancharts.pareto_throughput(every), height=520)
     common.chart(right, plancharts.pareto_cost(every, slo_p), height=520)
