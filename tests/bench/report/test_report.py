@@ -66,8 +66,9 @@ def test_report_without_runs_is_a_planning_report(tmp_path):
     assert not r.measured
     assert "Nothing was measured" in page and "no results database" in page
     assert page.count("<table>") == 4  # configs, capacity, predicted, other GPUs
-    # 4 plan charts, latency against load, two Pareto views, the GPU comparison
-    assert page.count("<svg") == 8
+    # 4 plan charts, latency against load, the curves over concurrency, two Pareto views, the GPU comparison
+    assert page.count("<svg") == 9
+    assert "Throughput per GPU against speed per user, over concurrency" in page
     for heading in ("Latency against load", "Every configuration that meets the SLO",
                     "Each GPU at its cheapest configuration for the target load"):
         assert heading in page
