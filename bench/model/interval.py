@@ -142,14 +142,25 @@ def band(figure: str, reg: Regime, rows: tuple[Row, ...] | list[Row] | None = No
 
 
 def evidence(reg: Regime, rows: tuple[Row, ...] | None = None) -> str | None:
-    """A sentence when the regime has no or few published cases (None when it has THIN or more)."""
+    """A sentence when the regime has no or few published cases, or when most of its own cases fall outside the
+    band on one side (the pooled shape does not fit it); None otherwise."""
     rows = shipped_rows() if rows is None else rows
+    own = [r.residual["output_tok_s"] for r in rows if r.regime.kind == reg.kind and "output_tok_s" in r.residual]
     n = sum(1 for r in rows if r.regime.kind == reg.kind)
-    if n >= THIN:
-        return None
-    what = "no published evidence" if n == 0 else f"only {n} published case{'s' if n > 1 else ''}"
-    return (f"{what} for {reg.describe()}: the interval is the corpus's spread widened; measure before buying "
-            f"(campaign file: {CAMPAIGN} with this deployment)")
+    if n < THIN:
+        what = "no published evidence" if n == 0 else f"only {n} published case{'s' if n > 1 else ''}"
+        return (f"{what} for {reg.describe()}: the interval is the corpus's spread widened; measure before buying "
+                f"(campaign file: {CAMPAIGN} with this deployment)")
+    b = band("output_tok_s", reg, rows)
+    slower = [x for x in own if b and x < math.log(b.low)]
+    faster = [x for x in own if b and x > math.log(b.high)]
+    for side, word, worst, reach in ((slower, "slower", min, "down"), (faster, "faster", max, "up")):
+        if len(side) * 2 >= len(own):
+            return (f"{len(side)} of the {len(own)} published cases of {reg.describe()} delivered throughput "
+                    f"{word} than even this interval allows ({reach} to {math.exp(worst(side)):.2f}x the prediction): "
+                    f"the interval is the corpus's, not this regime's; measure before buying (campaign file: "
+                    f"{CAMPAIGN} with this deployment)")
+    return None
 
 
 def predicted_range(model_id: str, gpu: str, weights: str, figure: str, value: float,

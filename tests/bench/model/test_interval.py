@@ -42,6 +42,14 @@ def test_a_regime_without_cases_is_wider_and_said_in_words():
     assert words.startswith("no published evidence for INT4 experts, MLA on Blackwell") and "campaign file" in words
 
 
+def test_a_regime_whose_own_cases_fall_outside_is_said_in_words():
+    """Kimi K2.5 on H200 (INT4 experts): most of its published runs were far slower than the pooled band allows."""
+    reg = interval.regime("kimi-k2-thinking", "h200", "native", 32)
+    words = interval.evidence(reg)
+    assert words and "published cases of INT4 experts, MLA on Hopper delivered throughput slower" in words
+    assert interval.evidence(interval.regime("deepseek-r1", "b200", "native", 32)) is None
+
+
 def test_the_band_brackets_the_prediction_as_published_over_predicted():
     lo, hi = interval.predicted_range("glm-4.6", "b200", "native", "output_tok_s", 1000.0, 64)
     assert lo < 1000.0 < hi
