@@ -15,7 +15,6 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-
 GROUP_SIZES = (32, 128)  # what SGLang's WNA16 MoE kernels are built for (Marlin and Triton)
 
 # SGLang 0.5.23 fuses GLM's shared expert into the routed-expert slots by default on NVIDIA (sm80+) without

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import torch
 
-
 FP8_BLOCK = 128
 IGNORE = ["lm_head", r"re:.*self_attn.*", r"re:.*shared_experts.*", r"re:.*mlp\.(gate|up|gate_up|down)_proj.*",
           r"re:.*mlp\.gate$", r"re:.*eh_proj.*", r"re:.*shared_head.*"]
