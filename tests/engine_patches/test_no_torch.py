@@ -102,7 +102,7 @@ def test_fp8_scales_launch_is_checked_and_built_without_torch(capbench_without_t
 
 @pytest.mark.parametrize(("args", "says"), [
     (["--kv-checksum", "sometimes"], "--kv-checksum must be one of"),
-    (["--", "--model-path", "{ckpt}", "--tp", "3"], "does not split over 3 MoE ranks"),
+    (["--", "--model-path", "{ckpt}", "--tp", "7"], "does not split over 7 MoE ranks"),
     (["--", "--model-path", "{ckpt}", "--tp", "eight"], "--tp takes a whole number"),
     (["--kv-checksum", "verify", "--", "--model-path", "m", "--disable-radix-cache"], "--disable-radix-cache"),
 ])
