@@ -12,8 +12,10 @@ How it is safe on a ~700 GB checkpoint:
 - everything is checked before any work: the group size against the deployment's tp/ep (layout.py), every
   shard's header against its file size and the index against the shards (shards.py), every expert's shape;
 - shards are written into `<out>.partial/` and the directory is renamed to `<out>` at the very end, so an `<out>`
-  that exists is complete; each finished shard leaves a record in `<out>.partial/.capbench-int4/`, and `--resume`
-  continues after them;
+  that exists is complete; each finished shard is fsynced and leaves a record with its size and SHA-256 in
+  `<out>.partial/.capbench-int4/` (manifest.py); `--resume` checks every finished shard against its record and
+  converts again, saying so, any that differs; before the rename every file is fsynced and every output shard's
+  header is read back against its size and the index;
 - shards are converted by worker processes in parallel (one input shard in memory per worker).
 """
 
@@ -29,8 +31,8 @@ from dataclasses import dataclass, field
 from multiprocessing import get_context
 from pathlib import Path
 
-from engine_patches.int4_moe.layout import check_group_size
-from engine_patches.int4_moe.pack import GROUP_SIZES
+from engine_patches.int4_moe.layout import GROUP_SIZES, check_group_size
+from engine_patches.int4_moe.manifest import fsync_dir, fsync_file, seal_file, shard_problem, write_durably
 from engine_patches.int4_moe.shards import INDEX, Checkpoint
 
 EXPERT_WEIGHT = re.compile(r"^(?P<module>.*\bmlp\.experts\.\d+\.(?:gate|up|down)_proj)\.weight$")
@@ -235,14 +237,12 @@ def convert_shard(src: str, partial: str, shard: str, weight_map: dict[str, str]
             out[name] = t
     tmp = out_dir / f".{shard}.tmp"
     save_file({k: v.contiguous() for k, v in out.items()}, tmp, metadata={"format": "pt"})
-    os.replace(tmp, out_dir / shard)
-    record = {"shard": shard, "tensors": sorted(out), "expert_tensors": experts, "bytes_in": bytes_in,
+    written = seal_file(tmp, out_dir / shard)
+    record = {"shard": shard, **written, "tensors": sorted(out), "expert_tensors": experts, "bytes_in": bytes_in,
               "bytes_out": sum(v.numel() * v.element_size() for v in out.values()),
               "layers": {str(k): {"tensors": e.tensors, "err_sq": e.err_sq, "norm_sq": e.norm_sq, "worst": e.worst}
                          for k, e in layers.items()}}
-    record_file = out_dir / STATE / f"{shard}.json"
-    record_file.with_suffix(".tmp").write_text(json.dumps(record))
-    os.replace(record_file.with_suffix(".tmp"), record_file)
+    write_durably(out_dir / STATE / f"{shard}.json", json.dumps(record))
     return record
 
 
@@ -263,6 +263,8 @@ def convert(src: str | Path, dst: str | Path, group_size: int = 32, tp: int = 8,
     p = plan(src, dst, group_size, tp, ep, resume)
     (p.partial / STATE).mkdir(parents=True, exist_ok=True)
     (p.partial / STATE / "plan.json").write_text(json.dumps(_state(p.src, group_size, p.checkpoint)))
+    if p.done:
+        recheck_finished(p, show_progress)
     report = ConversionReport(group_size, "fp8-block128" if p.fp8 else "bf16", resumed_shards=len(p.done))
     for record in p.done.values():
         report.add_shard(record)
@@ -295,6 +297,32 @@ def convert(src: str | Path, dst: str | Path, group_size: int = 32, tp: int = 8,
     return report
 
 
+def recheck_finished(p: Plan, show_progress: bool = True) -> None:
+    """Check every finished shard of a resumed conversion against its record (size, SHA-256, in parallel
+    threads: hashlib releases the GIL); one that differs is deleted and converted again, with a line saying so."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from rich.progress import Progress
+
+    with Progress(disable=not show_progress) as progress, ThreadPoolExecutor(os.cpu_count() or 1) as pool:
+        task = progress.add_task("checking finished shards", total=len(p.done))
+
+        def check(shard: str) -> str | None:
+            problem = shard_problem(p.partial / shard, p.done[shard])
+            progress.advance(task)
+            return problem
+
+        problems = dict(zip(p.done, pool.map(check, list(p.done)), strict=True))
+    for shard, problem in problems.items():
+        if problem is None:
+            continue
+        print(f"resume: {shard} cannot be trusted ({problem}); converting it again", flush=True)
+        del p.done[shard]
+        (p.partial / shard).unlink(missing_ok=True)
+        (p.partial / STATE / f"{shard}.json").unlink(missing_ok=True)
+    p.todo = [s for s in p.checkpoint.shards if s not in p.done]
+
+
 def _finish(p: Plan, report: ConversionReport) -> None:
     """Index, config, the source's other files and the report into <out>.partial, then rename it to <out>."""
     from engine_patches.int4_moe.pack import quantization_config
@@ -302,12 +330,12 @@ def _finish(p: Plan, report: ConversionReport) -> None:
     records = [json.loads((p.partial / STATE / f"{s}.json").read_text()) for s in p.checkpoint.shards]
     config = json.loads((p.src / "config.json").read_text())
     config["quantization_config"] = quantization_config(p.group_size)  # replaces an FP8 block config
-    (p.partial / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    write_durably(p.partial / "config.json", json.dumps(config, indent=2) + "\n")
     if p.checkpoint.has_index:
         weight_map = {t: r["shard"] for r in records for t in r["tensors"]}
         index = {"metadata": {"total_size": sum(r["bytes_out"] for r in records)},
                  "weight_map": dict(sorted(weight_map.items()))}
-        (p.partial / INDEX).write_text(json.dumps(index, indent=2) + "\n")
+        write_durably(p.partial / INDEX, json.dumps(index, indent=2) + "\n")
     for item in p.src.iterdir():
         if item.suffix == ".safetensors" or item.name in (INDEX, "config.json"):
             continue
@@ -315,11 +343,27 @@ def _finish(p: Plan, report: ConversionReport) -> None:
             shutil.copytree(item, p.partial / item.name, dirs_exist_ok=True)
         else:
             shutil.copy2(item, p.partial / item.name)
-    (p.partial / REPORT).write_text(json.dumps(report.to_json(), indent=1) + "\n")
+    write_durably(p.partial / REPORT, json.dumps(report.to_json(), indent=1) + "\n")
+    for tmp in p.partial.glob(".*.tmp"):
+        tmp.unlink()  # a shard or record a crash left half-written
+    _verify_output(p, records)
     shutil.rmtree(p.partial / STATE)
+    for path in [*p.partial.rglob("*"), p.partial]:  # copied files and folders; shards were fsynced when written
+        (fsync_dir if path.is_dir() else fsync_file)(path)
     if p.dst.exists():
         p.dst.rmdir()  # empty (plan checked)
     os.replace(p.partial, p.dst)
+    fsync_dir(p.dst.parent)
+
+
+def _verify_output(p: Plan, records: list[dict]) -> None:
+    """Every output shard's header read back against its file size, the index against the shards, and every shard
+    of the size it was written at: a ValueError naming the shard otherwise, and OUT is not created."""
+    out = Checkpoint(p.partial)
+    for r in records:
+        shard = out.shards.get(r["shard"])
+        if shard is None or shard.size != r["file_bytes"] or set(shard.tensors) != set(r["tensors"]):
+            raise ValueError(f"{p.partial / r['shard']}: not the shard that was written; run again with --resume")
 
 
 def print_report(report: ConversionReport, dst: str | Path) -> None:

@@ -15,7 +15,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine_patches.int4_moe.pack import GROUP_SIZES
+GROUP_SIZES = (32, 128)  # what SGLang's WNA16 MoE kernels are built for (Marlin and Triton)
 
 # SGLang 0.5.23 fuses GLM's shared expert into the routed-expert slots by default on NVIDIA (sm80+) without
 # expert parallelism (glm4_moe.py: shared_experts_fusion_disable_reason). With W4A16 experts the fused slot is a

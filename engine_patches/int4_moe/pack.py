@@ -17,7 +17,6 @@ from __future__ import annotations
 import torch
 
 FP8_BLOCK = 128
-GROUP_SIZES = (32, 128)  # what SGLang's WNA16 MoE kernels are built for (Marlin and Triton)
 IGNORE = ["lm_head", r"re:.*self_attn.*", r"re:.*shared_experts.*", r"re:.*mlp\.(gate|up|gate_up|down)_proj.*",
           r"re:.*mlp\.gate$", r"re:.*eh_proj.*", r"re:.*shared_head.*"]
 _NIBBLE_SHIFTS = torch.arange(0, 32, 4, dtype=torch.int64)

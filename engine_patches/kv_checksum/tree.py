@@ -6,10 +6,17 @@ When pages are checked (PageSeals holds the seals):
   page, so the request recomputes from there (strict mode aborts it instead). The many other matches the
   scheduler makes while it orders its queue check nothing: they only steer scheduling, and skip nodes already
   known bad.
-- Insert: a checkpoint (chunk end, end of prefill, release) checks the request's own pages before they enter the
-  tree, and looks up the bad marks of the prefix it holds and of tree pages its insert would share. The insert
-  stops before the first bad page: nothing at or after a corrupt page is cached, and the pages the request keeps
-  are freed once by SGLang's own release.
+- Insert: a checkpoint (chunk end, end of prefill, release) checks every page the request has read, the cached
+  prefix it holds as well as its own pages, before its KV enters the tree, and looks up the bad marks of tree
+  pages its insert would share. The insert stops before the first bad page: nothing at or after a corrupt page is
+  cached, and the pages the request keeps are freed once by SGLang's own release. Re-checking the held prefix is
+  what keeps KV *derived* from a damaged page out of the tree: a page damaged while a request decodes makes all
+  it computes afterwards wrong, and with HiCache write-through the damaged page itself can later leave the device
+  unchecked (eviction drops a backed-up copy), so the prefix must be checked while the request that read it still
+  holds it. Any damage a request's KV depends on happened before its last forward, hence before its insert, and a
+  held page cannot be freed or reused before then. Cost: one checksum read of the held prefix per checkpoint (at
+  least two a request: end of prefill, release; one more per chunk), i.e. one more read of the KV the request's
+  attention reads at every decode step.
 - Scrub: idle sealed pages are checked round-robin at `scrub_pages_per_s`.
 - HiCache offload and load: hicache.py.
 
@@ -166,14 +173,14 @@ class ChecksummedUnifiedRadixCache(HiCacheChecksums, UnifiedRadixCache):
 
     def _insertable(self, req, protected: int, aligned: int) -> int:
         """How much of the request's row may enter the tree: up to its first bad page, whether in the prefix it
-        holds (bad marks only), in its own pages (checked), or in tree pages its insert would share instead of
-        its own (bad marks only: the insert would re-point the request at them)."""
+        holds or in its own pages (both checked: it read them), or in tree pages its insert would share instead of
+        its own (bad marks only: the insert would re-point the request at them; the request never read them)."""
         if aligned == 0:
             return 0
         row = self.req_to_token_pool.req_to_token[req.kv.req_pool_idx, :aligned]
         pages = self.kv_seals.pages_of(row)
         positions = torch.arange(len(pages)) * self.page_size
-        held = positions < protected
+        unread = torch.zeros(len(pages), dtype=torch.bool)
         key = RadixKey(req.full_untruncated_fill_ids[:aligned], req.extra_key, is_bigram=self.tree_core.is_eagle,
                        cache_salt=req.cache_salt)
         matched, node_id, _ = self.tree_core.match_full_device_prefix(key)
@@ -181,8 +188,8 @@ class ChecksummedUnifiedRadixCache(HiCacheChecksums, UnifiedRadixCache):
             shared = self.kv_seals.pages_of(self.path_device_indices(node_id)[protected:matched])
             pages = torch.cat([pages, shared.to(pages.device)])
             positions = torch.cat([positions, protected + torch.arange(len(shared)) * self.page_size])
-            held = torch.cat([held, torch.ones(len(shared), dtype=torch.bool)])
-        check = self._check(pages, source="insert", known_only=held.to(pages.device))
+            unread = torch.cat([unread, torch.ones(len(shared), dtype=torch.bool)])
+        check = self._check(pages, source="insert", known_only=unread.to(pages.device))
         return min((int(positions[r]) for r in check.bad_rows), default=aligned)
 
     def inc_lock_ref(self, node_id, skip_lock_components=()):

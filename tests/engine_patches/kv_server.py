@@ -7,7 +7,9 @@ prepare_for_decode allocation, filter_batch / merge_batch), checkpoint_kv_cache 
 HiCache its controller, host pool and events.
 
 What stands in: the model forward (KV written through the pool's own set_kv_buffer as a fixed function of token
-and position, then the seal-on-fill hook on its out_cache_loc, as the ModelRunner.forward wrapper does),
+and position, then the seal-on-fill hook on its out_cache_loc, as the ModelRunner.forward wrapper does; with
+`derive`, attention too: a request that reads KV which is not the KV of its tokens computes different KV, so
+damage propagates into everything computed from it, as it does in a model),
 sampling (each request's output tokens are given in advance), and two CUDA-only HiCache primitives (host-memory
 registration and the host<->device copy kernel), done with torch on CPU.
 
@@ -44,6 +46,7 @@ from engine_patches.kv_checksum.checksum import pool_buffers
 from engine_patches.kv_checksum.patch import register_backend
 
 DTYPES = {"bf16": torch.bfloat16, "fp8": torch.float8_e4m3fn}
+DERIVED_FROM_DAMAGE = 1_009  # token offset of the stand-in model's KV when it read damaged KV
 
 
 @dataclass
@@ -126,6 +129,7 @@ class Server:
     server_args: dict = field(default_factory=dict)
     max_reqs: int = 16
     after_forward: object = None  # called with the batch after its KV is written and sealed (fault injection)
+    derive: bool = False  # KV computed over a damaged prefix is itself wrong (see _reads_clean)
 
     def __post_init__(self):
         self.context = get_context().override_server_args(
@@ -287,7 +291,8 @@ class Server:
                 start, end = len(ids) - 1, len(ids)
             row = self.req_pool.req_to_token[req.kv.req_pool_idx, start:end].to(torch.int64)
             locs.append(row)
-            tokens.append(torch.tensor(ids[start:end], dtype=torch.int64))
+            garbage = self.derive and not self._reads_clean(req, ids, start)
+            tokens.append(torch.tensor(ids[start:end], dtype=torch.int64) + (DERIVED_FROM_DAMAGE if garbage else 0))
             positions.append(torch.arange(start, end))
         loc = torch.cat(locs)
         assert torch.equal(loc, batch.out_cache_loc.to(torch.int64)), "rows and out_cache_loc disagree"
@@ -295,6 +300,16 @@ class Server:
         hooks.seal_after_forward(self.pool, batch.out_cache_loc)
         if self.after_forward is not None:
             self.after_forward(batch)
+
+    def _reads_clean(self, req: Req, ids, start: int) -> bool:
+        """Whether the KV this request's attention reads (its row before `start`) is the KV of its tokens."""
+        if start == 0:
+            return True
+        slots = self.req_pool.req_to_token[req.kv.req_pool_idx, :start].to(torch.int64)
+        write_kv(self.shadow, self.layers, self.g, slots, torch.tensor(ids[:start], dtype=torch.int64),
+                 torch.arange(start))
+        return all(torch.equal(real[slots].view(torch.uint8), shadow[slots].view(torch.uint8))
+                   for real, shadow in zip(pool_buffers(self.pool), pool_buffers(self.shadow), strict=True))
 
     def _check_served(self, req: Req, ids) -> None:
         """Compare the cached prefix the request is about to read with the KV of its tokens."""
@@ -363,7 +378,8 @@ def write_kv(pool, layers, g: Geometry, loc: torch.Tensor, tokens: torch.Tensor,
     if n == 0:
         return
     for layer in layers:
-        base = (tokens * 1_000_003 + positions * 7_919 + layer.layer_id * 104_729) % 1_000_003
+        # token ids are below the modulus, so the KV depends on the token as well as on its position
+        base = (tokens * 65_537 + positions * 7_919 + layer.layer_id * 104_729) % 1_000_003
         width = 2 * g.heads * g.head_dim if g.kind == "mha" else g.kv_lora + g.rope
         rows = (torch.sin((base[:, None].double() + torch.arange(width)) * 0.618) * 4).float()
         if g.kind == "mha":

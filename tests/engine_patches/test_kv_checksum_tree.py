@@ -144,9 +144,10 @@ def test_a_chunked_request_on_a_corrupt_prefix_caches_nothing_after_it(g, mode, 
     assert s.chunked is a and a.kv.cache_protected_len == 32
     s.flip(s.page_of(a, 16), buffer=0)
     b = s.submit("b", prompt[:40] + [5], [6])
-    s.step()  # a's chunk 2 stashed (its held prefix not yet known bad); b's admission match finds page 16
+    found = metric("capbench_kv_checksum_mismatch_total", source="insert")
+    s.step()  # a's chunk 2 stash re-checks the prefix a holds and finds page 16; b's admission is cut before it
     s.check_slots()
-    assert metric("capbench_kv_checksum_mismatch_total", source="admission") >= 1 and not a.finished()
+    assert metric("capbench_kv_checksum_mismatch_total", source="insert") == found + 1
     run_checked(s)
     assert b.admitted_prefix == 16
     assert any(d["action"] == "insert_truncated" and d["rid"] == "a" for d in actions(s))
@@ -154,7 +155,9 @@ def test_a_chunked_request_on_a_corrupt_prefix_caches_nothing_after_it(g, mode, 
         assert isinstance(a.finished_reason, FINISH_ABORT)
     c = s.submit("c", prompt + [1], [2])
     run_checked(s)
-    assert c.admitted_prefix == 16  # a's chunks after the corrupt page were never cached
+    # a's chunks after the corrupt page were never cached: c gets at most the prompt[:40] b recomputed (in strict
+    # mode a is aborted at its stash, so its node is dropped early and b's clean pages are cached)
+    assert c.admitted_prefix <= 40 // g.page_size * g.page_size
     assert s.served.corrupt == 0
 
 

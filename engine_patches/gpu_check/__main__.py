@@ -1,0 +1,5 @@
+import sys
+
+from engine_patches.gpu_check.report import main
+
+sys.exit(main())
