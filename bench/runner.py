@@ -145,6 +145,7 @@ def prepare(opts: RunOptions) -> tuple[profiles.Profile, workloads.Workload, str
             wl = workloads.from_dict({"name": "trace", "type": "trace"}, opts.seed, opts.api)
         else:
             wl = workloads.load(wl_name, opts.seed, opts.api)
+        wl.check()  # its file read now: unreadable or of the wrong format, nothing is sent (exit 2)
     except (profiles.ProfileError, workloads.WorkloadError) as e:
         raise BadInput(str(e)) from None
     if opts.max_inflight is not None and opts.max_inflight < 1:
