@@ -21,7 +21,10 @@ def check_target(url: str, flag: str = "--target") -> str:
         port = parts.port  # raises on a port out of range or not a number
         host = parts.hostname
     except ValueError as e:
-        raise BadInput(f"{flag} {url!r} is not a usable URL ({e})") from None
+        raise BadInput(f"{flag} {without_credentials(url)!r} is not a usable URL ({e})") from None
+    if parts.username is not None or parts.password is not None:
+        raise BadInput(f"{flag} {without_credentials(url)!r}: credentials in the URL would be stored with the run "
+                       "and shown by ps; put the key in an environment variable and pass --api-key-env NAME")
     if parts.scheme not in ("http", "https") or not host:
         raise BadInput(f"{flag} is a URL (http://HOST:PORT), not {url!r}")
     if port == 0:
@@ -32,6 +35,15 @@ def check_target(url: str, flag: str = "--target") -> str:
         except ValueError:
             raise BadInput(f"{flag} {url!r}: {host!r} is not an IPv6 address") from None
     return url.rstrip("/")
+
+
+def without_credentials(url: str) -> str:
+    """The URL with any user:password@ removed (for anything shown or stored)."""
+    head, sep, rest = url.partition("://")
+    if not sep:
+        return url
+    netloc, slash, path = rest.partition("/")
+    return f"{head}://{netloc.rpartition('@')[2]}{slash}{path}"
 
 
 def check_host(host: str, flag: str) -> None:

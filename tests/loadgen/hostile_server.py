@@ -68,7 +68,16 @@ async def _answer(writer: asyncio.StreamWriter, fault: str, req: dict, auth: str
         _reply(writer, 401, f"invalid credentials: Authorization: {auth} (key {auth.split(' ')[-1]})".encode(),
                "text/plain")
         return
+    key = auth.split(" ")[-1]
+    echoes = {"echo_key_json": json.dumps({"error": {"message": "bad key", "key": key}}).replace("/", "\\/"),
+              "echo_key_upper": f"INVALID KEY {key.upper()}", "echo_key_prefix": f"invalid key {key[:12]}...",
+              "echo_key_urlencoded": "invalid key " + __import__("urllib.parse").parse.quote(key, safe="")}
+    if fault in echoes:  # the forms a key takes in a server's error page
+        _reply(writer, 403, echoes[fault].encode(), "text/plain")
+        return
     events = EVENTS.get(fault, [])
+    if fault == "echo_key_usage":  # the key in a field the client quotes in its note
+        events = [OK_CHUNK, {"choices": [], "usage": {"prompt_tokens": key, "completion_tokens": 1}}]
     if fault == "echo_key_stream":
         events = [OK_CHUNK, {"error": {"message": f"rate limited for {auth}"}}]
     if not req.get("stream"):  # one answer: the last event, with a message if it carries only the usage

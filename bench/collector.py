@@ -1,0 +1,56 @@
+"""What a run's requests become on their way to the store: records from this process's users or from workers'
+messages, handed on to the recorder process (bench/store/recorder.py) in frames every half second, and each request
+announced as it goes out, so that a load generator killed outright still leaves every request it sent a row."""
+
+from __future__ import annotations
+
+import gevent
+
+from bench.store import Recorder
+
+
+class Collector:
+    """Result records from this process's users or from workers' messages, on to the recorder process."""
+
+    def __init__(self, recorder: Recorder, inflight=None):
+        self.recorder = recorder
+        self.inflight = inflight  # () -> this process's requests in flight, sent along in case it is killed
+        self.pending: list[dict] = []
+        self.records = 0
+        self.sent_by_worker: dict[str, int] = {}
+        self.inflight_by_worker: dict[str, list[dict]] = {}
+        self.recent: list[dict] = []  # for the live display
+        self.starting: list[dict] = []  # requests gone out, not yet announced to the recorder
+
+    def on_request(self, context=None, **_kw) -> None:
+        rec = (context or {}).get("capbench")
+        if rec is not None:
+            self.add([rec])
+
+    def on_message(self, environment, msg, **_kw) -> None:
+        self.sent_by_worker[msg.node_id] = msg.data["sent"]
+        self.inflight_by_worker[msg.node_id] = msg.data.get("inflight", [])
+        self.add(msg.data["records"])
+
+    def started(self, rec: dict) -> None:
+        """A request just went out: announced to the recorder at the event loop's next turn (one frame for all
+        that went out meanwhile), so that a process killed outright leaves it a `cancelled` row."""
+        self.starting.append(rec)
+        if len(self.starting) == 1:
+            gevent.get_hub().loop.run_callback(self.announce)
+
+    def announce(self) -> None:
+        recs, self.starting = self.starting, []
+        if recs:
+            self.recorder.started(recs)
+
+    def add(self, recs: list[dict]) -> None:
+        self.pending.extend(recs)
+        self.recent.extend(recs)
+        self.records += len(recs)
+
+    def flush(self) -> None:
+        rows, self.pending = self.pending, []
+        inflight = self.inflight() if self.inflight else None
+        if rows or inflight is not None:
+            self.recorder.send(rows, inflight)
