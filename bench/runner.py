@@ -12,6 +12,7 @@ aborted, everything measured is kept. Every request sent ends in one stored row:
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import subprocess
 import sys
@@ -332,7 +333,6 @@ def _drive(opts: RunOptions, prof: profiles.Profile, config: dict, run_id: str, 
             env.runner.server.close(linger=0)
     finally:
         _reap(procs)
-        collector.announce()
         collector.flush()
         written = recorder.close()
         if written is None:
@@ -362,7 +362,8 @@ def _install_signals(env: Environment, state: dict) -> None:
 
 
 def _spawn_local_workers(n: int, port: int) -> list[subprocess.Popen]:
-    cmd = [sys.executable, "-m", "loadgen.worker", "--master-host", "127.0.0.1", "--master-port", str(port)]
+    cmd = [sys.executable, "-m", "loadgen.worker", "--master-host", "127.0.0.1", "--master-port", str(port),
+           "--parent-pid", str(os.getpid())]
     # cwd: the checkout, for imports; every path in the run's config is absolute already (the CLI resolved them)
     return [subprocess.Popen(cmd, cwd=Path(__file__).resolve().parent.parent) for _ in range(n)]
 

@@ -163,10 +163,10 @@ class OpenAIUser(FastHttpUser):
         stream = Stream(start, plan.event_max)
         exc: RequestFailed | None = None
         got_headers = False
+        if plan.on_sent is not None:
+            plan.on_sent(rec)  # before the request is written: a kill after it still leaves the request a row
         plan.sent += 1
         plan.inflight[rec["request_id"]] = rec
-        if plan.on_sent is not None:
-            plan.on_sent(rec)
         resp = None
         try:
             with gevent.Timeout(plan.timeout_s, _Deadline):

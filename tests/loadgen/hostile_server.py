@@ -41,6 +41,8 @@ async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, fau
             path = lines[0].split(" ")[1]
             if path.endswith("/v1/models"):
                 _reply(writer, 200, models)
+            elif path.endswith("/capbench-count"):  # how many completions requests came (the test's "sent")
+                _reply(writer, 200, json.dumps({"requests": counter[0]}).encode())
             elif not path.endswith("completions"):  # /metrics, /server_info: no such thing here
                 _reply(writer, 404, b"")
             else:
@@ -87,6 +89,11 @@ async def _answer(writer: asyncio.StreamWriter, fault: str, req: dict, auth: str
         _reply(writer, 200, json.dumps(last).encode())
         return
     writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
+    if fault == "slow":  # ten tokens a tenth of a second apart: a second in flight
+        for _ in range(10):
+            writer.write(_chunk(b"data: " + json.dumps(OK_CHUNK).encode() + b"\n\n"))
+            await writer.drain()
+            await asyncio.sleep(0.1)
     if fault == "big_event":
         writer.write(_chunk(b"data: " + b"x" * BIG_EVENT_BYTES))  # and never the blank line that would end it
         await writer.drain()
