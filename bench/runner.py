@@ -336,7 +336,7 @@ def _drive(opts: RunOptions, prof: profiles.Profile, config: dict, run_id: str, 
         collector.flush()
         written = recorder.close()
         if written is None:
-            state.update(failed=state.get("failed") or recorder.failed, said=recorder.said)
+            state.update(failed=recorder.failed or state.get("failed"), said=recorder.said)
     return env, collector, written, sent_total()
 
 

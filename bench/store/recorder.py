@@ -15,6 +15,7 @@ frame interval (half a second).
 from __future__ import annotations
 
 import json
+import logging
 import os
 import struct
 import sys
@@ -22,6 +23,7 @@ from pathlib import Path
 
 import msgpack
 
+from bench.errors import BadInput
 from bench.store.db import Store
 from bench.store.telemetry import GpuSampler, ServerSampler
 from bench.store.writer import BatchedWriter
@@ -42,6 +44,9 @@ class Recorder:
                                stdin=gsub.PIPE, stdout=gsub.PIPE, cwd=Path(__file__).resolve().parents[2])
         self.failed: str | None = None
         self.said: dict = {}
+        from gevent.lock import BoundedSemaphore
+
+        self.writing = BoundedSemaphore()  # users announce requests from many greenlets: one frame at a time
 
     def send(self, rows: list[dict], inflight: list[dict] | None = None) -> None:
         msg = {"rows": rows} if inflight is None else {"rows": rows, "inflight": [
@@ -63,8 +68,9 @@ class Recorder:
             return
         data = msgpack.packb(msg)
         try:
-            self.proc.stdin.write(struct.pack("<I", len(data)) + data)
-            self.proc.stdin.flush()
+            with self.writing:
+                self.proc.stdin.write(struct.pack("<I", len(data)) + data)
+                self.proc.stdin.flush()
         except OSError as e:  # the recorder is gone: the runner stops sending (gone()), its end says the count
             self.failed = f"the recorder process ended early ({e})"
 
@@ -93,7 +99,13 @@ class Recorder:
 def main() -> None:
     db, run_id = sys.argv[1], sys.argv[2]
     url = sys.argv[3] if len(sys.argv) > 3 else None
-    writer = BatchedWriter(Store(db, lock_timeout_s=HELD_DB_WAIT_S), run_id, close_timeout_s=HELD_DB_WAIT_S)
+    logging.getLogger("bench.store.writer").setLevel(logging.CRITICAL)  # a failed flush is said by the runner
+    try:
+        store = Store(db, lock_timeout_s=HELD_DB_WAIT_S)
+    except BadInput as e:  # the file went bad after the run started: the runner says it, with the count
+        print(json.dumps({"requests": 0, "error": str(e)}), flush=True)
+        sys.exit(1)
+    writer = BatchedWriter(store, run_id, close_timeout_s=HELD_DB_WAIT_S)
     samplers = [GpuSampler(writer.add_gpu_sample).start()]
     if url:
         samplers.append(ServerSampler(url, writer.add_server_sample).start())
