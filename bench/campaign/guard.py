@@ -106,6 +106,11 @@ def check_finite(config: object, highest: dict[str, float]) -> list[str]:
 
 def check_url(url: str) -> str | None:
     """What is wrong with a deployment's URL, or None: it parses, has a host and a valid port, no credentials."""
+    from bench.checks import without_credentials
+
+    if without_credentials(url) != url:
+        return "credentials in the URL would be stored with the campaign and its runs; the server's key goes in " \
+               "an environment variable"
     try:
         parts = urlsplit(url)
         port = parts.port
@@ -113,9 +118,6 @@ def check_url(url: str) -> str | None:
         return f"not a URL ({e}): {url[:80]!r}"
     if parts.scheme not in ("http", "https") or not parts.hostname:
         return f"expected http://HOST:PORT, got {url[:80]!r}"
-    if parts.username or parts.password:
-        return "credentials in the URL would be stored with the campaign and its runs; the server's key goes in " \
-               "an environment variable"
     if port == 0:
         return f"port 0 in {url[:80]!r}"
     return None
