@@ -205,8 +205,8 @@ def test_an_export_onto_a_full_disk_leaves_no_partial_file(server, tmp_path):
                "--output-len", "5", cwd=tmp_path)
     assert run.returncode == 0, run.stderr[-2000:]
     out = _on_full_disk(tmp_path, f"head -c $(( $(df -k --output=avail $M | tail -1) * 1024 - 4096 )) /dev/zero "
-                                  f"> $M/more; {CAPBENCH} export --db {db} --run {_run_id(db)} --format csv --out $M/out; "
-                                  "echo rc=$?; "
+                                  f"> $M/more; {CAPBENCH} export --db {db} --run {_run_id(db)} --format csv "
+                                  "--out $M/out; echo rc=$?; "
                                   "ls -a $M/out")
     assert "rc=2" in out.stdout and "cannot write" in out.stderr and "Traceback" not in out.stderr, \
         out.stdout + out.stderr[-3000:]
