@@ -4,6 +4,8 @@ announced as it goes out, so that a load generator killed outright still leaves 
 
 from __future__ import annotations
 
+import gevent
+
 from bench.store import Recorder
 
 
@@ -18,6 +20,7 @@ class Collector:
         self.sent_by_worker: dict[str, int] = {}
         self.inflight_by_worker: dict[str, list[dict]] = {}
         self.recent: list[dict] = []  # for the live display
+        self.starting: list[dict] = []  # requests going out, announced at the loop's next turn
 
     def on_request(self, context=None, **_kw) -> None:
         rec = (context or {}).get("capbench")
@@ -31,9 +34,17 @@ class Collector:
         self.flush()  # on to the recorder at once: a master killed now loses only the worker's last 0.2 s
 
     def started(self, rec: dict) -> None:
-        """A request is going out: the recorder hears of it first (one small frame, before the request is
-        written), so that a process killed outright leaves every request it sent a row (`cancelled` at worst)."""
-        self.recorder.started([rec])
+        """A request is going out: announced to the recorder at the event loop's next turn, in one frame with the
+        others due in that turn; the user yields once before writing it (users.py), so the recorder hears of every
+        request before the server does, and a process killed outright leaves each a row (`cancelled` at worst)."""
+        self.starting.append(rec)
+        if len(self.starting) == 1:
+            gevent.get_hub().loop.run_callback(self.announce)
+
+    def announce(self) -> None:
+        recs, self.starting = self.starting, []
+        if recs:
+            self.recorder.started(recs)
 
     def add(self, recs: list[dict]) -> None:
         self.pending.extend(recs)

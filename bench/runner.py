@@ -333,6 +333,7 @@ def _drive(opts: RunOptions, prof: profiles.Profile, config: dict, run_id: str, 
             env.runner.server.close(linger=0)
     finally:
         _reap(procs)
+        collector.announce()
         collector.flush()
         written = recorder.close()
         if written is None:

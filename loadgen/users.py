@@ -163,8 +163,9 @@ class OpenAIUser(FastHttpUser):
         stream = Stream(start, plan.event_max)
         exc: RequestFailed | None = None
         got_headers = False
-        if plan.on_sent is not None:
-            plan.on_sent(rec)  # before the request is written: a kill after it still leaves the request a row
+        if plan.on_sent is not None:  # announced (at the loop's turn this yields to) before it is written
+            plan.on_sent(rec)
+            gevent.sleep(0)
         plan.sent += 1
         plan.inflight[rec["request_id"]] = rec
         resp = None

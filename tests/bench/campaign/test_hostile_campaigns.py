@@ -176,3 +176,25 @@ def test_secret_flags_stay_in_the_environment(tmp_path):
     unset = subprocess.run([CAPBENCH, "sglang-launch", "--", "--model-path", "m", "--api-key", "env:CB_UNSET_KEY"],
                            capture_output=True, text=True, timeout=60)
     assert unset.returncode == 2 and "CB_UNSET_KEY" in unset.stderr and "Traceback" not in unset.stderr
+
+
+def test_a_hung_stop_command_is_killed_with_its_children(tmp_path):
+    fake = Path(__file__).with_name("fake_sglang.py")
+    marker = f"hung-stop-{os.getpid()}-{time.time_ns()}"
+    pids = tmp_path / "pids"
+    pids.write_text("")
+    f = tmp_path / "c.yaml"
+    f.write_text(BASE.replace(TWIN, f"sglang: {{model: glm-4.6, tp: 8, template: {{start: '{sys.executable} {fake} "
+                                    f"--port {{port}} --mode ok --pids {pids} -- {{command}}', stop: 'sh -c \"sleep "
+                                    f"300; echo {marker}\" & sleep 300 # {marker}'}}}}, health_timeout: 60}}"))
+    t = time.monotonic()
+    out = subprocess.run([CAPBENCH, "campaign", str(f), "--db", str(tmp_path / "c.duckdb")], capture_output=True,
+                         text=True, timeout=240, cwd=tmp_path, env={**os.environ, "CAPBENCH_STOP_TIMEOUT_S": "3"})
+    assert out.returncode in (0, 1) and "Traceback" not in out.stderr, out.stderr[-3000:]
+    assert time.monotonic() - t < 200
+    log = next((tmp_path / "campaign-logs").rglob("*.log")).read_text()
+    assert "the stop command did not finish within 3 s: killed" in log
+    left = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True).stdout.split()
+    assert left == [], left  # neither the stop command nor its children are left running
+    for pid in (int(x) for x in pids.read_text().split()):  # nor the server the template started
+        assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2]
