@@ -5,6 +5,8 @@ TORCH   := torch==2.13.0
 SGLANG  := sglang==0.5.23
 # torchvision's PyPI wheel only imports beside CPU torch once tests define its two op schemas (tests/conftest.py).
 TVISION := torchvision==0.28.0
+# sglang-router's parser checks the PD router line the Planner prints (its Rust extension is not run).
+ROUTER  := sglang-router==0.3.2
 
 .PHONY: demo test lint bench clean
 
@@ -17,7 +19,7 @@ TVISION := torchvision==0.28.0
 .venv/test.stamp: .venv/core.stamp pyproject.toml requirements/sglang-cpu.txt
 	$(PIP) install -q $(TORCH)
 	$(PIP) install -q -e '.[engine,dev]'
-	$(PIP) install -q --no-deps $(SGLANG) $(TVISION)
+	$(PIP) install -q --no-deps $(SGLANG) $(TVISION) $(ROUTER)
 	$(PIP) install -q -r requirements/sglang-cpu.txt
 	touch $@
 

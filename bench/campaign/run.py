@@ -28,7 +28,7 @@ from bench.campaign import guard, record
 from bench.campaign.launch import Launched, LaunchFailed, tail
 from bench.campaign.spec import Campaign, DeploymentSpec, Load, cell_key
 from bench.errors import BadInput
-from bench.model import Slo, catalog, load_workload, simulate, usd_per_million
+from bench.model import Slo, catalog, load_workload, pd_simulate, simulate, usd_per_million
 from bench.store import Store
 
 RUN_ERRORS_OK = 0.01  # a stage with a larger share of failed requests misses the SLO
@@ -335,8 +335,12 @@ def _predicted(dep: DeploymentSpec, load: Load) -> dict:
     wl = load_workload(load.workload)
     horizon = (1 + WARMUP_SHARE) * load.duration_s * dep.time_scale
 
+    pd = dep.pd_shape()  # a disaggregated twin: its prefill and decode instances in virtual time
+
     def stage(rate: float) -> Stage:
-        p = simulate.run(d, wl, rate, max(1, math.ceil(rate * horizon)), min_seconds=horizon)
+        n = max(1, math.ceil(rate * horizon))
+        p = (pd_simulate.run(pd, wl, rate, n, min_seconds=horizon) if pd else
+             simulate.run(d, wl, rate, n, min_seconds=horizon))
         met = load.slo.met(p)  # the simulator gives percentiles, not each request: within the SLO, all count
         return Stage(rate, "", {"slo_attainment": 1.0 if met else 0.0, "output_tps": p.output_tok_s}, met, "")
 

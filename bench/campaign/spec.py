@@ -15,7 +15,7 @@ from pathlib import Path
 from bench.campaign import guard
 from bench.campaign.templates import Template, launch_by, parse_template
 from bench.errors import BadInput
-from bench.model import Deployment, Slo, catalog, parse_slo
+from bench.model import Deployment, Slo, catalog, disagg, parse_slo
 
 KINDS = ("twin", "sglang", "url")
 DEPLOYMENT_KEYS = {"name", "baseline", "health_timeout", "model", "gpu", "gpus", *KINDS}
@@ -80,6 +80,15 @@ class DeploymentSpec:
             return parse_twin_spec(self.twin).deployment()
         return Deployment(catalog.model(self.model), catalog.gpu(self.gpu), self.gpus, kv_dtype=self.kv_dtype,
                           weights=self.weights)
+
+    def pd_shape(self) -> disagg.Shape | None:
+        """The prefill/decode deployment a disaggregated twin plays (None for any other deployment)."""
+        if not self.twin:
+            return None
+        from bench.twin import parse_twin_spec, pd_shape
+
+        config = parse_twin_spec(self.twin)
+        return pd_shape(config) if config.prefill_tp else None
 
 
 @dataclass(frozen=True)
@@ -253,7 +262,7 @@ def _twin(problems: Problems, where: str, raw: dict, common: dict) -> Deployment
         return None
     for wrong in guard.check_finite(config, {"time_scale": 1e6}):
         problems.add(f"{where}.twin", wrong)
-    return DeploymentSpec(**common, twin=text, model=config.model, gpu=config.gpu, gpus=config.tp,
+    return DeploymentSpec(**common, twin=text, model=config.model, gpu=config.gpu, gpus=config.tp + config.prefill_tp,
                           kv_dtype=config.kv_dtype, weights=config.weights, time_scale=config.time_scale)
 
 

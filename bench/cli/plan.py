@@ -147,9 +147,10 @@ def validate(
     from bench.model import validate as val
     from bench.report import terminal
 
-    cases = [c for c in corpus.load() if not case or case in c.key]
-    if not cases:
+    matching = [c for c in corpus.load() if not case or case in c.key]
+    if not matching:
         raise BadInput(f"no published case matches {case!r}")
+    cases = [c for c in matching if c.kind != "disaggregated"]  # replayed apart, by validate_pd
     goal = [c for c in cases if fitting.in_goal(c) is None]
     with Progress(transient=True, disable=as_json) as bar:
         if fit:
@@ -173,8 +174,9 @@ def validate(
             bar.advance(task)
     validation = fitting.stored_validation()
     report = val.report(replays, goal, validation)
+    pd_replays = _pd_replays(matching)
     if as_json:
-        print(json.dumps(report, indent=1, default=str))
+        print(json.dumps(report | {"disaggregated": [_pd_json(r) for r in pd_replays]}, indent=1, default=str))
         return
     console = Console(width=max(Console().width, 200))
     why = {c.key: fitting.in_goal(c) or "" for c in cases}
@@ -185,6 +187,28 @@ def validate(
         console.print(f"GPUs ranked for {row['config']}: published {' > '.join(row['published_order'])}; predicted "
                       f"{' > '.join(row['predicted_order'])}{'' if row['agrees'] else '  (DISAGREES)'}")
     console.print(report["verdict"])
+    if pd_replays:
+        _print_pd_replays(console, pd_replays)
+
+
+def _pd_replays(cases) -> list:
+    from bench.model import validate_pd
+
+    return validate_pd.replay_all(cases)
+
+
+def _pd_json(r) -> dict:
+    return {"case": r.case.key, "phase": r.case.pd.get("phase"), "gpu": r.case.gpu, "gpus": r.case.gpus,
+            "model": r.case.model, "predicted": r.predicted, "errors": r.errors, "why_not": r.why_not,
+            "uncertain": list(r.case.uncertain)}
+
+
+def _print_pd_replays(console, replays) -> None:
+    from bench.report import pd as pd_report
+
+    console.print(pd_report.validation_table(replays))
+    console.print("These prefill/decode-disaggregated, wide-EP cases are few (two posts, neither states its SGLang "
+                  "version) and not in the goal above: the disaggregated plan rests on little evidence.")
 
 
 def plan(
@@ -203,10 +227,14 @@ def plan(
     price: float = typer.Option(None, help="$ per GPU-hour of --gpu (others: the catalog's indicative prices)."),
     context: int = typer.Option(None, help="Context length (default: the model's maximum)."),
     workers: int = typer.Option(None, help="Processes for the search (default: the machine's cores)."),
+    pd: bool = typer.Option(True, "--pd/--no-pd", help="Also search prefill/decode disaggregated shapes (wide EP) "
+                            "on --gpus (default: --gpu) and show the cheapest beside the colocated answer."),
+    max_nodes: int = typer.Option(16, help="Nodes one PD prefill or decode instance may span (1 to 64)."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON (every configuration) instead of tables."),
 ) -> None:
     """The deployment search: GPU x tp x DP attention x EP x KV dtype x expert weights x replicas, for a workload,
-    SLO and target load. Prints the recommendation, the Pareto fronts, each GPU's best, and why the rest lost."""
+    SLO and target load. Prints the recommendation, the Pareto fronts, each GPU's best, and why the rest lost;
+    with --pd, the cheapest prefill/decode disaggregated answer beside it, why one wins, and its launch commands."""
     import os
 
     from rich.console import Console
@@ -217,6 +245,8 @@ def plan(
 
     if workload and (input_len or output_len):
         raise BadInput("give --workload or --input-len/--output-len, not both")
+    if not 1 <= max_nodes <= 64:
+        raise BadInput(f"--max-nodes must be between 1 and 64, got {max_nodes}")
     if (input_len is None) != (output_len is None):
         raise BadInput("give both --input-len and --output-len, or neither")
     q = Question(model=model, gpu=gpu, tp=tp, kv_dtype=kv_dtype, weights=weights, context=context,
@@ -227,9 +257,15 @@ def plan(
         task = bar.add_task("sizing", total=None)
         result = make_plan(q, lambda stage, done, total: bar.update(task, description=stage, completed=done,
                                                                    total=total), workers or os.cpu_count() or 1)
+    versus = None
+    if pd:
+        with Progress(transient=True, disable=as_json) as bar:
+            bar.add_task("searching prefill/decode disaggregated shapes", total=None)
+            versus = _versus(result, max_nodes)
     if as_json:
         print(json.dumps({"question": _question_json(q), "recommended": _row(result.recommended),
-                          "configurations": [_finite(r) for r in result.rows()], "notes": result.notes}, indent=1))
+                          "configurations": [_finite(r) for r in result.rows()], "notes": result.notes}
+                         | ({"disaggregated": _finite(versus.to_json())} if versus else {}), indent=1, default=str))
         return
     console = Console(width=max(Console().width, 180))
     rec = result.recommended
@@ -249,6 +285,27 @@ def plan(
     console.print(terminal.rejected_table(result.options))
     for note in result.notes:
         console.print(f"note: {note}")
+    if versus:
+        _print_versus(console, versus)
+
+
+def _versus(result, max_nodes: int):
+    from bench.model import pd_versus
+
+    return pd_versus.compare(result, max_nodes)
+
+
+def _print_versus(console, versus) -> None:
+    from bench.report import pd as pd_report
+
+    console.print(pd_report.versus_table(versus))
+    for line in pd_report.versus_lines(versus):
+        console.print(line, markup=False)
+    lines = pd_report.launch_lines(versus)
+    if lines:
+        console.print("Launch commands of the disaggregated answer (replace the *_NODE0 hosts):")
+        for line in lines:
+            console.print(line, markup=False, soft_wrap=True)
 
 
 def _finite(row: dict) -> dict:

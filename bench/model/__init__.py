@@ -16,6 +16,13 @@ fit        the model's factors fitted to the corpus, with leave-one-source-out e
 calibration the factors and where they come from (data/calibration)
 spec       a deployment on one line: MODEL@GPUxN,key=value
 launch     SGLang command lines for a deployment
+interconnect  DeepEP all-to-all and KV-transfer costs from data/interconnect.yaml
+disagg     prefill/decode disaggregation: what one prefill and one decode instance sustain (wide EP, EPLB)
+pd_search  the search over PD shapes, and the colocated instance it is weighed against
+pd_simulate  a PD deployment in virtual time (prefill queue, transfer, decode queue)
+pd_versus  the plan's colocated answer beside the cheapest PD answer, and why one wins
+disagg_launch  SGLang --disaggregation-mode and router command lines for a PD answer
+validate_pd    the published PD / wide-EP runs replayed through disagg
 """
 
 from bench.model import (
@@ -23,8 +30,14 @@ from bench.model import (
     capacity,
     catalog,
     corpus,
+    disagg,
+    disagg_launch,
     fit,
+    interconnect,
     launch,
+    pd_search,
+    pd_simulate,
+    pd_versus,
     perfmodel,
     plan,
     rate,
@@ -33,6 +46,7 @@ from bench.model import (
     slo,
     spec,
     validate,
+    validate_pd,
     workload,
 )
 from bench.model.calibration import Efficiency, load_efficiency
@@ -53,4 +67,6 @@ __all__ = [
     "Capacity", "Deployment", "HOURS_PER_MONTH", "Config", "Option", "PerfModel", "Plan", "Question", "make_plan",
     "workload_names", "Prediction", "search_rate", "Request", "Scheduler", "Point", "Sweep", "Slo", "parse_slo",
     "Spec", "parse_spec", "Workload", "fixed_workload", "load_workload", "usd_per_million",
+    "disagg", "disagg_launch", "interconnect", "pd_search", "pd_simulate", "pd_versus",
+    "validate_pd",
 ]

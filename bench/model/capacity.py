@@ -207,7 +207,8 @@ class Deployment:
     def __post_init__(self) -> None:
         if self.page_size is None:
             object.__setattr__(self, "page_size", self.gpu.default_page_size)
-        if self.tp < 1 or self.tp & (self.tp - 1):
+        # wide EP (DP attention and EP over every GPU, EPLB's redundant experts) runs on any GPU count, e.g. 72
+        if self.tp < 1 or (self.tp & (self.tp - 1) and not self.dp == self.ep == self.tp):
             raise BadInput(f"--tp must be a power of two, got {self.tp}")
         if self.dp < 1 or self.tp % self.dp:
             raise BadInput(f"--dp must divide --tp ({self.tp}), got {self.dp}")

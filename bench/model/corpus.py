@@ -78,6 +78,7 @@ class Case:
     published: Published | None
     capacity: dict = field(default_factory=dict)
     uncertain: tuple[str, ...] = ()
+    pd: dict = field(default_factory=dict)  # kind disaggregated: the phase measured, its shape and figures (raw)
 
     @property
     def key(self) -> str:
@@ -153,6 +154,8 @@ def _case(source: Source, c: dict) -> Case:
         published=_published(c.get("published") or {}, gpus) if c.get("kind", "throughput") != "capacity" else None,
         capacity=dict(c.get("published") or {}) if c.get("kind") == "capacity" else {},
         uncertain=tuple(str(u) for u in c.get("uncertain") or ()),
+        pd=dict(c.get("pd") or {}, published=dict(c.get("published") or {})) if c.get("kind") == "disaggregated"
+        else {},
     )
 
 

@@ -11,7 +11,7 @@ terminal   rich tables for the CLI
 campaign   a campaign's matrix: highest rate within the SLO per cell, gains against the baseline
 """
 
-from bench.report import charts, load, plancharts, terminal, wording
+from bench.report import charts, load, pd, plancharts, terminal, wording
 from bench.report.campaign import (
     Matrix,
     campaign_html,
@@ -30,4 +30,4 @@ from bench.report.render import render, write
 __all__ = ["charts", "load", "plancharts", "terminal", "wording", "Report", "build", "compared", "gpu_bests",
            "newest_deployment", "predicted_table", "STEADY_REQUESTS", "measured_vs_predicted", "render", "write",
            "Matrix", "campaign_html", "campaign_matrix", "campaign_sections", "campaign_tables", "latest_campaign",
-           "write_campaign", "campaign_list", "live_cell"]
+           "write_campaign", "campaign_list", "live_cell", "pd"]

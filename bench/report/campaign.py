@@ -55,6 +55,8 @@ def _what_differs(cell: dict, base: dict) -> str:
         parts.append(f"INT4 experts ({w})" if w.startswith("int4") else f"{w} weights")
     if cell.get("kv_checksum") != base.get("kv_checksum"):
         parts.append(f"checksum {cell.get('kv_checksum')}")
+    if cell.get("gpus") != base.get("gpus"):  # e.g. a disaggregated twin: prefill + decode GPUs
+        parts.append(f"{cell.get('gpus')} GPUs vs {base.get('gpus')}")
     return " + ".join(parts) or "same configuration"
 
 

@@ -7,12 +7,14 @@ api      OpenAI request parsing and response bodies
 metrics  SGLang's Prometheus /metrics
 text     the deterministic tokenizer and the synthetic answers
 serve    serving a twin: in this process, or on a background thread
+pd       a prefill/decode-disaggregated deployment as one twin (prefill_tp=N)
 process  a run's target: a URL, or a twin in a process of its own
 """
 
-from bench.twin.config import TwinConfig, parse_twin_spec
+from bench.twin.config import TwinConfig, parse_twin_spec, pd_shape
 from bench.twin.process import Target
 from bench.twin.serve import TwinHandle, serve_forever, serve_in_thread
 from bench.twin.server import Twin
 
-__all__ = ["TwinConfig", "parse_twin_spec", "Target", "TwinHandle", "serve_forever", "serve_in_thread", "Twin"]
+__all__ = ["TwinConfig", "parse_twin_spec", "pd_shape", "Target", "TwinHandle", "serve_forever", "serve_in_thread",
+           "Twin"]

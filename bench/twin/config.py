@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-from bench.model import Deployment, catalog, parse_spec
+from bench.errors import BadInput
+from bench.model import Deployment, catalog, disagg, parse_spec
 
 
 @dataclass
@@ -27,6 +28,8 @@ class TwinConfig:
     max_running_requests: int | None = None
     max_total_tokens: int | None = None  # SGLang --max-total-tokens: cap the KV pool
     mixed_chunk: bool = False
+    prefill_tp: int = 0  # > 0: prefill/decode disaggregated; a prefill instance of this many GPUs in front of the
+    # decode instance of `tp` GPUs (both DP attention + DeepEP), the KV crossing between (bench/twin/pd.py)
 
     def deployment(self) -> Deployment:
         return Deployment(catalog.model(self.model), catalog.gpu(self.gpu), self.tp, self.dp, self.kv_dtype,
@@ -44,4 +47,14 @@ def parse_twin_spec(spec: str) -> TwinConfig:
                               float if "float" in kind else str)
     config = TwinConfig(**values)
     config.deployment()  # validate now
+    if config.prefill_tp < 0:
+        raise BadInput(f"prefill_tp is 0 (colocated) or the prefill instance's GPUs, got {config.prefill_tp}")
+    if config.prefill_tp:
+        pd_shape(config).deployment("prefill")
     return config
+
+
+def pd_shape(config: TwinConfig) -> disagg.Shape:
+    """The disaggregated deployment a twin with prefill_tp > 0 plays."""
+    return disagg.Shape(config.model, config.gpu, config.prefill_tp, config.tp, config.kv_dtype, config.weights,
+                        context=config.context)

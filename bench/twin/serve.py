@@ -16,11 +16,12 @@ import threading
 from aiohttp import web
 
 from bench.twin.config import TwinConfig
+from bench.twin.pd import PDTwin
 from bench.twin.server import Twin
 
 
 async def start(config: TwinConfig) -> tuple[Twin, web.AppRunner, asyncio.Task]:
-    twin = Twin(config)
+    twin = PDTwin(config) if config.prefill_tp else Twin(config)
     runner = web.AppRunner(twin.app(), access_log=None, handler_cancellation=True, shutdown_timeout=1.0)
     await runner.setup()
     site = web.TCPSite(runner, config.host, config.port, backlog=4096)

@@ -152,10 +152,14 @@ class Twin:
         self.records[rid] = req
         if len(self.records) > KEEP_RECORDS:
             self.records.popitem(last=False)
-        self.sched.submit(req)
+        self._enqueue(req)
         self.metrics.requests_total += 1
-        self.wake.set()
         return req
+
+    def _enqueue(self, req: TwinRequest) -> None:
+        """Hand a new request to the engine (a disaggregated twin sends it to its prefill instance first)."""
+        self.sched.submit(req)
+        self.wake.set()
 
     def timestamps(self, req: TwinRequest) -> dict:
         return {"id": req.rid, "state": req.state, "arrival": req.arrival_wall, "first_token": req.first_token_wall,

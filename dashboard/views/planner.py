@@ -7,9 +7,10 @@ import pandas as pd
 import streamlit as st
 
 from bench.errors import BadInput
-from bench.model import Plan, Question, Slo, capacity, catalog, make_plan, workload_names
+from bench.model import Plan, Question, Slo, capacity, catalog, make_plan, pd_versus, workload_names
 from bench.model import launch as sglang_cmd
 from bench.report import charts, compared, gpu_bests, load, plancharts, predicted_table, wording
+from bench.report import pd as pd_report
 from dashboard import common
 from dashboard.common import fmt
 
@@ -68,6 +69,11 @@ def plan_for(q: Question) -> Plan:
     plan = make_plan(q, progress)
     bar.empty()
     return plan
+
+
+@st.cache_data(show_spinner="prefill/decode disaggregated shapes", max_entries=64)
+def versus_for(q: Question) -> pd_versus.Versus:
+    return pd_versus.compare(plan_for(q))
 
 
 @st.cache_data(show_spinner="latency against load", max_entries=64)
@@ -156,6 +162,14 @@ if rec is not None:
                      height=80 + 34 * len(bests))
     else:
         st.caption("Add GPUs to 'GPUs to search' to compare each GPU at its best configuration.")
+
+st.subheader("Colocated vs prefill/decode disaggregated")
+versus = versus_for(q)
+st.table(pd.DataFrame(pd_report.versus_rows(versus)).set_index(""))
+for line in pd_report.versus_lines(versus):
+    st.markdown(f"- {line}")
+with st.expander("Launch commands of the disaggregated answer"):
+    st.code("\n".join(pd_report.launch_lines(versus)) or "no disaggregated shape serves the load", language="bash")
 
 st.subheader("Every configuration searched, and why each lost")
 every = pd.DataFrame(plan.rows())

@@ -1,0 +1,81 @@
+"""Colocated vs disaggregated in words and a table (bench/model/pd_versus.py's Versus), for the CLI and the report."""
+
+from __future__ import annotations
+
+from rich.table import Table
+
+from bench.model import disagg_launch, pd_versus
+
+
+def _money(x: float | None) -> str:
+    return "-" if x is None else f"${x:,.0f}"
+
+
+COLUMNS = ("", "deployment", "instances", "GPUs", "$ / month", "$ / 1M output", "TTFT", "TPOT", "decode batch",
+           "figures from")
+
+
+def versus_rows(v: pd_versus.Versus) -> list[dict]:
+    """The two answers as rows (the CLI's table and the dashboard's Planner show these)."""
+    c, d = v.colocated, v.disaggregated
+    none = dict.fromkeys(COLUMNS[2:], "-")
+    rows = []
+    if c is not None:
+        p = c.prediction
+        rows.append(dict(zip(COLUMNS, ("colocated", c.label, str(c.instances_needed), str(c.gpus_needed),
+                                       _money(c.monthly_cost), f"${c.usd_per_m_output:,.2f}", f"{p.ttft_s:,.2f} s",
+                                       f"{p.tpot_s * 1e3:,.0f} ms", f"{p.batch} per instance",
+                                       "simulator (rate.py), validated"), strict=True)))
+    else:
+        rows.append({"": "colocated", "deployment": "none serves the load", **none})
+    if d is not None:
+        rows.append(dict(zip(COLUMNS, ("disaggregated", d.shape.label, d.ratio, str(d.gpus_needed),
+                                       _money(d.monthly_cost), f"${d.usd_per_m_output:,.2f}", f"{d.ttft_s:,.2f} s",
+                                       f"{d.tpot_s * 1e3:,.0f} ms", f"{d.batch_per_rank} per rank",
+                                       "analytic PD model (disagg.py), little evidence"), strict=True)))
+    else:
+        rows.append({"": "disaggregated", "deployment": "none serves the load", **none})
+    return rows
+
+
+def versus_table(v: pd_versus.Versus) -> Table:
+    t = Table(title="Colocated vs prefill/decode disaggregated, cheapest of each for the target load")
+    for col in COLUMNS:
+        t.add_column(col)
+    for row in versus_rows(v):
+        t.add_row(*(row[col] for col in COLUMNS))
+    return t
+
+
+def versus_lines(v: pd_versus.Versus) -> list[str]:
+    return [*v.why, *v.evidence]
+
+
+def launch_lines(v: pd_versus.Versus) -> list[str]:
+    """The PD answer's launch commands, one per node, then the router."""
+    if v.disaggregated is None:
+        return []
+    out = []
+    for launch in disagg_launch.commands(v.disaggregated):
+        where = "router" if launch.role == "router" else f"{launch.role} {launch.instance} node {launch.node}"
+        out += [f"# {where}", launch.command]
+    return out
+
+
+def validation_table(replays: list) -> Table:
+    """The disaggregated cases: phase, published figure, predicted, error (bench/model/validate_pd.py)."""
+    t = Table(title="Prefill/decode disaggregated, wide-EP published runs: published vs predicted (apart from the "
+              "colocated corpus)")
+    for col in ("case", "phase", "GPUs", "figure", "published", "predicted", "error", "note"):
+        t.add_column(col)
+    for r in replays:
+        published = r.case.pd.get("published", {})
+        if not r.errors:
+            t.add_row(r.case.key, str(r.case.pd.get("phase")), f"{r.case.gpus} x {r.case.gpu}", "-", "-", "-", "-",
+                      r.why_not or "")
+            continue
+        for figure, err in r.errors.items():
+            t.add_row(r.case.key, str(r.case.pd.get("phase")), f"{r.case.gpus} x {r.case.gpu}", figure,
+                      f"{float(published[figure]):,.0f}", f"{r.predicted[figure]:,.0f}", f"{err:+.0%}",
+                      f"{len(r.case.uncertain)} uncertain point(s) in the case")
+    return t

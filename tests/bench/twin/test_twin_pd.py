@@ -1,0 +1,71 @@
+"""The disaggregated twin (bench/twin/pd.py) over HTTP: its prefill queue, the KV transfer and its decode queue
+measured against what the PD model predicts at an idle server, and beside a colocated twin on the same GPUs."""
+
+import statistics
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+
+from bench.errors import BadInput
+from bench.model import disagg, interconnect
+from bench.twin import TwinConfig, parse_twin_spec, serve_in_thread
+
+SCALE = 0.5  # half real speed: the twin's own Python overhead (HTTP, tokenizing) stays small beside its steps
+PD = dict(model="kimi-k2-thinking", gpu="h200", tp=8, dp=8, kv_dtype="fp8_e4m3", time_scale=SCALE)
+
+
+def ask(url: str, i: int, prompt_words: int, output: int) -> dict:
+    """One non-streamed completion; its server-side timings in modelled seconds."""
+    r = httpx.post(url + "/v1/completions", json={"model": "x", "prompt": f"request {i} " + "word " * prompt_words,
+                                                  "max_tokens": output, "ignore_eos": True, "temperature": 0},
+                   timeout=120)
+    assert r.status_code == 200, r.text
+    h = r.headers
+    arrival, first, finish = (float(h[k]) for k in ("X-Capbench-Arrival", "X-Capbench-First-Token",
+                                                    "X-Capbench-Finish"))
+    usage = r.json()["usage"]
+    return {"ttft": (first - arrival) * SCALE, "tpot": (finish - first) * SCALE / (usage["completion_tokens"] - 1),
+            "prompt": usage["prompt_tokens"], "output": usage["completion_tokens"]}
+
+
+def test_the_spec_names_a_disaggregated_twin_and_refuses_a_bad_one():
+    c = parse_twin_spec("twin:kimi-k2-thinking@h200x8,dp=8,prefill_tp=8,kv_dtype=fp8_e4m3")
+    assert c.prefill_tp == 8
+    with pytest.raises(BadInput):
+        parse_twin_spec("twin:kimi-k2-thinking@h200x8,prefill_tp=-8")
+
+
+def test_an_idle_pd_twin_measures_what_the_pd_model_predicts():
+    with serve_in_thread(TwinConfig(**PD, prefill_tp=8)) as h:
+        runs = [ask(h.url, i, 12000, 24) for i in range(3)]
+        info = httpx.get(h.url + "/server_info").json()
+    assert info["disaggregation"]["kv_transfers"] == 3
+    shape = disagg.Shape("kimi-k2-thinking", "h200", 8, 8, "fp8_e4m3")
+    prompt = runs[0]["prompt"]
+    ln = disagg.Lengths(prompt, 0, 24, prompt + 24)
+    prefill = disagg.PDPerfModel(shape, "prefill")
+    decode = disagg.PDPerfModel(shape, "decode")
+    transfer = interconnect.kv_transfer_s(prefill.dep.gpu, disagg.kv_bytes(shape, prompt))
+    router = interconnect.assumptions()["router_ms"] * 1e-3
+    step = decode.step_time(1, prompt + 12)
+    predicted_ttft = prefill.step_time(0, 0, prompt, prompt * (ln.new + 1) / 2, prompt) + transfer + router + \
+        decode.step_time(0, 0, prompt)  # the decode instance takes the request in (no extend) and sends token 1
+    measured_ttft = statistics.median(r["ttft"] for r in runs)
+    measured_tpot = statistics.median(r["tpot"] for r in runs)
+    assert measured_ttft == pytest.approx(predicted_ttft, rel=0.35), (measured_ttft, predicted_ttft)
+    assert measured_tpot == pytest.approx(step, rel=0.35), (measured_tpot, step)
+    assert measured_ttft > transfer  # the transfer is inside the TTFT
+
+
+def test_under_a_prefill_heavy_burst_pd_keeps_decode_steps_clean_and_colocated_does_not():
+    """Same 8 GPUs of decode, long prompts arriving while others decode: the colocated twin's decode steps wait
+    behind prefill chunks (TPOT grows), the PD twin's decode instance never prefills."""
+    def burst(config: TwinConfig) -> float:
+        with serve_in_thread(config) as h, ThreadPoolExecutor(12) as pool:
+            runs = list(pool.map(lambda i: ask(h.url, i, 6000, 48), range(12)))
+        return statistics.median(r["tpot"] for r in runs)
+
+    colocated = burst(TwinConfig(**PD))
+    pd = burst(TwinConfig(**PD, prefill_tp=8))
+    assert pd < colocated, (pd, colocated)
