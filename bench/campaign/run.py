@@ -28,7 +28,7 @@ from bench.campaign import guard, record
 from bench.campaign.launch import Launched, LaunchFailed, tail
 from bench.campaign.spec import Campaign, DeploymentSpec, Load, cell_key
 from bench.errors import BadInput
-from bench.model import Slo, catalog, load_workload, pd_simulate, simulate, usd_per_million
+from bench.model import Slo, catalog, interval, load_workload, pd_simulate, simulate, usd_per_million
 from bench.store import Store
 
 RUN_ERRORS_OK = 0.01  # a stage with a larger share of failed requests misses the SLO
@@ -346,5 +346,8 @@ def _predicted(dep: DeploymentSpec, load: Load) -> dict:
 
     _, best, _ = _sweep(load, stage, load.sweep.start, MODEL_STAGES)
     tps = best.summary["output_tps"] if best else 0.0
-    return {"predicted_rps": best.rate if best else 0.0, "predicted_output_tps": tps,
+    rps = best.rate if best else 0.0
+    band = interval.predicted_range(d.model.id, d.gpu.id, d.weights, "output_tok_s", rps) if rps else None
+    return {"predicted_rps": rps, "predicted_output_tps": tps,
+            "predicted_rps_low": band[0] if band else None, "predicted_rps_high": band[1] if band else None,
             "predicted_usd_per_m": usd_per_million(d.gpu.price_per_gpu_hour, dep.gpus, tps) if tps else None}

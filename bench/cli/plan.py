@@ -79,6 +79,8 @@ def simulate(
     num_requests: int = typer.Option(1000, help="Requests per simulated rate (at least)."),
     min_seconds: float = typer.Option(300, help="Arrivals per rate last at least this many simulated seconds."),
     seed: int = typer.Option(0, help="Seed of arrivals and lengths."),
+    max_concurrency: int = typer.Option(None, help="At most this many requests in flight (with --rate: Poisson "
+                                        "arrivals wait for a free slot, as bench_serving --max-concurrency)."),
     calibration: str = typer.Option(None, help="Efficiency factors file (JSON/YAML) over data/calibration."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
 ) -> None:
@@ -109,13 +111,18 @@ def simulate(
             raise BadInput(f"--rate {rate:g} for --min-seconds {min_seconds:g} is {rate * min_seconds:.3g} simulated "
                            f"requests; at most {SIMULATE_MAX_REQUESTS:,}: lower one of them")
         kvs = ("bf16", "fp8_e4m3") if compare_kv else (dep.kv_dtype,)
-        points = [sim.run(replace(dep, kv_dtype=kv), wl, rate, num_requests, seed, eff, min_seconds) for kv in kvs]
+        if max_concurrency is not None and max_concurrency < 1:
+            raise BadInput(f"--max-concurrency must be at least 1, got {max_concurrency}")
+        points = [sim.run(replace(dep, kv_dtype=kv), wl, rate, num_requests, seed, eff, min_seconds, max_concurrency)
+                  for kv in kvs]
         if as_json:
             print(json.dumps([{"kv_dtype": kv, **p.to_dict()} for kv, p in zip(kvs, points, strict=True)], indent=2))
         else:
             for kv, p in zip(kvs, points, strict=True):
                 terminal.print_point(p, target, replace(dep, kv_dtype=kv), wl, num_requests)
         return
+    if max_concurrency is not None:
+        raise BadInput("--max-concurrency applies to one --rate; a --sweep offers open-loop Poisson rates")
     if not target.bounded:
         raise BadInput("--sweep looks for the highest rate within the SLO: give at least one bound, e.g. "
                        "--slo ttft=2s,tpot=50ms")
@@ -142,7 +149,7 @@ def validate(
     from rich.console import Console
     from rich.progress import Progress
 
-    from bench.model import corpus, load_efficiency
+    from bench.model import corpus, interval, load_efficiency
     from bench.model import fit as fitting
     from bench.model import validate as val
     from bench.report import terminal
@@ -174,6 +181,7 @@ def validate(
             bar.advance(task)
     validation = fitting.stored_validation()
     report = val.report(replays, goal, validation)
+    report["interval_coverage"] = interval.coverage()
     pd_replays = _pd_replays(matching)
     if as_json:
         print(json.dumps(report | {"disaggregated": [_pd_json(r) for r in pd_replays]}, indent=1, default=str))
@@ -187,6 +195,7 @@ def validate(
         console.print(f"GPUs ranked for {row['config']}: published {' > '.join(row['published_order'])}; predicted "
                       f"{' > '.join(row['predicted_order'])}{'' if row['agrees'] else '  (DISAGREES)'}")
     console.print(report["verdict"])
+    console.print(terminal.coverage_table(report["interval_coverage"]))
     if pd_replays:
         _print_pd_replays(console, pd_replays)
 
@@ -241,7 +250,7 @@ def plan(
     from rich.progress import Progress
 
     from bench.model import Question, make_plan, parse_slo
-    from bench.report import terminal
+    from bench.report import terminal, wording
 
     if workload and (input_len or output_len):
         raise BadInput("give --workload or --input-len/--output-len, not both")
@@ -264,7 +273,8 @@ def plan(
             versus = _versus(result, max_nodes)
     if as_json:
         print(json.dumps({"question": _question_json(q), "recommended": _row(result.recommended),
-                          "configurations": [_finite(r) for r in result.rows()], "notes": result.notes}
+                          "configurations": [_finite(r) for r in result.rows()], "curves": result.curves(),
+                          "notes": result.notes}
                          | ({"disaggregated": _finite(versus.to_json())} if versus else {}), indent=1, default=str))
         return
     console = Console(width=max(Console().width, 180))
@@ -275,6 +285,7 @@ def plan(
                       f"{rec.gpus_needed} GPUs, ${rec.monthly_cost:,.0f} a month, ${rec.usd_per_m_output:,.2f} per 1M "
                       f"output tokens ({rec.prediction.rate_rps:,.2f} req/s per instance, limited by "
                       f"{rec.prediction.limited_by})")
+        console.print(wording.interval(rec, q.slo.percentile))
     sim = sorted(result.simulated, key=lambda o: (o.monthly_cost is None, o.monthly_cost or 0))
     console.print(terminal.plan_table([o for o in sim if o.pareto], "Pareto front: output tokens/s per GPU vs tokens/s "
                                       "per user", q))

@@ -13,6 +13,8 @@ plan       the search over GPUs, tp, DP attention, EP, KV dtype and expert weigh
 corpus     published SGLang measurements (data/measurements)
 validate   the corpus replayed through the model: predicted vs published
 fit        the model's factors fitted to the corpus, with leave-one-source-out error
+curve      a configuration's throughput per GPU against tokens/s per user over concurrency
+interval   80 % intervals on every predicted figure from the corpus's out-of-sample errors, per regime
 calibration the factors and where they come from (data/calibration)
 spec       a deployment on one line: MODEL@GPUxN,key=value
 launch     SGLang command lines for a deployment
@@ -30,10 +32,12 @@ from bench.model import (
     capacity,
     catalog,
     corpus,
+    curve,
     disagg,
     disagg_launch,
     fit,
     interconnect,
+    interval,
     launch,
     pd_search,
     pd_simulate,
@@ -62,7 +66,7 @@ from bench.model.spec import Spec, parse_spec
 from bench.model.workload import Workload, fixed_workload, load_workload
 
 __all__ = [
-    "calibration", "capacity", "catalog", "corpus", "fit", "launch", "perfmodel", "plan", "rate",
+    "calibration", "capacity", "catalog", "corpus", "curve", "fit", "interval", "launch", "perfmodel", "plan", "rate",
     "scheduler", "simulate", "slo", "spec", "validate", "workload", "Efficiency", "load_efficiency",
     "Capacity", "Deployment", "HOURS_PER_MONTH", "Config", "Option", "PerfModel", "Plan", "Question", "make_plan",
     "workload_names", "Prediction", "search_rate", "Request", "Scheduler", "Point", "Sweep", "Slo", "parse_slo",

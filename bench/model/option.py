@@ -6,12 +6,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from bench.model import catalog
+from bench.model import catalog, interval, launch
 from bench.model.capacity import Capacity, Deployment, weight_formats
 from bench.model.perfmodel import usd_per_million
 from bench.model.rate import Prediction
 
-HOURS_PER_MONTH = 730
+HOURS_PER_MONTH = interval.HOURS_PER_MONTH
 
 
 @dataclass(frozen=True)
@@ -111,6 +111,22 @@ class Option:
             return None
         return self.prediction.rate_rps * (self.gpus_on_hand // self.tp)
 
+    def commands(self) -> tuple[str | None, list[str]]:
+        """(one-node command or None, one command per node) with every flag the price rests on: parallelism, KV
+        dtype, the KV pool's memory fraction and page size, context."""
+        c, cfg = self.capacity, self.config
+        return launch.commands(self.model, cfg.gpu, cfg.tp, cfg.kv_dtype, cfg.weights, c.context, dp=cfg.dp,
+                               ep=cfg.ep, mem_fraction=c.mem_fraction_static, page_size=c.page_size)
+
+    def launch(self) -> list[str]:
+        """The command(s) that deploy this configuration as priced: one line on one node, else one per node."""
+        single, multi = self.commands()
+        return [single] if single else multi
+
+    def interval(self) -> dict | None:
+        """Each predicted figure's 80 % interval from the corpus's out-of-sample errors (bench/model/interval.py)."""
+        return interval.for_option(self)
+
     def to_row(self) -> dict:
         c, p, cfg = self.capacity, self.prediction, self.config
         return {
@@ -129,5 +145,6 @@ class Option:
             "usd_per_m_output": self.usd_per_m_output, "instances": self.instances_needed,
             "gpus_total": self.gpus_needed, "gpus_needed": self.gpus_needed, "monthly_cost": self.monthly_cost,
             "price_per_gpu_hour": self.price, "rate_on_hand_rps": self.rate_on_hand_rps,
-            "saturation_tps": self.saturation_tps,
+            "saturation_tps": self.saturation_tps, "launch": self.launch() if self.simulated else None,
+            "interval": self.interval(),
         }

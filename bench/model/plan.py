@@ -20,8 +20,9 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field, replace
 
 from bench.errors import BadInput
-from bench.model import catalog, workload
+from bench.model import catalog, corpus, curve, interval, workload
 from bench.model.capacity import capacity, weight_formats
+from bench.model.launch import int4_ep
 from bench.model.option import HOURS_PER_MONTH, Config, Option
 from bench.model.rate import Prediction, saturation_tps, search_rate
 from bench.model.slo import SYNTAX, Slo
@@ -58,7 +59,8 @@ class Question:
 
     @property
     def chosen(self) -> Config:
-        return Config(self.gpu, self.tp, self.dp, self.ep, self.kv_dtype, self.weights)
+        return Config(self.gpu, self.tp, self.dp, max(self.ep, int4_ep(self.model, self.tp, self.weights)),
+                      self.kv_dtype, self.weights)
 
     def deployment(self, **changes):
         q = replace(self, **changes)
@@ -111,6 +113,7 @@ class Plan:
     options: list[Option]
     context: int
     notes: list[str] = field(default_factory=list)
+    _curves: dict | None = field(default=None, repr=False, compare=False)
 
     @property
     def chosen(self) -> Option:
@@ -149,6 +152,22 @@ class Plan:
     def rows(self) -> list[dict]:
         return [o.to_row() for o in self.options]
 
+    def curves(self) -> dict:
+        """Each configuration that serves the load as a curve over concurrency (bench/model/curve.py), the Pareto
+        front over all their points, the published points of the same configurations, and the SLO's tokens/s per
+        user (1 / its TPOT bound). Computed once, on first use."""
+        if self._curves is None:
+            wl, points, pub = self.question.request_mix(), [], []
+            for o in self.simulated:
+                if o.serves:
+                    dep = o.config.deployment(self.question.model, self.question.context)
+                    points += curve.curve(o.label, dep, wl)
+                    pub += [{"config": o.label, **x} for x in curve.published(corpus.load(), dep)]
+            tpot = self.question.slo.tpot_s
+            self._curves = {"points": [p.to_dict() for p in curve.front(points)], "published": pub,
+                            "slo_tps_per_user": 1 / tpot if tpot else None}
+        return self._curves
+
 
 def _configs(q: Question) -> list[Config]:
     model = catalog.model(q.model)
@@ -163,11 +182,11 @@ def _configs(q: Question) -> list[Config]:
             for dp in ((1, tp) if tp > 1 else (1,)):
                 for ep in ((1, tp) if tp > 1 else (1,)):
                     for kv in ("bf16", "fp8_e4m3"):
-                        for w in ("native", alt):
-                            out.append(Config(gpu_id, tp, dp, ep, kv, w))
+                        for w in ("native", alt):  # priced with the EP an INT4 checkpoint is launched with
+                            out.append(Config(gpu_id, tp, dp, max(ep, int4_ep(q.model, tp, w)), kv, w))
     if q.chosen not in out:
         out.append(q.chosen)
-    return out
+    return list(dict.fromkeys(out))
 
 
 def _longest(wl: Workload) -> int:
@@ -304,6 +323,7 @@ def make_plan(q: Question, progress: Callable[[str, int, int], None] | None = No
     chosen = plan.chosen
     if chosen.rejected_because:
         plan.notes.append(f"Your configuration ({chosen.label}): {chosen.rejected_because}.")
+    plan.notes += interval.plan_notes(plan)
     if weight_formats(catalog.model(q.model), "native")[0].startswith("int4"):
         plan.notes.append(f"{q.model} ships INT4 experts: the other expert format searched is FP8 block-128.")
     return plan

@@ -77,23 +77,32 @@ def _overlap(a: float, b: float, lo: float, hi: float) -> float:
     return max(0.0, min(b, hi) - max(a, lo)) / (b - a)
 
 
-def play(sched: Scheduler, reqs: list[Request], concurrency: int | None = None) -> tuple[float, float]:
+def play(sched: Scheduler, reqs: list[Request], concurrency: int | None = None, paced: bool = False
+         ) -> tuple[float, float]:
     """Run requests through the scheduler in virtual time until all are done. Open loop (concurrency None): each
     request is sent at its `arrival` (sorted). Closed loop: `concurrency` requests are in flight, and one is sent
-    the moment another finishes (sglang.bench_serving --max-concurrency); their arrivals are set here. A request
-    reaches the scheduler the model's request overhead after it is sent (HTTP, tokenizing, queueing).
+    the moment another finishes (sglang.bench_serving --max-concurrency); their arrivals are set here. Both
+    (paced, with a concurrency): a request is due at its `arrival` and sent when it is due and fewer than
+    `concurrency` are in flight (bench_serving's --request-rate with --max-concurrency: the request waits on the
+    client's semaphore, and its latency counts from when it is sent). A request reaches the scheduler the model's
+    request overhead after it is sent (HTTP, tokenizing, queueing).
     Returns (sum over steps of running requests x step time, busy time)."""
     delay = sched.perf.request_overhead_s
-    t, i, n, running_time, busy = 0.0, 0, len(reqs), 0.0, 0.0
+    n = len(reqs)
+    cap = n if concurrency is None else concurrency
+    due = [r.arrival if concurrency is None or paced else 0.0 for r in reqs]
+    t, running_time, busy = 0.0, 0.0, 0.0
     ready: list[tuple[float, int]] = []  # (time it reaches the scheduler, index), sent and on its way
-    if concurrency is not None:
-        for req in reqs[:concurrency]:
-            req.arrival = 0.0
-        ready = [(delay, k) for k in range(min(concurrency, n))]
-        i = len(ready)
-    else:
-        ready = [(r.arrival + delay, k) for k, r in enumerate(reqs)]
-        i = n
+    sent = in_flight = 0
+
+    def send(now: float) -> None:  # in due order: send times never decrease, so `ready` stays sorted
+        nonlocal sent, in_flight
+        while sent < n and in_flight < cap:
+            reqs[sent].arrival = max(due[sent], now)
+            ready.append((reqs[sent].arrival + delay, sent))
+            sent, in_flight = sent + 1, in_flight + 1
+
+    send(0.0)
     head = 0
     while True:
         while head < len(ready) and ready[head][0] <= t:
@@ -109,16 +118,13 @@ def play(sched: Scheduler, reqs: list[Request], concurrency: int | None = None) 
         busy += step.duration
         t += step.duration
         _, done = sched.commit(step, t)
-        if concurrency is not None:
-            for _ in done:
-                if i < n:
-                    reqs[i].arrival = t
-                    ready.append((t + delay, i))
-                    i += 1
+        if done:
+            in_flight -= len(done)
+            send(t)
 
 
 def run(dep: Deployment, wl: Workload, rate: float, n: int = 1000, seed: int = 0,
-        eff: Efficiency | None = None, min_seconds: float = MIN_SECONDS) -> Point:
+        eff: Efficiency | None = None, min_seconds: float = MIN_SECONDS, concurrency: int | None = None) -> Point:
     """Offer max(n, rate * min_seconds) requests at `rate` per second (math.inf: n, all at once). Latencies are
     of the requests that arrive after the warm-up; throughput is what the server delivered between the end of
     the warm-up and the last arrival (so an overloaded server shows its capacity, not the offered rate)."""
@@ -126,7 +132,7 @@ def run(dep: Deployment, wl: Workload, rate: float, n: int = 1000, seed: int = 0
     if 0 < rate < math.inf:
         n = max(n, math.ceil(rate * min_seconds))
     reqs = make_requests(wl, rate, n, seed, BLOCK, min(dep.context_len, sched.pool))  # each must fit alone
-    running_time, busy = play(sched, reqs)
+    running_time, busy = play(sched, reqs, concurrency, paced=rate < math.inf)
     done = [r for r in reqs if r.state == "done"]
     last = max((r.arrival for r in reqs), default=0.0)
     if last > 0:  # steady state: the first WARMUP of the arrival window warms up, tails drain outside it

@@ -5,9 +5,11 @@ A case's requests are drawn as its tool drew them: bench_serving's random length
 length and length; without a stated ratio, the ratio that gives the published mean), ShareGPT-like lengths
 (lognormal at the published means, prompts up to 1,024 tokens, prompt + answer up to 2,048, as bench_serving
 filters them), or generated-shared-prefix groups. They are sent closed-loop at the case's max concurrency (a new
-request the moment one finishes, as --max-concurrency does), all at once (a burst), or as a Poisson process at
-its request rate. The replay reports what bench_serving prints: output tokens/s over the benchmark's duration,
-and the TTFT and TPOT statistic the source published (median, else mean). error = predicted / published - 1.
+request the moment one finishes, as --max-concurrency does), all at once (a burst), as a Poisson process at
+its request rate, or both: Poisson arrivals that wait while max concurrency requests are in flight (a rate and a
+cap together, as bench_serving and vllm bench serve allow). The replay reports what bench_serving prints: output
+tokens/s over the benchmark's duration, and the TTFT and TPOT statistic the source published (median, else mean).
+error = predicted / published - 1.
 """
 
 from __future__ import annotations
@@ -88,7 +90,7 @@ def requests(case: Case, context: int, seed: int = 0) -> list[Request]:
     n = max(1, w.num_prompts)
     t, out = 0.0, []
     for i, (group, prompt, output) in enumerate(_lengths(case, rng, n)):
-        if w.request_rate not in (None, math.inf) and w.max_concurrency is None:
+        if w.request_rate not in (None, math.inf):  # Poisson, with or without a concurrency cap
             t += rng.expovariate(w.request_rate)
         prompt = min(prompt, context - 2)
         output = max(1, min(output, context - prompt))
@@ -121,10 +123,11 @@ def replay(case: Case, eff: Efficiency, seed: int = 0) -> Replay:
     chunk = case.chunked_prefill or memory_tier(dep.gpu, dep.tp)[0]
     sched = Scheduler(perf, cap.kv_pool_tokens_total, cap.max_running_requests, chunk, BLOCK)
     w = case.workload
-    concurrency = w.max_concurrency if w.request_rate in (None, math.inf) else None
-    if concurrency is None and w.request_rate in (None, math.inf):
+    paced = w.request_rate not in (None, math.inf)
+    concurrency = w.max_concurrency
+    if concurrency is None and not paced:
         concurrency = len(reqs)  # a burst: everything sent at once
-    play(sched, reqs, concurrency)
+    play(sched, reqs, concurrency, paced)
     done = [q for q in reqs if q.state == "done"]
     if not done:
         r.why_not = "no request finished in the replay"

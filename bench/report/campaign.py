@@ -83,9 +83,15 @@ def _f(v: float | None, spec: str = ".3g", suffix: str = "") -> str:
     return "-" if v is None else f"{v:{spec}}{suffix}"
 
 
+def _predicted(c: dict) -> str:
+    """The model's rate with its 80 % interval (bench/model/interval.py), as the plan shows it."""
+    lo, hi = c.get("predicted_rps_low"), c.get("predicted_rps_high")
+    return _f(c.get("predicted_rps")) + (f" ({lo:.3g}-{hi:.3g})" if lo is not None and hi is not None else "")
+
+
 def campaign_sections(m: Matrix) -> list[tuple[str, list[str], list[list[str]]]]:
     """(title, header, rows) of the report's tables, in the order shown."""
-    cells = [[c["cell"], c["status"], _f(c.get("measured_rps")), _f(c.get("predicted_rps")),
+    cells = [[c["cell"], c["status"], _f(c.get("measured_rps")), _predicted(c),
               _f(c.get("measured_usd_per_m"), ",.2f"), _f(c.get("predicted_usd_per_m"), ",.2f"),
               str(c.get("stages", "-")), c.get("saturation") or _first_line(c.get("error"))]
              for c in m.cells]
@@ -94,7 +100,7 @@ def campaign_sections(m: Matrix) -> list[tuple[str, list[str], list[list[str]]]]
              for g in m.gains]
     return [
         (f"Campaign {m.name} ({m.campaign_id}, {m.status}): highest rate within the SLO per cell",
-         ["cell", "status", "measured req/s", "predicted req/s", "measured $/1M out", "predicted $/1M out",
+         ["cell", "status", "measured req/s", "predicted req/s (80 %)", "measured $/1M out", "predicted $/1M out",
           "stages", "saturation / error"], cells),
         ("Against the baseline at saturation (gain: highest rate within the SLO / the baseline's; "
          "below 1x for the checksum is its overhead)",

@@ -306,7 +306,7 @@ def launch(r: Report) -> tuple[str | None, list[str], list[str]]:
     (else chosen) option."""
     plan, q = r.plan, r.plan.question
     o = plan.recommended or plan.chosen
-    single, multi = sglang_cmd.commands(q.model, o.config.gpu, o.tp, o.kv_dtype, o.weights, plan.context)
+    single, multi = o.commands()
     notes = []
     path, where = sglang_cmd.model_path(q.model, o.weights, o.tp)
     if where:
@@ -334,6 +334,7 @@ def chart_svgs(r: Report) -> dict[str, str]:
     }
     rows = pd.DataFrame(r.plan.rows())
     if rows["output_tps_per_gpu"].notna().any():
+        out["curves"] = charts.to_svg(plancharts.curves(r.plan.curves()))
         out["pareto_tps"] = charts.to_svg(plancharts.pareto_throughput(rows))
         out["pareto_cost"] = charts.to_svg(plancharts.pareto_cost(rows, q.slo.percentile))
     bests = gpu_bests(r.plan)

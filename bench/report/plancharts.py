@@ -116,3 +116,39 @@ def gpu_comparison(rows: pd.DataFrame, target_rps: float) -> alt.Chart:
     text = bars.mark_text(align="left", dx=4, color="black").encode(text="label:N", color=alt.value("black"))
     return (bars + text).properties(title="Each GPU at its cheapest configuration for the target load", width=380,
                                     height=alt.Step(30))
+
+
+def curves(c: dict) -> alt.Chart:
+    """plan.curves(): each configuration's output tokens/s per GPU against tokens/s per user over concurrency, with
+    its 80 % band (throughput), the SLO's tokens/s per user as a dashed red line, the corpus's published points of
+    the same configurations as black crosses, and the Pareto front over all curves' points in grey."""
+    pts = pd.DataFrame(c["points"], columns=["config", "concurrency", "tps_per_gpu", "tps_per_user", "tps_per_gpu_low",
+                                             "tps_per_gpu_high", "tps_per_user_low", "tps_per_user_high", "ttft_s",
+                                             "pareto"])
+    enc = {"x": alt.X("tps_per_user:Q", title="tokens/s per user (1 / median TPOT)", scale=alt.Scale(type="log")),
+           "y": alt.Y("tps_per_gpu:Q", title="output tokens/s per GPU", scale=alt.Scale(zero=False))}
+    color = alt.Color("config:N", scale=VARIANT, legend=alt.Legend(orient="bottom", title=None, columns=1,
+                                                                   labelLimit=400))
+    base = alt.Chart(pts)
+    band = base.mark_area(opacity=0.15).encode(x=enc["x"], y="tps_per_gpu_low:Q", y2="tps_per_gpu_high:Q",
+                                               color=color, order="concurrency:Q")
+    lines = base.mark_line(point=alt.OverlayMarkDef(size=40)).encode(
+        **enc, color=color, order="concurrency:Q",
+        tooltip=["config", "concurrency", alt.Tooltip("tps_per_gpu:Q", format=",.0f"),
+                 alt.Tooltip("tps_per_gpu_low:Q", format=",.0f", title="80 % low"),
+                 alt.Tooltip("tps_per_gpu_high:Q", format=",.0f", title="80 % high"),
+                 alt.Tooltip("tps_per_user:Q", format=",.1f"), alt.Tooltip("ttft_s:Q", format=",.2f")])
+    edge = base.transform_filter("datum.pareto").mark_line(color="#888", strokeDash=[4, 3]).encode(
+        **enc, order="tps_per_user:Q")
+    layers = [band, lines, edge]
+    if c.get("slo_tps_per_user"):
+        layers.append(alt.Chart(pd.DataFrame({"x": [c["slo_tps_per_user"]]})).mark_rule(
+            color="#e45756", strokeDash=[6, 3]).encode(x="x:Q"))
+    if c.get("published"):
+        layers.append(alt.Chart(pd.DataFrame(c["published"])).mark_point(shape="cross", size=120, color="black",
+                                                                         filled=True).encode(
+            **enc, tooltip=["config", "case", "concurrency", "sglang_version"]))
+    return alt.layer(*layers).properties(title=alt.TitleParams(
+        "Throughput per GPU against speed per user, over concurrency", subtitle=[
+            "Shaded: 80 % interval. Dashed red: the SLO's tokens/s per user. Dashed grey: the Pareto front over "
+            "every curve. Black crosses: published runs of the same configuration."]), width=520, height=320)

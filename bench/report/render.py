@@ -10,7 +10,7 @@ from pathlib import Path
 
 from bench import __version__
 from bench.errors import BadInput
-from bench.model import catalog, fit
+from bench.model import catalog, fit, interval
 from bench.report.content import Report, answer_lines, chart_svgs, launch, tables
 from bench.report.wording import question_text
 from bench.store import replacing
@@ -81,6 +81,14 @@ def _howto(r: Report) -> list[str]:
                      target=q.target_rate_rps) for c in MEASURE_HOWTO]
 
 
+def _intervals() -> str:
+    cov = interval.coverage()
+    share = ", ".join(f"{f} {c['coverage']:.0%}" for f, c in cov.items())
+    return ("Intervals: every predicted figure carries an 80 % interval from the model's out-of-sample errors on the "
+            "published corpus, wider where the deployment's regime (GPU family, attention, expert format) has few "
+            f"cases; left out one source at a time, {share} of the cases fell inside theirs.")
+
+
 def _method(r: Report) -> list[str]:
     q, o = r.plan.question, r.plan.recommended or r.plan.chosen
     err = fit.closest_error(q.model, o.config.gpu)
@@ -97,6 +105,7 @@ def _method(r: Report) -> list[str]:
         f"the highest Poisson rate whose percentiles meet the SLO ({q.slo.describe()}), simulated until doubling "
         "the horizon moves it by under 5 %. $ per 1M output tokens is at that rate.",
         accuracy,
+        _intervals(),
         f"Search: {len(r.plan.options)} configurations (GPU, tp, DP attention, EP, KV dtype, expert weights) sized, "
         f"{len(r.plan.simulated)} simulated; the recommendation serves the target load for the least money.",
         f"Prices: ${q.price:.2f} per GPU-hour for {q.gpu}"
@@ -156,7 +165,7 @@ def _body(r: Report, title: str) -> list[str]:
             parts += [f"<h2>{title}</h2>", "<p>No measurements to compare the predictions with.</p>"]
             continue
         shown = {"capacity": ["capacity"], "predicted": ["throughput", "gpus", "cost"], "measured": ["latency"],
-                 "vs": ["vs"], "load": ["load"], "pareto": ["pareto_tps", "pareto_cost"],
+                 "vs": ["vs"], "load": ["load"], "pareto": ["curves", "pareto_tps", "pareto_cost"],
                  "gpus": ["gpu_compare"]}.get(key, [])
         if key not in t and not any(k in svgs for k in shown):
             continue

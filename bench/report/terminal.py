@@ -220,21 +220,23 @@ def plan_table(options: list, title: str, q) -> Table:
     """Simulated options: parallelism, KV and weights, rate within the SLO, per-GPU and per-user speed, cost."""
     table = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False)
     p = q.slo.percentile
-    for col in ("", "GPU", "tp/dp/ep", "experts, KV", "req/s per instance", "out tok/s per GPU", "tok/s per user",
-                f"TTFT p{p}", f"TPOT p{p}", f"E2E p{p}", "limited by", "$ / 1M out", "instances", "GPUs",
-                "$ / month"):
+    for col in ("", "GPU", "tp/dp/ep", "experts, KV", "req/s per instance (80 %)", "out tok/s per GPU",
+                "tok/s per user", f"TTFT p{p}", f"TPOT p{p}", f"E2E p{p}", "limited by", "$ / 1M out", "instances",
+                "GPUs (80 %)", "$ / month"):
         table.add_column(col, justify="left" if col in ("", "GPU", "tp/dp/ep", "experts, KV", "limited by")
                          else "right", overflow="fold")
     for o in options:
-        pr = o.prediction
+        pr, iv = o.prediction, o.interval()
         mark = "★" if o.recommended else ("you" if o.chosen else "")
         table.add_row(mark, o.config.gpu, o.config.parallelism(), o.short_label,
-                      f"{pr.rate_rps:,.2f}" if pr else "-", f"{o.output_tps_per_gpu:,.0f}" if o.serves else "-",
+                      (f"{pr.rate_rps:,.2f}" + (f" ({iv['rate_rps'][0]:,.2f}-{iv['rate_rps'][1]:,.2f})" if iv else ""))
+                      if pr else "-", f"{o.output_tps_per_gpu:,.0f}" if o.serves else "-",
                       f"{pr.tps_per_user:,.0f}" if o.serves else "-", _s(pr.ttft_s if pr else None),
                       _s(pr.tpot_s if pr else None), _s(pr.e2e_s if pr else None),
                       (pr.limited_by + ("" if pr.converged else " (not converged)")) if pr else "-",
-                      _money(o.usd_per_m_output), str(o.instances_needed or "-"), str(o.gpus_needed or "-"),
-                      _money(o.monthly_cost, 0))
+                      _money(o.usd_per_m_output), str(o.instances_needed or "-"),
+                      f"{o.gpus_needed} ({iv['gpus_needed'][0]}-{iv['gpus_needed'][1]})" if iv else "-",
+                      _money(o.monthly_cost, 0) + (f" (up to {_money(iv['monthly_cost'][1], 0)})" if iv else ""))
     return table
 
 
@@ -252,4 +254,23 @@ def rejected_table(options: list) -> Table:
     table.add_column("for example", overflow="fold")
     for why, opts in sorted(groups.items(), key=lambda kv: -len(kv[1])):
         table.add_row(why, str(len(opts)), f"{opts[0].label}: {opts[0].rejected_because}")
+    return table
+
+
+def coverage_table(coverage: dict) -> Table:
+    """Leave one source out: the share of each figure's left-out cases inside their 80 % interval, per regime."""
+    table = Table(title="80 % intervals, leave one source out: left-out cases inside (goal 75-85 %)",
+                  box=box.SIMPLE_HEAD, pad_edge=False)
+    figures = list(coverage)
+    table.add_column("regime")
+    for f in figures:
+        table.add_column(f, justify="right")
+    table.add_row("all", *(f"{coverage[f]['coverage']:.0%} ({coverage[f]['cases']})" for f in figures))
+    regimes = sorted({r for f in figures for r in coverage[f]["by_regime"]})
+    for reg in regimes:
+        cells = []
+        for f in figures:
+            hit, n = coverage[f]["by_regime"].get(reg, (0, 0))
+            cells.append(f"{hit / n:.0%} ({hit}/{n})" if n else "-")
+        table.add_row(reg, *cells)
     return table

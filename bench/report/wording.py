@@ -4,6 +4,8 @@ figures written with their units, or plainly when there is none ("no rate meets 
 
 from __future__ import annotations
 
+import math
+
 import pandas as pd
 
 from bench.model import HOURS_PER_MONTH, Option, Plan, Question, capacity, catalog
@@ -85,7 +87,8 @@ def savings(plan: Plan, drift: pd.DataFrame | None = None) -> list[str]:
     out = []
     kv_risk = quality(drift, model, "fp8 KV")
     if rec.kv_dtype != "bf16":
-        out.append(_saving("FP8 KV cache", cheapest(lambda o: o.kv_dtype == "bf16"), rec, kv_risk))
+        out.append(_saving("FP8 KV cache", cheapest(lambda o: o.kv_dtype == "bf16"), rec, kv_risk,
+                           _why_none(plan, rec.config.gpu, lambda o: o.kv_dtype == "bf16")))
     else:
         fp8 = next((o for o in four if o.weights == rec.weights and o.kv_dtype != "bf16"), None)
         if fp8:
@@ -97,16 +100,39 @@ def savings(plan: Plan, drift: pd.DataFrame | None = None) -> list[str]:
     risk = quality(drift, model, "int4 experts") if "int4" in name.lower() else \
         "capbench converts them: check quality with capbench drift"
     if converted(rec):
-        out.append(_saving(what, cheapest(lambda o: not converted(o)), rec, risk))
+        out.append(_saving(what, cheapest(lambda o: not converted(o)), rec, risk,
+                           _why_none(plan, rec.config.gpu, lambda o: not converted(o))))
     elif conv:
         out.append(_saving(what, rec, conv, risk))
     return out
 
 
-def _saving(what: str, before: Option | None, after: Option, risk: str) -> str:
-    """One sentence: `after` (with `what`) against `before` (without it; None: nothing without it serves)."""
+def _why_none(plan: Plan, gpu: str, keep) -> str:
+    """Why no configuration on `gpu` that `keep` admits serves the load, with the counts: what did not fit, what
+    was screened out on cost (with the best such figure), what missed the SLO."""
+    opts = [o for o in plan.options if o.config.gpu == gpu and keep(o)]
+    reasons: dict[str, list[Option]] = {}
+    for o in opts:
+        why = o.rejected_because or ("not simulated" if not o.simulated else NONE_MEETS)
+        key = ("do not fit" if why.startswith(("the weights do not fit", "KV pool")) else
+               "were screened out on cost" if why.startswith("screened out") else
+               "miss the SLO" if why.startswith(("no rate", NONE_MEETS)) else "were not simulated")
+        reasons.setdefault(key, []).append(o)
+    parts = [f"{len(v)} {k}" for k, v in sorted(reasons.items(), key=lambda kv: -len(kv[1]))]
+    screened = reasons.get("were screened out on cost")
+    if screened:
+        best = min(screened, key=lambda o: o.price * o.tp / o.saturation_tps if o.saturation_tps else math.inf)
+        parts[[p.endswith("on cost") for p in parts].index(True)] += (
+            f" (the best, {best.config.parallelism()} {best.short_label}: {best.rejected_because.split(': ', 1)[1]})")
+    return (f"of the {len(opts)} configurations searched on {gpu.upper()} without it, " + "; ".join(parts)
+            if opts else f"no configuration on {gpu.upper()} without it was searched")
+
+
+def _saving(what: str, before: Option | None, after: Option, risk: str, none_why: str = "") -> str:
+    """One sentence: `after` (with `what`) against `before` (without it; None: nothing without it serves, and
+    none_why says why)."""
     if before is None:
-        return (f"{what}: without it no configuration searched on {after.config.gpu.upper()} meets the SLO; with it "
+        return (f"{what}: {none_why or 'nothing without it serves the load'}; with it "
                 f"{after.gpus_needed} GPUs serve the load ({money(after.monthly_cost)} a month); {risk}")
     a, b = before.monthly_cost, after.monthly_cost
     gains = []
@@ -133,6 +159,37 @@ def _saving(what: str, before: Option | None, after: Option, risk: str) -> str:
             f"{after.gpus_needed} GPUs, {money(a)} -> {money(b)}){gain}; {risk}")
 
 
+def _range(pair, spec: str, unit: str = "", dollars: bool = False) -> str:
+    lo, hi = pair
+    cur = "$" if dollars else ""
+    return f"{cur}{format(lo, spec)}-{cur}{format(hi, spec)}{unit}"
+
+
+def interval(o: Option, percentile: int | None = None) -> str | None:
+    """The option's 80 % interval in one sentence (figures at the pessimistic end first where it matters), with
+    the evidence behind it; None when it serves nothing. CLI, Planner and report all say it this way."""
+    iv = o.interval()
+    if iv is None:
+        return None
+    tag = f" p{percentile}" if percentile else ""
+    n = iv["cases"]
+    text = (f"80 % interval, from the model's out-of-sample error on the published corpus ({n} case"
+            f"{'' if n == 1 else 's'} of {iv['regime'].rsplit(',', 1)[0]}): "
+            f"{_range(iv['rate_rps'], ',.2f', ' req/s')} per instance, {_range(iv['instances'], 'd')} instances "
+            f"({_range(iv['gpus_needed'], 'd')} GPUs), {_range(iv['monthly_cost'], ',.0f', dollars=True)} a month, "
+            f"{_range(iv['usd_per_m_output'], ',.2f', dollars=True)} per 1M output tokens")
+    if iv["ttft_s"] and iv["tpot_s"]:
+        text += (f", TTFT{tag} {_range(iv['ttft_s'], ',.2f', ' s')}, TPOT{tag} "
+                 f"{_range(tuple(x * 1e3 for x in iv['tpot_s']), ',.0f', ' ms')}")
+    hi = iv["instances"][1]
+    if hi > (o.instances_needed or 0):
+        text += (f". At the pessimistic end the load needs {hi} instances ({iv['gpus_needed'][1]} GPUs, "
+                 f"{money(iv['monthly_cost'][1])} a month), not {o.instances_needed}")
+    if iv["evidence"]:
+        text += f". {iv['evidence'][0].upper()}{iv['evidence'][1:]}"
+    return text
+
+
 def question_text(q: Question) -> str:
     return (f"How many GPUs does {catalog.model(q.model).name} need on SGLang 0.5.23 to serve "
             f"{q.target_rate_rps:g} requests/s of {q.describe_workload()} within {q.slo.describe()} "
@@ -153,4 +210,4 @@ def recommendation(plan: Plan) -> str:
             f"cache: {money(rec.monthly_cost)} a month ({HOURS_PER_MONTH} h at ${rec.price:.2f}/GPU-hour), "
             f"{money(rec.usd_per_m_output, ',.2f')} per 1M output tokens; each instance serves up to "
             f"{rec.prediction.rate_rps:,.2f} requests/s within the SLO (then {rec.prediction.limited_by} "
-            "passes its bound).")
+            f"passes its bound). {interval(rec, plan.question.slo.percentile) or ''}").strip()

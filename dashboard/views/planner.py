@@ -8,7 +8,6 @@ import streamlit as st
 
 from bench.errors import BadInput
 from bench.model import Plan, Question, Slo, capacity, catalog, make_plan, pd_versus, workload_names
-from bench.model import launch as sglang_cmd
 from bench.report import charts, compared, gpu_bests, load, plancharts, predicted_table, wording
 from bench.report import pd as pd_report
 from dashboard import common
@@ -82,6 +81,11 @@ def latency_curve(q: Question) -> pd.DataFrame:
     return load.predicted(rec.config.deployment(q.model, q.context), q.request_mix(), q.slo, rec.prediction)
 
 
+@st.cache_data(show_spinner="throughput against speed per user, over concurrency", max_entries=64)
+def curves_for(q: Question) -> dict:
+    return plan_for(q).curves()
+
+
 try:
     plan = plan_for(q)
 except BadInput as e:
@@ -112,6 +116,8 @@ m[0].metric(f"Rate on {int(gpu_count)} GPUs (req/s)", fmt(chosen.rate_on_hand_rp
 m[1].metric(f"Monthly cost for {target:g} req/s", wording.money(chosen.monthly_cost, ",.0f", none))
 m[2].metric(f"TPOT p{slo_p} at that rate (ms)", fmt(pred.tpot_s * 1e3, ",.1f") if serves else none)
 m[3].metric("Limited by", f"{pred.limited_by}" if serves else none)
+if serves:
+    st.caption(wording.interval(chosen, slo_p))
 
 st.subheader("Recommendation")
 if rec is not None:
@@ -121,7 +127,7 @@ else:
 for sentence in wording.savings(plan, common.drift_table()):
     st.markdown(f"- {sentence}.")
 if rec is not None:
-    single, multi = sglang_cmd.commands(model_id, rec.config.gpu, rec.tp, rec.kv_dtype, rec.weights, int(context))
+    single, multi = rec.commands()
     if single:
         st.code(single, language="bash", wrap_lines=True)
     with st.expander("Multi-node (one instance over several nodes)", expanded=single is None):
@@ -153,6 +159,7 @@ if rec is not None:
     common.chart(st, plancharts.latency_vs_load(curve, q.slo, f"Predicted for {rec.label}"), height=520)
     st.subheader("Every configuration that meets the SLO")
     every = pd.DataFrame(plan.rows())
+    common.chart(st, plancharts.curves(curves_for(q)), height=560)
     left, right = st.columns(2)
     common.chart(left, plancharts.pareto_throughput(every), height=520)
     common.chart(right, plancharts.pareto_cost(every, slo_p), height=520)

@@ -40,6 +40,12 @@ def test_planner_cli_and_report_give_one_answer(at):
     assert metric(at, "$ per 1M output tokens") == round(plan.chosen.usd_per_m_output, 2)
     rec = plan.recommended
     assert any(f"${rec.monthly_cost:,.0f} a month" in s.value for s in at.success)
+    # the interval, from the one function the CLI and the report use, and the priced command with every flag
+    from bench.report import wording
+
+    assert any(wording.interval(rec, 90) in s.value for s in at.success)
+    assert any(c.value == rec.launch()[0] for c in at.code)
+    assert any("80 % interval" in c.value for c in at.caption)
 
     cli = subprocess.run([CAPBENCH, "plan", "--model", "kimi-k2-thinking", "--gpus", "h200", "--gpu", "h200",
                           "--tp", "8", "--kv-dtype", "fp8_e4m3", "--rate", "10", "--price", "3.79", "--json"],

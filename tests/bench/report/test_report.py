@@ -53,7 +53,8 @@ def test_report_with_runs_has_tables_charts_and_the_measurements(db):
     assert "FP8 KV cache:" in page and "experts (converted by capbench from the checkpoint" in page
     # launch commands: one node, and one instance over two nodes
     assert "capbench sglang-launch --kv-checksum verify" in page
-    assert "--model-path moonshotai/Kimi-K2-Thinking --tp 8 --kv-cache-dtype fp8_e4m3" in page
+    assert rec.launch()[0] in page  # the priced command: every flag of the recommended configuration
+    assert "80 % interval" in page and "Intervals: every predicted figure carries" in page
     assert "--tp 16" in page and "--nnodes 2 --node-rank 1 --dist-init-addr" in page
 
 
@@ -65,8 +66,9 @@ def test_report_without_runs_is_a_planning_report(tmp_path):
     assert not r.measured
     assert "Nothing was measured" in page and "no results database" in page
     assert page.count("<table>") == 4  # configs, capacity, predicted, other GPUs
-    # 4 plan charts, latency against load, two Pareto views, the GPU comparison
-    assert page.count("<svg") == 8
+    # 4 plan charts, latency against load, the curves over concurrency, two Pareto views, the GPU comparison
+    assert page.count("<svg") == 9
+    assert "Throughput per GPU against speed per user, over concurrency" in page
     for heading in ("Latency against load", "Every configuration that meets the SLO",
                     "Each GPU at its cheapest configuration for the target load"):
         assert heading in page

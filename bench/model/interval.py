@@ -1,0 +1,252 @@
+"""How far to trust a predicted figure: an 80 % interval from the model's out-of-sample errors on the published
+corpus, per regime, and the words to say when no published case resembles the deployment.
+
+The evidence is validation.json's leave-one-source-out rows (each case predicted by factors fitted without its
+organisation's cases). A residual is log(published / predicted). The interval of a prediction P is
+P * exp(m + w * (q10 - m)) .. P * exp(m + w * (q90 - m)), with m, q10, q90 the median and the 10th and 90th
+percentiles of all rows' residuals of that figure, and w = WIDEN[figure] * sqrt(1 + 2 / (n + 1)), n the rows of
+the deployment's regime. So a regime with many published cases gets the corpus's spread, one with few a wider
+one, one with none about 1.4x wider and a sentence saying so.
+
+A regime is the GPU family, the attention kind (MLA, GQA), the routed experts' format (FP8, BF16, INT4) and the
+load (latency-bound: at most LATENCY_BOUND requests running; batch-bound: more). The load only labels coverage:
+width depends on the first three. Why not each regime's own residuals: they cluster by source more than by regime
+(on the corpus of 2026-12-01 a regime's own rows, leave one source out, covered 11-61 % of the left-out cases; the
+pooled ones with a width for evidence, 75-85 %), so a regime's rows set how wide, all rows set the shape.
+
+WIDEN is calibrated (calibrate()) so that, leaving each organisation out in turn and building intervals from the
+others' rows only, 75-85 % of the left-out cases fall inside: coverage() measures that, `capbench validate` prints
+it per figure and regime, and tests/bench/model/test_interval.py holds it in range.
+
+Derived figures: the rate within the SLO and the output tok/s scale with the throughput residual; $ per 1M output
+tokens with its inverse; instances and GPUs for a target load and $ a month follow from the rate's bounds.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass
+from functools import cache
+from typing import TYPE_CHECKING
+
+from bench.model import catalog
+from bench.model.capacity import weight_formats
+
+if TYPE_CHECKING:
+    from bench.model.option import Option
+    from bench.model.plan import Plan
+
+LEVEL = 0.8
+FIGURES = ("output_tok_s", "ttft_ms", "tpot_ms")
+WIDEN = {"output_tok_s": 1.01, "ttft_ms": 0.91, "tpot_ms": 1.03}  # calibrate() on validation.json of 2026-12-02
+LATENCY_BOUND = 4
+THIN = 5  # fewer out-of-sample cases in a regime than this: said in words
+HOURS_PER_MONTH = 730
+FAMILY = {"a100-80gb": "Ampere", "h100-sxm": "Hopper", "h200": "Hopper", "b200": "Blackwell", "mi300x": "MI300X"}
+CAMPAIGN = "data/campaigns/kv-study.yaml"
+
+
+@dataclass(frozen=True)
+class Regime:
+    family: str  # GPU family
+    attention: str  # mla | gqa
+    experts: str  # fp8 | bf16 | int4
+    load: str = "batch"  # latency | batch
+
+    @property
+    def kind(self) -> tuple[str, str, str]:
+        """What sets the width (the load only labels coverage)."""
+        return self.family, self.attention, self.experts
+
+    def describe(self) -> str:
+        return f"{self.experts.upper()} experts, {self.attention.upper()} on {self.family}"
+
+    def label(self) -> str:
+        return f"{self.describe()}, {self.load}-bound"
+
+
+def regime(model_id: str, gpu: str, weights: str, running: float | None = None) -> Regime:
+    m = catalog.model(model_id)
+    experts = weight_formats(m, weights)[0].split("-")[0]
+    load = "latency" if running is not None and running <= LATENCY_BOUND else "batch"
+    return Regime(FAMILY.get(gpu, gpu), m.attention, experts, load)
+
+
+@dataclass(frozen=True)
+class Row:
+    """One out-of-sample case: its organisation, regime and residual per figure."""
+
+    case: str
+    org: str
+    regime: Regime
+    residual: dict
+
+
+@dataclass(frozen=True)
+class Band:
+    """Multipliers on a prediction that bound its 80 % interval, and the evidence behind them."""
+
+    figure: str
+    low: float
+    high: float
+    cases: int  # out-of-sample rows of the regime
+    regime: Regime
+
+    def of(self, value: float) -> tuple[float, float]:
+        return value * self.low, value * self.high
+
+
+def rows_of(validation: dict | None, cases: dict) -> list[Row]:
+    """validation.json's out-of-sample rows with their regimes (cases: corpus cases by key)."""
+    out = []
+    for r in (validation or {}).get("out_of_sample", {}).get("cases", []):
+        c = cases.get(r["case"])
+        if c is None or not r["errors"]:
+            continue
+        w = c.workload
+        running = (w.max_concurrency or w.num_prompts) if w else None
+        out.append(Row(r["case"], r["org"], regime(c.model, c.gpu, c.weights, running),
+                       {f: -math.log1p(e) for f, e in r["errors"].items()}))
+    return out
+
+
+@cache
+def shipped_rows() -> tuple[Row, ...]:
+    from bench.model import corpus, fit
+
+    return tuple(rows_of(fit.stored_validation(), {c.key: c for c in corpus.load()}))
+
+
+def _quantile(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    k = (len(xs) - 1) * q
+    f = math.floor(k)
+    c = min(f + 1, len(xs) - 1)
+    return xs[f] + (xs[c] - xs[f]) * (k - f)
+
+
+def band(figure: str, reg: Regime, rows: tuple[Row, ...] | list[Row] | None = None,
+         widen: dict | None = None) -> Band | None:
+    """The 80 % band of a figure in a regime; None when there is no out-of-sample row at all."""
+    rows = shipped_rows() if rows is None else rows
+    res = [r.residual[figure] for r in rows if figure in r.residual]
+    if len(res) < 3:
+        return None
+    n = sum(1 for r in rows if r.regime.kind == reg.kind and figure in r.residual)
+    m = statistics.median(res)
+    w = (widen or WIDEN)[figure] * math.sqrt(1 + 2 / (n + 1))
+    tail = (1 - LEVEL) / 2
+    return Band(figure, math.exp(m + w * (_quantile(res, tail) - m)), math.exp(m + w * (_quantile(res, 1 - tail) - m)),
+                n, reg)
+
+
+def evidence(reg: Regime, rows: tuple[Row, ...] | None = None) -> str | None:
+    """A sentence when the regime has no or few published cases, or when most of its own cases fall outside the
+    band on one side (the pooled shape does not fit it); None otherwise."""
+    rows = shipped_rows() if rows is None else rows
+    own = [r.residual["output_tok_s"] for r in rows if r.regime.kind == reg.kind and "output_tok_s" in r.residual]
+    n = sum(1 for r in rows if r.regime.kind == reg.kind)
+    if n < THIN:
+        what = "no published evidence" if n == 0 else f"only {n} published case{'s' if n > 1 else ''}"
+        return (f"{what} for {reg.describe()}: the interval is the corpus's spread widened; measure before buying "
+                f"(campaign file: {CAMPAIGN} with this deployment)")
+    b = band("output_tok_s", reg, rows)
+    slower = [x for x in own if b and x < math.log(b.low)]
+    faster = [x for x in own if b and x > math.log(b.high)]
+    for side, word, worst, reach in ((slower, "slower", min, "down"), (faster, "faster", max, "up")):
+        if len(side) * 2 >= len(own):
+            return (f"{len(side)} of the {len(own)} published cases of {reg.describe()} delivered throughput "
+                    f"{word} than even this interval allows ({reach} to {math.exp(worst(side)):.2f}x the prediction): "
+                    f"the interval is the corpus's, not this regime's; measure before buying (campaign file: "
+                    f"{CAMPAIGN} with this deployment)")
+    return None
+
+
+def predicted_range(model_id: str, gpu: str, weights: str, figure: str, value: float,
+                    running: float | None = None) -> tuple[float, float] | None:
+    """The 80 % interval of one predicted figure (output_tok_s, or a rate that scales with it; ttft_ms; tpot_ms):
+    the one function the plan, the Planner, the report and the campaign's predicted column call."""
+    b = band(figure, regime(model_id, gpu, weights, running))
+    return None if b is None else b.of(value)
+
+
+def for_option(o: Option) -> dict | None:
+    """Every predicted figure of a plan's option as (low, high) at 80 %, the regime, its cases and, where the
+    evidence is thin, the sentence that says so. None when the option serves nothing."""
+    if not o.serves:
+        return None
+    p, cfg = o.prediction, o.config
+    reg = regime(o.model, cfg.gpu, cfg.weights, p.batch)
+    tps, ttft, tpot = (band(f, reg) for f in FIGURES)
+    if tps is None:
+        return None
+    rate = tps.of(p.rate_rps)
+    instances = tuple(max(1, math.ceil(o.target_rate_rps / r - 1e-9)) for r in (rate[1], rate[0]))
+    gpus = tuple(n * cfg.tp for n in instances)
+    usd = o.usd_per_m_output
+    return {"level": LEVEL, "regime": reg.label(), "cases": tps.cases, "evidence": evidence(reg),
+            "rate_rps": rate, "output_tps": tps.of(p.output_tps),
+            "ttft_s": ttft.of(p.ttft_s) if ttft else None, "tpot_s": tpot.of(p.tpot_s) if tpot else None,
+            "usd_per_m_output": (usd / tps.high, usd / tps.low), "instances": instances, "gpus_needed": gpus,
+            "monthly_cost": tuple(g * o.price * HOURS_PER_MONTH for g in gpus)}
+
+
+def coverage(rows: list[Row] | tuple[Row, ...] | None = None, widen: dict | None = None) -> dict:
+    """Leave one source out: each organisation's rows against bands built from the others' rows only. Per figure
+    the share inside, and per regime label (hits, cases)."""
+    rows = list(shipped_rows() if rows is None else rows)
+    out: dict = {}
+    for figure in FIGURES:
+        hit = total = 0
+        by: dict[str, list[int]] = {}
+        for org in sorted({r.org for r in rows}):
+            others = [r for r in rows if r.org != org]
+            for r in rows:
+                if r.org != org or figure not in r.residual:
+                    continue
+                b = band(figure, r.regime, others, widen)
+                inside = b is not None and math.log(b.low) <= r.residual[figure] <= math.log(b.high)
+                hit, total = hit + inside, total + 1
+                cell = by.setdefault(r.regime.label(), [0, 0])
+                cell[0], cell[1] = cell[0] + inside, cell[1] + 1
+        if total:
+            out[figure] = {"coverage": hit / total, "cases": total, "by_regime": by}
+    return out
+
+
+def calibrate(rows: list[Row] | tuple[Row, ...] | None = None, target: float = LEVEL) -> dict[str, float]:
+    """Per figure the smallest WIDEN whose leave-one-source-out coverage reaches the target (a scan in 0.01 steps:
+    coverage moves in jumps of one case)."""
+    out = {}
+    for figure in FIGURES:
+        w = 0.5
+        while w < 3 and coverage(rows, {**WIDEN, figure: w})[figure]["coverage"] < target:
+            w += 0.01
+        out[figure] = round(w, 2)
+    return out
+
+
+def plan_notes(plan: Plan) -> list[str]:
+    """What the intervals change about a plan's answer: a configuration cheaper than the recommended one at the
+    pessimistic end, and GPUs on hand that meet the target only at the optimistic end."""
+    notes = []
+    rec, q = plan.recommended, plan.question
+    if rec is not None and (iv := rec.interval()):
+        worst = {o.label: (o.interval() or {}).get("monthly_cost", (0, math.inf))[1] for o in plan.simulated
+                 if o.serves}
+        other = min((k for k in worst if k != rec.label), key=worst.get, default=None)
+        if other is not None and worst[other] < iv["monthly_cost"][1]:
+            notes.append(f"At the pessimistic end of the 80 % intervals {other} costs less than the recommended "
+                         f"one (${worst[other]:,.0f} against ${iv['monthly_cost'][1]:,.0f} a month): the "
+                         "recommendation is the cheapest as predicted, not under every outcome the evidence allows")
+    chosen = plan.chosen
+    if chosen.serves and chosen.gpus_on_hand and (iv := chosen.interval()):
+        instances = chosen.gpus_on_hand // chosen.tp
+        low, high = (r * instances for r in iv["rate_rps"])
+        if low < q.target_rate_rps <= chosen.rate_on_hand_rps:
+            notes.append(f"Your {chosen.gpus_on_hand} x {chosen.config.gpu} ({chosen.label}) meet "
+                         f"{q.target_rate_rps:g} req/s only towards the optimistic end of the 80 % interval "
+                         f"({low:,.2f}-{high:,.2f} req/s): at its pessimistic end they need "
+                         f"{iv['gpus_needed'][1]} GPUs")
+    return notes

@@ -1,0 +1,70 @@
+"""The 80 % intervals every predicted figure carries: calibrated on the corpus's out-of-sample errors, checked the
+way they are used (a source the intervals never saw), wider where the evidence is thin, and said in words where
+there is none."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from bench.model import interval
+
+
+def test_shipped_intervals_cover_75_to_85_percent_of_left_out_sources_per_figure():
+    cov = interval.coverage()
+    assert set(cov) == set(interval.FIGURES)
+    for figure, c in cov.items():
+        assert c["cases"] >= 70, figure
+        assert 0.75 <= c["coverage"] <= 0.85, f"{figure}: {c['coverage']:.0%} of left-out cases inside"
+        assert sum(n for _, n in c["by_regime"].values()) == c["cases"]
+
+
+def test_the_shipped_widths_are_what_calibration_gives():
+    assert interval.calibrate() == interval.WIDEN
+
+
+def test_unwidened_quantiles_undercover_which_is_why_the_width_is_calibrated():
+    narrow = interval.coverage(widen=dict.fromkeys(interval.FIGURES, 0.6))
+    assert any(c["coverage"] < 0.75 for c in narrow.values())
+
+
+def test_a_regime_without_cases_is_wider_and_said_in_words():
+    rich = interval.regime("deepseek-r1", "h200", "native", 32)
+    none = interval.regime("kimi-k2-thinking", "b200", "native", 32)
+    for figure in interval.FIGURES:
+        a, b = interval.band(figure, rich), interval.band(figure, none)
+        assert b.cases == 0 < a.cases
+        assert b.low < a.low <= 1 <= a.high < b.high or b.low < a.low and a.high < b.high
+    assert interval.evidence(rich) is None
+    words = interval.evidence(none)
+    assert words.startswith("no published evidence for INT4 experts, MLA on Blackwell") and "campaign file" in words
+
+
+def test_a_regime_whose_own_cases_fall_outside_is_said_in_words():
+    """Kimi K2.5 on H200 (INT4 experts): most of its published runs were far slower than the pooled band allows."""
+    reg = interval.regime("kimi-k2-thinking", "h200", "native", 32)
+    words = interval.evidence(reg)
+    assert words and "published cases of INT4 experts, MLA on Hopper delivered throughput slower" in words
+    assert interval.evidence(interval.regime("deepseek-r1", "b200", "native", 32)) is None
+
+
+def test_the_band_brackets_the_prediction_as_published_over_predicted():
+    lo, hi = interval.predicted_range("glm-4.6", "b200", "native", "output_tok_s", 1000.0, 64)
+    assert lo < 1000.0 < hi
+    reg = interval.regime("glm-4.6", "b200", "native", 64)
+    rows = interval.shipped_rows()
+    fewer = [r for r in rows if r.regime.kind != reg.kind] + [r for r in rows if r.regime.kind == reg.kind][:2]
+    a, b = interval.band("output_tok_s", reg, rows), interval.band("output_tok_s", reg, fewer)
+    assert b.cases == 2 < a.cases and b.high / b.low > a.high / a.low  # fewer cases of the regime: wider
+
+
+def test_validate_json_reports_coverage_per_regime():
+    env = {**os.environ, "NO_COLOR": "1"}
+    out = subprocess.run([sys.executable, "-c", "from bench.cli import main; main()", "validate", "--case",
+                          "kimi-k2/", "--json"], capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    cov = json.loads(out.stdout)["interval_coverage"]
+    assert cov["output_tok_s"]["coverage"] == pytest.approx(interval.coverage()["output_tok_s"]["coverage"])
+    assert any("MLA on Hopper" in k for k in cov["ttft_ms"]["by_regime"])
