@@ -39,7 +39,7 @@ class Collector:
         request before the server does, and a process killed outright leaves each a row (`cancelled` at worst)."""
         self.starting.append(rec)
         if len(self.starting) == 1:
-            gevent.get_hub().loop.run_callback(self.announce)
+            gevent.spawn(self.announce)  # a greenlet, not a loop callback: the pipe write may have to wait
 
     def announce(self) -> None:
         recs, self.starting = self.starting, []

@@ -89,7 +89,7 @@ def forward_records(environment: Environment, parent_pid: int | None = None) -> 
     def on_sent(_rec: dict) -> None:  # the master hears of a request at the loop's next turn, not 0.2 s later
         if not scheduled:
             scheduled.append(True)
-            gevent.get_hub().loop.run_callback(lambda: (scheduled.clear(), send()))
+            gevent.spawn(lambda: (scheduled.clear(), send()))  # a greenlet: sending may wait
 
     scheduled: list[bool] = []
     environment.capbench_on_sent = on_sent
