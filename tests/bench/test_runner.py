@@ -238,8 +238,9 @@ def test_a_recorder_that_dies_fails_the_run_with_the_rows_it_lost(stub_server, t
 
     monkeypatch.setattr(runner.Collector, "add", add_then_kill_recorder)
     [res] = run(opts(srv.url, tmp_db, overrides={"rate": 20, "duration": 2}))
-    # the run stops sending once its rows can no longer be stored (within a frame, half a second: ~10 more)
-    assert res.status == "failed" and 10 <= res.sent < 30 and "recorder" in res.error
+    # the run stops sending once its rows can no longer be stored (within a frame: half a second, more when the
+    # machine is loaded), not at the end of its schedule
+    assert res.status == "failed" and 10 <= res.sent < 40 and "recorder" in res.error
     assert res.rows_written == len(rows(tmp_db, res.run_id)) < res.sent and res.lost == res.sent - res.rows_written
     assert run_row(tmp_db, res.run_id)["status"] == "failed"
     assert exit_status([res]) == 1
