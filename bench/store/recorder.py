@@ -138,7 +138,10 @@ def main() -> None:
     except Exception as e:  # the last rows, or the run's end, could not be written
         writer.error = writer.error or f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
         _cannot_write(writer, db)
-    print(json.dumps(writer.rows_written), flush=True)
+    try:
+        print(json.dumps(writer.rows_written), flush=True)
+    except BrokenPipeError:  # the load generator was killed: nobody reads the count, the rows are written
+        pass
 
 
 def _cannot_write(writer: BatchedWriter, db: str) -> None:
