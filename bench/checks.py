@@ -16,6 +16,9 @@ INT_MAX = 2**31 - 1
 
 def check_target(url: str, flag: str = "--target") -> str:
     """An http(s) URL with a host and a usable port; returns it without a trailing slash."""
+    if without_credentials(url) != url:
+        raise BadInput(f"{flag} {without_credentials(url)!r}: credentials in the URL would be stored with the run "
+                       "and shown by ps; put the key in an environment variable and pass --api-key-env NAME")
     try:
         parts = urlsplit(url)
         port = parts.port  # raises on a port out of range or not a number
@@ -32,6 +35,16 @@ def check_target(url: str, flag: str = "--target") -> str:
         except ValueError:
             raise BadInput(f"{flag} {url!r}: {host!r} is not an IPv6 address") from None
     return url.rstrip("/")
+
+
+def without_credentials(url: str) -> str:
+    """The URL with any user:password@ removed (for anything shown or stored); a password may hold a `/`, so the
+    credentials end at the last @ before any query."""
+    head, sep, rest = url.partition("://")
+    if not sep:
+        return url
+    before_query = rest.split("?")[0].split("#")[0]
+    return f"{head}://{rest[before_query.rfind('@') + 1:]}" if "@" in before_query else url
 
 
 def check_host(host: str, flag: str) -> None:

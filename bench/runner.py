@@ -12,6 +12,7 @@ aborted, everything measured is kept. Every request sent ends in one stored row:
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import subprocess
 import sys
@@ -24,6 +25,7 @@ from locust.env import Environment
 from locust.exception import RPCError
 
 from bench.checks import check_target
+from bench.collector import Collector
 from bench.errors import BadInput
 from bench.live import Live, print_summary, print_sweep
 from bench.model import Slo
@@ -77,44 +79,11 @@ class RunResult:
     records: int  # what reached the runner
     rows_written: int  # what the recorder wrote to the requests table
     sent: int = 0  # requests the users sent (each one owes a row)
+    error: str | None = None  # why the run failed (the DB could not be written), in one line
 
     @property
     def lost(self) -> int:
         return max(0, self.sent - self.rows_written)
-
-
-class Collector:
-    """Result records from this process's users or from workers' messages, on to the recorder process."""
-
-    def __init__(self, recorder: Recorder, inflight=None):
-        self.recorder = recorder
-        self.inflight = inflight  # () -> this process's requests in flight, sent along in case it is killed
-        self.pending: list[dict] = []
-        self.records = 0
-        self.sent_by_worker: dict[str, int] = {}
-        self.inflight_by_worker: dict[str, list[dict]] = {}
-        self.recent: list[dict] = []  # for the live display
-
-    def on_request(self, context=None, **_kw) -> None:
-        rec = (context or {}).get("capbench")
-        if rec is not None:
-            self.add([rec])
-
-    def on_message(self, environment, msg, **_kw) -> None:
-        self.sent_by_worker[msg.node_id] = msg.data["sent"]
-        self.inflight_by_worker[msg.node_id] = msg.data.get("inflight", [])
-        self.add(msg.data["records"])
-
-    def add(self, recs: list[dict]) -> None:
-        self.pending.extend(recs)
-        self.recent.extend(recs)
-        self.records += len(recs)
-
-    def flush(self) -> None:
-        rows, self.pending = self.pending, []
-        inflight = self.inflight() if self.inflight else None
-        if rows or inflight is not None:
-            self.recorder.send(rows, inflight)
 
 
 def discover_model(target: str, api_key_env: str | None) -> str:
@@ -145,6 +114,7 @@ def prepare(opts: RunOptions) -> tuple[profiles.Profile, workloads.Workload, str
             wl = workloads.from_dict({"name": "trace", "type": "trace"}, opts.seed, opts.api)
         else:
             wl = workloads.load(wl_name, opts.seed, opts.api)
+        wl.check()  # its file read now: unreadable or of the wrong format, nothing is sent (exit 2)
     except (profiles.ProfileError, workloads.WorkloadError) as e:
         raise BadInput(str(e)) from None
     if opts.max_inflight is not None and opts.max_inflight < 1:
@@ -251,10 +221,7 @@ def _run_one(store: Store, opts: RunOptions, prof: profiles.Profile, wl: workloa
         raise
     status = "aborted" if state["aborted"] else "completed"
     if written is None:  # the recorder failed: what is in the DB is what was stored
-        status = "failed"
-        with store.connect() as con:
-            written = {"requests": con.execute("SELECT count(*) FROM requests WHERE run_id = ?",
-                                               [run_id]).fetchone()[0]}
+        return _failed_run(store, opts, run_id, env, collector, sent, state)
     store.finish_run(run_id, status)
     with store.connect() as con:
         summary = queries.summary(con, run_id, opts.slo)
@@ -266,6 +233,25 @@ def _run_one(store: Store, opts: RunOptions, prof: profiles.Profile, wl: workloa
         print_summary(summary)
     return RunResult(run_id, status, summary, stats.num_requests, stats.num_failures, collector.records,
                      written.get("requests", 0), sent)
+
+
+def _failed_run(store: Store, opts: RunOptions, run_id: str, env: Environment, collector: Collector, sent: int,
+                state: dict) -> RunResult:
+    """The recorder could not store the run (disk full, DB file gone or truncated): the run stopped sending;
+    the rows stored are those the DB still has (or the recorder's count, if the DB cannot be read)."""
+    stored = int(state.get("said", {}).get("requests") or 0)
+    summary: dict = {}
+    try:
+        store.finish_run(run_id, "failed")
+        with store.connect() as con:
+            stored = con.execute("SELECT count(*) FROM requests WHERE run_id = ?", [run_id]).fetchone()[0]
+            summary = queries.summary(con, run_id, opts.slo)
+    except Exception:  # the DB itself is what failed: the recorder's count stands
+        pass
+    summary.update(sent=sent, stored=stored, succeeded=0, error=state.get("failed"))
+    stats = env.runner.stats.total
+    return RunResult(run_id, "failed", summary, stats.num_requests, stats.num_failures, collector.records, stored,
+                     sent, error=state.get("failed"))
 
 
 def _drive(opts: RunOptions, prof: profiles.Profile, config: dict, run_id: str, store: Store, total: int | None,
@@ -281,6 +267,8 @@ def _drive(opts: RunOptions, prof: profiles.Profile, config: dict, run_id: str, 
         else (lambda: list(getattr(getattr(env, "capbench_plan", None), "inflight", {}).values()))
 
     env = Environment(user_classes=[OpenLoopUser if prof.open_loop else ClosedLoopUser], stop_timeout=0.0)
+    if not distributed:
+        env.capbench_on_sent = collector.started
     if distributed:
         port = opts.master_port if opts.expect_workers else _free_port()
         try:
@@ -330,6 +318,10 @@ def _drive(opts: RunOptions, prof: profiles.Profile, config: dict, run_id: str, 
                 gevent.sleep(0.5)
                 collector.flush()
                 live.update()
+                if recorder.gone():  # nothing sent from here on could be stored: stop sending now
+                    state["failed"] = recorder.failed
+                    _stop_sending(env)
+                    break
                 if env.runner.state == "stopped" and env.runner.shape_greenlet is None:
                     break
                 if time.time() > state["t0"] + config["duration_s"] + opts.drain_s + DRAIN_GRACE_S:
@@ -341,9 +333,19 @@ def _drive(opts: RunOptions, prof: profiles.Profile, config: dict, run_id: str, 
             env.runner.server.close(linger=0)
     finally:
         _reap(procs)
+        collector.announce()
         collector.flush()
         written = recorder.close()
+        if written is None:
+            state.update(failed=recorder.failed or state.get("failed"), said=recorder.said)
     return env, collector, written, sent_total()
+
+
+def _stop_sending(env: Environment) -> None:
+    plan = getattr(env, "capbench_plan", None)
+    if plan is not None:
+        plan.stopping = True
+    env.runner.stop()
 
 
 def _install_signals(env: Environment, state: dict) -> None:
@@ -361,7 +363,8 @@ def _install_signals(env: Environment, state: dict) -> None:
 
 
 def _spawn_local_workers(n: int, port: int) -> list[subprocess.Popen]:
-    cmd = [sys.executable, "-m", "loadgen.worker", "--master-host", "127.0.0.1", "--master-port", str(port)]
+    cmd = [sys.executable, "-m", "loadgen.worker", "--master-host", "127.0.0.1", "--master-port", str(port),
+           "--parent-pid", str(os.getpid())]
     # cwd: the checkout, for imports; every path in the run's config is absolute already (the CLI resolved them)
     return [subprocess.Popen(cmd, cwd=Path(__file__).resolve().parent.parent) for _ in range(n)]
 

@@ -26,6 +26,13 @@ def db_path() -> Path:
     return Path(os.environ.get("CAPBENCH_DB") or DEFAULT_DB)
 
 
+def launch_templates() -> dict:
+    """The launch templates `capbench serve`'s operator named at start (--templates); none without."""
+    from bench.campaign import operator_templates
+
+    return operator_templates(os.environ.get("CAPBENCH_TEMPLATES"))
+
+
 def store() -> Store | None:
     """The store, read-only; None (with a message on the page) when it is missing, empty or busy."""
     path = db_path()

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from urllib.parse import urlparse
 
@@ -63,6 +64,7 @@ class Plan:
     recorded: int = field(init=False, default=0)
     inflight: dict = field(init=False, default_factory=dict)  # request_id -> its record so far (sent, not ended)
     stopping: bool = field(init=False, default=False)
+    on_sent: Callable[[dict], None] | None = field(init=False, default=None)  # told as each request goes out
 
     def __post_init__(self) -> None:
         c = self.config
@@ -126,6 +128,7 @@ def plan_of(environment) -> Plan:
         runner = environment.runner
         index = max(0, getattr(runner, "worker_index", 0) or 0)
         plan = Plan(json.loads(raw), worker_index=index, raw=raw)
+        plan.on_sent = getattr(environment, "capbench_on_sent", None)
         environment.capbench_plan = plan
     return plan
 
@@ -160,6 +163,9 @@ class OpenAIUser(FastHttpUser):
         stream = Stream(start, plan.event_max)
         exc: RequestFailed | None = None
         got_headers = False
+        if plan.on_sent is not None:  # announced (at the loop's turn this yields to) before it is written
+            plan.on_sent(rec)
+            gevent.sleep(0)
         plan.sent += 1
         plan.inflight[rec["request_id"]] = rec
         resp = None
@@ -235,8 +241,8 @@ class OpenAIUser(FastHttpUser):
         if exc is not None:
             rec["status"], rec["error_kind"] = "error", exc.kind
             rec["error"] = redact(exc.message, self.plan.secret)[:ERROR_TEXT_MAX]
-        if notes:
-            rec["note"] = "; ".join(notes)
+        if notes:  # they quote what the server sent: the key it may have echoed is redacted like an error's text
+            rec["note"] = redact("; ".join(notes), self.plan.secret)
         self.plan.recorded += 1
         self.plan.inflight.pop(rec["request_id"], None)
         self.environment.events.request.fire(

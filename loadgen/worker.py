@@ -12,6 +12,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import sys
+import time
 
 import gevent
 from locust.env import Environment
@@ -19,6 +22,7 @@ from locust.env import Environment
 from loadgen.users import CONFIG_OPTION, ClosedLoopUser, OpenLoopUser
 
 RECORDS_MSG = "capbench_records"
+MASTER_GONE_S = 4.0  # the master sends a heartbeat every second
 USER_CLASSES = [ClosedLoopUser, OpenLoopUser]
 
 
@@ -34,8 +38,30 @@ def locust_options(config: dict) -> argparse.Namespace:
     return ns
 
 
-def forward_records(environment: Environment) -> None:
-    """On a worker: batch this process's records to the master every 0.2 s and when the users stop."""
+def master_gone(environment: Environment, parent_pid: int | None) -> str | None:
+    """Why the master is gone, or None: the process that started this worker died (a local worker), or no
+    heartbeat came from the master for MASTER_GONE_S (a worker on another machine)."""
+    if parent_pid is not None and os.getppid() != parent_pid:
+        return "the master process that started this worker is gone"
+    last = getattr(environment.runner, "last_heartbeat_timestamp", None)
+    if last is not None and time.time() - last > MASTER_GONE_S:
+        return f"no heartbeat from the master for {MASTER_GONE_S:g} s"
+    return None
+
+
+def leave(environment: Environment, why: str) -> None:
+    """Stop sending at once (nobody would store the rows) and end the worker."""
+    plan = getattr(environment, "capbench_plan", None)
+    if plan is not None:
+        plan.stopping = True
+    print(f"capbench worker: {why}; stopping ({plan.sent if plan else 0} requests sent)", file=sys.stderr, flush=True)
+    environment.runner.user_greenlets.kill(block=False)
+    environment.runner.greenlet.kill(block=False)
+
+
+def forward_records(environment: Environment, parent_pid: int | None = None) -> None:
+    """On a worker: batch this process's records to the master every 0.2 s and when the users stop; leave when
+    the master is gone (master_gone)."""
     batch: list[dict] = []
 
     def on_request(context=None, **_kw) -> None:
@@ -54,14 +80,26 @@ def forward_records(environment: Environment) -> None:
     def loop() -> None:
         while True:
             gevent.sleep(0.2)
+            why = master_gone(environment, parent_pid)
+            if why:
+                leave(environment, why)
+                return
             send()
 
+    def on_sent(_rec: dict) -> None:  # the master hears of a request at the loop's next turn, not 0.2 s later
+        if not scheduled:
+            scheduled.append(True)
+            gevent.spawn(lambda: (scheduled.clear(), send()))  # a greenlet: sending may wait
+
+    scheduled: list[bool] = []
+    environment.capbench_on_sent = on_sent
     environment.events.request.add_listener(on_request)
     environment.events.test_stop.add_listener(lambda **_kw: send(final=True))
     gevent.spawn(loop)
 
 
-def run_worker(master_host: str, master_port: int = 5557, once: bool = True, connect_timeout_s: float = 300.0) -> bool:
+def run_worker(master_host: str, master_port: int = 5557, once: bool = True, connect_timeout_s: float = 300.0,
+               parent_pid: int | None = None) -> bool:
     """Join a master's run until it quits; with once=False, then wait for the next master on that address (the
     stages of a sweep, successive runs). Each wait for a master lasts connect_timeout_s at most: returns False if
     no master came the first time, True once a run was served and no next master came."""
@@ -76,7 +114,7 @@ def run_worker(master_host: str, master_port: int = 5557, once: bool = True, con
                 env.runner.greenlet.kill(block=False)
                 env.runner.client.close()
             return served
-        forward_records(env)
+        forward_records(env, parent_pid)
         env.runner.greenlet.join()
         env.runner.client.close()
         served = True
@@ -91,5 +129,7 @@ if __name__ == "__main__":
     ap.add_argument("--master-port", type=int, default=5557)
     ap.add_argument("--keep", action="store_true", help="after a run, wait for the next one")
     ap.add_argument("--connect-timeout", type=float, default=300.0)
+    ap.add_argument("--parent-pid", type=int, help="leave when this process (the master that started us) is gone")
     a = ap.parse_args()
-    raise SystemExit(0 if run_worker(a.master_host, a.master_port, not a.keep, a.connect_timeout) else 1)
+    raise SystemExit(0 if run_worker(a.master_host, a.master_port, not a.keep, a.connect_timeout, a.parent_pid)
+                     else 1)

@@ -252,6 +252,13 @@ class Workload:
         return self._spec([{"role": "user", "content": prompt}], max(1, min(max_out, len(answer) // 4)),
                           max(1, len(prompt) // 4))
 
+    def check(self) -> Workload:
+        """Reads now the file a workload takes its prompts from (a ShareGPT JSON): a file that cannot be read or is
+        of the wrong format is a WorkloadError before anything is sent, not an error in every request."""
+        if self.type == "sharegpt":
+            self.sharegpt_pairs()
+        return self
+
     def sharegpt_pairs(self) -> list[tuple[str, str]]:
         """(prompt, reply) of the file's first human/gpt turns, read once."""
         if self._sharegpt is None:
@@ -264,6 +271,8 @@ class Workload:
                 raw = json.loads(path.read_text())
             except (json.JSONDecodeError, UnicodeDecodeError) as e:
                 raise WorkloadError(f"sharegpt workload: {path} is not JSON ({e})") from None
+            except OSError as e:
+                raise WorkloadError(f"sharegpt workload: {path} cannot be read ({e.strerror or e})") from None
             pairs = []
             for item in raw if isinstance(raw, list) else []:
                 turns = item.get("conversations") or [] if isinstance(item, dict) else []
@@ -311,6 +320,8 @@ def _read(path: Path) -> dict:
         spec = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as e:
         raise WorkloadError(f"workload {path}: not valid YAML ({str(e).splitlines()[0]})") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise WorkloadError(f"workload {path}: cannot be read as text ({getattr(e, 'strerror', None) or e})") from None
     if not isinstance(spec, dict):
         raise WorkloadError(f"workload {path}: expected a mapping")
     return spec

@@ -1,6 +1,8 @@
 """Campaigns: the benchmark matrix (deployments x loads, with an SLO) run end to end on SGLang, twins or URLs.
 
 spec    the campaign file: schema and every problem found before anything launches
+guard   what a campaign file may hold: YAML limits, ranges, URLs, template placeholders, workload files, secrets
+templates  launch templates: the operator's by name on `capbench serve`, the user's own on the command line
 launch  a deployment up and down: twin, URL, `capbench sglang-launch`, or that through the user's template
 run     the loop: cells, sweeps to saturation, failures recorded with the log, resume
 record  the campaign, its queue status and its cells in the results DB
@@ -12,9 +14,10 @@ from bench.campaign.queue import pending, queue_dir, run_queue, serve_queue, sub
 from bench.campaign.record import completed_cells, new_campaign
 from bench.campaign.run import run_campaign
 from bench.campaign.spec import Campaign, DeploymentSpec, Load, cell_key, load_campaign, parse_campaign
+from bench.campaign.templates import Template, operator_templates
 
 __all__ = [
     "LaunchFailed", "Launched", "launch_command", "completed_cells", "new_campaign", "run_campaign", "Campaign",
     "DeploymentSpec", "Load", "cell_key", "load_campaign", "parse_campaign", "pending", "queue_dir", "run_queue",
-    "serve_queue", "submit",
+    "serve_queue", "submit", "Template", "operator_templates",
 ]

@@ -26,6 +26,7 @@ from bench.model import launch as sglang_args
 from bench.twin import Target
 
 LOG_TAIL = 20
+STOP_TIMEOUT_S = float(os.environ.get("CAPBENCH_STOP_TIMEOUT_S", 120))
 
 
 class LaunchFailed(RuntimeError):
@@ -150,10 +151,14 @@ class Launched:
             with (self.log or Path(os.devnull)).open("a") as out:
                 out.write(f"$ {self.stop_command}\n")
                 out.flush()
+                stopper = subprocess.Popen(self.stop_command, shell=True, stdout=out, stderr=subprocess.STDOUT,
+                                           stdin=subprocess.DEVNULL, start_new_session=True)
                 try:
-                    subprocess.run(self.stop_command, shell=True, stdout=out, stderr=subprocess.STDOUT, timeout=120)
-                except subprocess.TimeoutExpired:
-                    out.write("the stop command did not finish within 120 s\n")
+                    stopper.wait(timeout=STOP_TIMEOUT_S)
+                except subprocess.TimeoutExpired:  # a hung stop command is killed with its children
+                    _signal_group(stopper, signal.SIGKILL)
+                    stopper.wait()
+                    out.write(f"the stop command did not finish within {STOP_TIMEOUT_S:g} s: killed\n")
         if self.proc is not None and self.proc.poll() is None:
             _signal_group(self.proc, signal.SIGTERM)
             try:

@@ -24,7 +24,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.campaign import record
+from bench.campaign import guard, record
 from bench.campaign.launch import Launched, LaunchFailed, tail
 from bench.campaign.spec import Campaign, DeploymentSpec, Load, cell_key
 from bench.errors import BadInput
@@ -184,6 +184,7 @@ def _cell(store: Store, cid: str, dep: DeploymentSpec, load: Load, server: Launc
         opts = RunOptions(target=server.url, profile=profile, overrides=over, workload=load.workload, db=store.path,
                           label=f"campaign {key}" + (f" @{rate:.3g}rps" if rate is not None else ""), slo=slo,
                           warmup_s=warmup, live=False, quiet=True, drain_s=drain,
+                          api_key_env=guard.secret_env(dep.sglang.get("flags", [])),
                           run_config={"campaign": cid, "cell": key, "time_scale": scale,
                                       # what the server was offered, as a sweep stage of `capbench run` stores it
                                       "offered_rps": None if rate is None else rate * scale,

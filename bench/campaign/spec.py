@@ -12,8 +12,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import yaml
-
+from bench.campaign import guard
+from bench.campaign.templates import Template, launch_by, parse_template
 from bench.errors import BadInput
 from bench.model import Deployment, Slo, catalog, disagg, parse_slo
 
@@ -21,7 +21,6 @@ KINDS = ("twin", "sglang", "url")
 DEPLOYMENT_KEYS = {"name", "baseline", "health_timeout", "model", "gpu", "gpus", *KINDS}
 SGLANG_KEYS = {"model", "model_path", "gpu", "tp", "dp", "ep", "kv_dtype", "weights", "kv_scales", "kv_checksum",
                "port", "flags", "template"}
-TEMPLATE_KEYS = {"start", "stop", "host"}
 LOAD_KEYS = {"name", "workload", "profile", "rate", "users", "slo", "sweep", "duration"}
 SWEEP_KEYS = {"start", "factor", "max_stages", "refine", "min_gain", "from_model"}
 TOP_KEYS = {"name", "description", "slo", "duration", "health_timeout", "deployments", "loads"}
@@ -51,13 +50,6 @@ class Load:
     rate: float | None = None
     users: int | None = None
     sweep: Sweep | None = None
-
-
-@dataclass(frozen=True)
-class Template:
-    start: str  # shell command with {command} and {port}
-    stop: str | None = None
-    host: str = "127.0.0.1"
 
 
 @dataclass(frozen=True)
@@ -124,26 +116,31 @@ class Problems(list):
         self.append(f"{where}: {what}")
 
 
-def load_campaign(path: str | Path) -> Campaign:
-    p = Path(path)
-    if not p.is_file():
-        builtin = Path(__file__).resolve().parents[2] / "data" / "campaigns" / f"{path}.yaml"
-        if not builtin.is_file():
-            raise BadInput(f"no campaign file {path} (nor a built-in data/campaigns/{path}.yaml)")
-        p = builtin
-    return parse_campaign(p.read_text(), str(p))
-
-
-def parse_campaign(text: str, source: str = "campaign") -> Campaign:
-    """The campaign in `text`, or BadInput listing every problem, one per line."""
+def load_campaign(path: str | Path, templates: dict[str, Template] | None = None) -> Campaign:
+    """A campaign file (a path, also relative to the checkout, or a built-in name), run by its own user: templates
+    written in it are accepted, and `templates` are the ones it may name."""
+    p = guard.campaign_path(str(path), Path(__file__).resolve().parents[2])
+    if p is None:
+        raise BadInput(f"no campaign file {str(path)[:200]} (a path, or a built-in name of data/campaigns/)")
     try:
-        raw = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        raise BadInput(f"{source}: not YAML ({str(e).splitlines()[0]})") from None
+        data = p.read_bytes()
+    except OSError as e:
+        raise BadInput(f"{p}: cannot be read ({e.strerror or type(e).__name__})") from None
+    return parse_campaign(data, str(p), templates, inline_templates=True)
+
+
+def parse_campaign(text: str | bytes, source: str = "campaign", templates: dict[str, Template] | None = None,
+                   inline_templates: bool = False) -> Campaign:
+    """The campaign in `text`, or BadInput listing every problem, one per line. A launch template is one of
+    `templates` by name; one written in the campaign itself is accepted only with `inline_templates` (the user's own
+    file on the command line, never what `capbench serve` is given)."""
+    raw = guard.read_yaml(text, source)
+    text = text.decode() if isinstance(text, bytes) else text
     problems = Problems()
     if not isinstance(raw, dict):
         raise BadInput(f"{source}: a campaign is a mapping with deployments and loads")
     _unknown(problems, "", raw, TOP_KEYS)
+    guard.check_ranges(problems, "", raw)
     name = str(raw.get("name") or "")
     if not NAME.match(name):
         problems.add("name", f"a name of letters, digits, . _ - is required, got {name!r}")
@@ -162,6 +159,8 @@ def parse_campaign(text: str, source: str = "campaign") -> Campaign:
     for i, d in enumerate(deps):
         if d.baseline and d.baseline not in {x.name for x in deps}:
             problems.add(f"deployments[{i}].baseline", f"no deployment named {d.baseline!r}")
+    deps = [launch_by(problems, f"deployments[{i}]", d, templates or {}, inline_templates)
+            for i, d in enumerate(deps)]
     if problems:
         raise BadInput(f"{source}: {len(problems)} problem(s) in the campaign file\n" + "\n".join(problems))
     return Campaign(name, str(raw.get("description") or ""), deps, loads, text,
@@ -241,8 +240,8 @@ def _deployment(problems: Problems, where: str, raw: object, timeout: float | No
         return _twin(problems, where, raw, common)
     if kinds[0] == "url":
         url = str(raw["url"])
-        if not url.startswith(("http://", "https://")):
-            problems.add(f"{where}.url", f"expected http://HOST:PORT, got {url!r}")
+        if (wrong := guard.check_url(url)) is not None:
+            problems.add(f"{where}.url", wrong)
         model, gpu = raw.get("model"), str(raw.get("gpu", "h200"))
         gpus = _number(problems, f"{where}.gpus", raw.get("gpus", 8), int) or 8
         if not _catalog(problems, where, model, gpu):
@@ -261,6 +260,8 @@ def _twin(problems: Problems, where: str, raw: dict, common: dict) -> Deployment
     except BadInput as e:
         problems.add(f"{where}.twin", str(e))
         return None
+    for wrong in guard.check_finite(config, {"time_scale": 1e6}):
+        problems.add(f"{where}.twin", wrong)
     return DeploymentSpec(**common, twin=text, model=config.model, gpu=config.gpu, gpus=config.tp + config.prefill_tp,
                           kv_dtype=config.kv_dtype, weights=config.weights, time_scale=config.time_scale)
 
@@ -287,20 +288,16 @@ def _sglang(problems: Problems, where: str, raw: object, common: dict) -> Deploy
     for flag in (str(f) for f in flags):
         if flag.startswith("--") and flag.split("=")[0] in OWN_FLAGS:
             problems.add(f"{where}.flags", f"{flag.split('=')[0]} is set by the campaign's own keys; use those")
+    for wrong in guard.check_flags([str(f) for f in flags]):
+        problems.add(f"{where}.flags", wrong)
     template = None
-    if "template" in raw:
-        t = raw["template"]
-        if not isinstance(t, dict) or "start" not in t:
-            problems.add(f"{where}.template", "a mapping with start (and stop, host) is required")
-        else:
-            _unknown(problems, f"{where}.template", t, TEMPLATE_KEYS)
-            if "{command}" not in str(t["start"]):
-                problems.add(f"{where}.template.start", "must contain {command} (capbench fills in the launch)")
-            template = Template(str(t["start"]), str(t["stop"]) if t.get("stop") else None,
-                                str(t.get("host", "127.0.0.1")))
-    if not ok:
+    if isinstance(raw.get("template"), str):
+        template = Template("", name=raw["template"])  # the operator's, resolved by name in launch_by
+    elif "template" in raw:
+        template = parse_template(problems, f"{where}.template", raw["template"])
+    tp = _number(Problems(), f"{where}.tp", raw.get("tp", 8), int)  # its problem is said above
+    if not ok or tp is None:
         return None
-    tp = int(raw.get("tp", 8))
     spec = {**raw, "flags": [str(f) for f in flags], "tp": tp}
     return DeploymentSpec(**common, sglang=spec, template=template, model=model, gpu=gpu, gpus=tp, kv_dtype=kv,
                           weights=weights, kv_checksum=checksum)
@@ -324,6 +321,8 @@ def _load(problems: Problems, where: str, raw: object, slo: Slo, duration: float
 
     if workload not in workload_names() and not Path(workload).is_file():
         problems.add(f"{where}.workload", f"unknown workload {workload!r} (built-in: {', '.join(workload_names())})")
+    elif workload not in workload_names() and (wrong := guard.check_workload_file(workload)) is not None:
+        problems.add(f"{where}.workload", wrong)
     profile = _choice(problems, f"{where}.profile", raw.get("profile", "sweep"), ("sweep", "poisson", "users"))
     load_slo = _slo(problems, f"{where}.slo", raw.get("slo"), slo)
     if profile == "sweep" and not load_slo.bounded:

@@ -13,13 +13,15 @@ def campaign(
                                 "skipping its completed cells."),
     check: bool = typer.Option(False, "--check", help="Only check the file (one line per problem, exit 2)."),
     report: str = typer.Option(None, help="Also write the campaign report as HTML here."),
+    templates: str = typer.Option(None, help="Launch templates the campaign may name (YAML: name -> {start, stop, "
+                                  "host}); templates written in the campaign file itself are accepted here too."),
 ) -> None:
     """Run a benchmark matrix: deployments (SGLang launches, twins, URLs) x loads, sweeps to saturation."""
     from pathlib import Path
 
-    from bench.campaign import load_campaign, run_campaign
+    from bench.campaign import load_campaign, operator_templates, run_campaign
 
-    spec = load_campaign(file)
+    spec = load_campaign(file, operator_templates(templates))
     if check:
         print(f"{file}: {len(spec.deployments)} deployments x {len(spec.loads)} loads, no problem found")
         return
@@ -46,10 +48,15 @@ def serve(
     db: str = typer.Option("data/capbench.duckdb", help="Results DB the runner writes and the dashboard reads."),
     port: int = typer.Option(8501, help="Dashboard port."),
     host: str = typer.Option("127.0.0.1", help="Dashboard address."),
+    templates: str = typer.Option(None, help="The only launch templates queued campaigns may use, by name (YAML: "
+                                  "name -> {start, stop, host}); without it, twins and URLs only."),
 ) -> None:
-    """The dashboard and one runner process that owns the DB's writes and runs queued campaigns in turn."""
+    """The dashboard and one runner process that owns the DB's writes and runs queued campaigns in turn; anyone who
+    can open the page may queue, so a campaign launches SGLang only through the operator's --templates."""
     from pathlib import Path
 
     from bench.campaign import serve_queue
 
-    serve_queue(Path(db), host, port)
+    code = serve_queue(Path(db), host, port, templates)
+    if code:
+        raise typer.Exit(code)

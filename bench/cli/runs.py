@@ -79,6 +79,11 @@ def exit_status(results: list) -> int:
     if any(r.status == "aborted" for r in results):
         return 130
     lost = sum(r.lost for r in results)
+    errors = [r.error for r in results if r.error]
+    if errors:  # the store failed: one line, with the count
+        print(f"error: {errors[0]}; the run stopped sending: {lost} of {sum(r.sent for r in results)} requests "
+              "sent have no stored row", file=sys.stderr)
+        return 1
     if lost or any(r.status == "failed" for r in results):
         print(f"error: {lost} of {sum(r.sent for r in results)} requests sent have no stored row"
               + ("; the run failed (see above)" if any(r.status == "failed" for r in results) else ""),

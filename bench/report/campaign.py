@@ -14,7 +14,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench.store import Store
+from bench.store import Store, replacing
 
 
 @dataclass
@@ -152,7 +152,8 @@ def campaign_html(m: Matrix) -> str:
 def write_campaign(m: Matrix, out: str | Path) -> Path:
     p = Path(out)
     p.parent.mkdir(parents=True, exist_ok=True)
-    p.write_text(campaign_html(m))
+    with replacing(p) as tmp:
+        tmp.write_text(campaign_html(m))
     return p
 
 

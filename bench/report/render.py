@@ -13,6 +13,7 @@ from bench.errors import BadInput
 from bench.model import catalog, fit, interval
 from bench.report.content import Report, answer_lines, chart_svgs, launch, tables
 from bench.report.wording import question_text
+from bench.store import replacing
 
 CSS = """
 body{font-family:system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;
@@ -234,6 +235,7 @@ def write(r: Report | list[Report], out: str | Path, fmt: str = "html") -> Path:
     text = render(r, fmt)
     if not path.parent.is_dir():
         raise BadInput(f"directory of --out does not exist: {path.parent}")
-    path.write_text(text, encoding="utf-8")
+    with replacing(path) as tmp:
+        tmp.write_text(text, encoding="utf-8")
     return path
 

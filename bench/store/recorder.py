@@ -15,12 +15,15 @@ frame interval (half a second).
 from __future__ import annotations
 
 import json
+import logging
+import os
 import struct
 import sys
 from pathlib import Path
 
 import msgpack
 
+from bench.errors import BadInput
 from bench.store.db import Store
 from bench.store.telemetry import GpuSampler, ServerSampler
 from bench.store.writer import BatchedWriter
@@ -40,22 +43,36 @@ class Recorder:
                                 target],
                                stdin=gsub.PIPE, stdout=gsub.PIPE, cwd=Path(__file__).resolve().parents[2])
         self.failed: str | None = None
+        self.said: dict = {}
+        from gevent.lock import BoundedSemaphore
+
+        self.writing = BoundedSemaphore()  # users announce requests from many greenlets: one frame at a time
 
     def send(self, rows: list[dict], inflight: list[dict] | None = None) -> None:
         msg = {"rows": rows} if inflight is None else {"rows": rows, "inflight": [
             {k: r.get(k) for k in INFLIGHT_FIELDS} for r in inflight]}
         self._frame(msg)
 
+    def started(self, recs: list[dict]) -> None:
+        """Requests that just went out: the recorder keeps them as in flight until their rows come."""
+        self._frame({"started": [{k: r.get(k) for k in INFLIGHT_FIELDS} for r in recs]})
+
+    def gone(self) -> str | None:
+        """Why the recorder can no longer store rows (it exited: the DB cannot be written), or None."""
+        if self.failed is None and self.proc.poll() is not None:
+            self.failed = f"the recorder process exited (code {self.proc.returncode})"
+        return self.failed
+
     def _frame(self, msg: dict) -> None:
         if self.failed:
             return
         data = msgpack.packb(msg)
         try:
-            self.proc.stdin.write(struct.pack("<I", len(data)) + data)
-            self.proc.stdin.flush()
-        except OSError as e:  # the recorder is gone: the run goes on, and its end says what was not stored
+            with self.writing:
+                self.proc.stdin.write(struct.pack("<I", len(data)) + data)
+                self.proc.stdin.flush()
+        except OSError as e:  # the recorder is gone: the runner stops sending (gone()), its end says the count
             self.failed = f"the recorder process ended early ({e})"
-            print(f"error: {self.failed}; the rows from here on are not stored", file=sys.stderr, flush=True)
 
     def close(self) -> dict | None:
         """Ends the recorder: it writes what is left and says how many rows it wrote (None if it failed: count
@@ -66,38 +83,73 @@ class Recorder:
         except OSError:
             pass
         out = self.proc.stdout.read()
+        said: dict = {}
+        try:
+            said = json.loads(out)
+        except ValueError:
+            pass
+        self.said = said  # the recorder's last word: rows written, and why it stopped if it did
         if self.proc.wait() != 0 or self.failed:
-            self.failed = self.failed or f"the recorder process failed (exit {self.proc.returncode})"
+            self.failed = said.get("error") or self.failed or f"the recorder process failed (exit " \
+                f"{self.proc.returncode})"
             return None
-        return json.loads(out)
+        return said
 
 
 def main() -> None:
     db, run_id = sys.argv[1], sys.argv[2]
     url = sys.argv[3] if len(sys.argv) > 3 else None
-    writer = BatchedWriter(Store(db, lock_timeout_s=HELD_DB_WAIT_S), run_id, close_timeout_s=HELD_DB_WAIT_S)
+    logging.getLogger("bench.store.writer").setLevel(logging.CRITICAL)  # a failed flush is said by the runner
+    try:
+        store = Store(db, lock_timeout_s=HELD_DB_WAIT_S)
+    except BadInput as e:  # the file went bad after the run started: the runner says it, with the count
+        print(json.dumps({"requests": 0, "error": str(e)}), flush=True)
+        sys.exit(1)
+    writer = BatchedWriter(store, run_id, close_timeout_s=HELD_DB_WAIT_S)
     samplers = [GpuSampler(writer.add_gpu_sample).start()]
     if url:
         samplers.append(ServerSampler(url, writer.add_server_sample).start())
     stdin = sys.stdin.buffer
     inflight: dict[str, dict] = {}
+    done: set[str] = set()
     closed = False
     while len(head := stdin.read(4)) == 4:
         msg = msgpack.unpackb(stdin.read(struct.unpack("<I", head)[0]))
         closed = closed or bool(msg.get("close"))
         if "inflight" in msg:
-            inflight = {r["request_id"]: r for r in msg["inflight"]}
+            inflight = {r["request_id"]: r for r in msg["inflight"] if r["request_id"] not in done}
+        for r in msg.get("started", ()):  # announced as each request went out (one process's run)
+            if r["request_id"] not in done:
+                inflight[r["request_id"]] = r
         for row in msg.get("rows", ()):
             writer.add_request(row)
             inflight.pop(row.get("request_id"), None)
+            done.add(row.get("request_id"))
+        if writer.error is not None:
+            _cannot_write(writer, db)
     if not closed:
         _orphaned(writer, inflight.values())
     for s in samplers:
         s.stop()
-    writer.close()
-    if not closed:
-        writer.store.finish_run(run_id, "aborted")
-    print(json.dumps(writer.rows_written), flush=True)
+    try:
+        writer.close()
+        if not closed:
+            writer.store.finish_run(run_id, "aborted")
+    except Exception as e:  # the last rows, or the run's end, could not be written
+        writer.error = writer.error or f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        _cannot_write(writer, db)
+    try:
+        print(json.dumps(writer.rows_written), flush=True)
+    except BrokenPipeError:  # the load generator was killed: nobody reads the count, the rows are written
+        pass
+
+
+def _cannot_write(writer: BatchedWriter, db: str) -> None:
+    """The DB can no longer be written (disk full, file gone or truncated): say so to the runner, which stops
+    sending, and end now; the rows written before stay."""
+    print(json.dumps({**writer.rows_written, "error": f"cannot write {db} ({writer.error})",
+                      "unwritten": writer.pending()}), flush=True)
+    os._exit(1)  # not close(): its flush would fail the same way, and retry for an hour
 
 
 def _orphaned(writer: BatchedWriter, inflight) -> None:

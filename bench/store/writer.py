@@ -36,6 +36,7 @@ class BatchedWriter:
         self.rows_written = dict.fromkeys(_TABLES, 0)
         self.flushes = 0
         self.busy_flushes = 0  # flushes put off because another process held the file
+        self.error: str | None = None  # the last flush's failure other than a held file (disk full, file gone)
         self._rows: dict[str, list[dict]] = {name: [] for name in _TABLES}
         self._batches: list[tuple[pa.Table, pa.Table]] = []  # (requests, histogram) from add_requests
         self._lock = threading.Lock()  # guards the buffers
@@ -96,8 +97,9 @@ class BatchedWriter:
             except StoreBusy:
                 self.busy_flushes += 1
                 log.info("results DB busy; %s rows wait for the next flush", self.pending())
-            except Exception:  # a writer thread must not die silently and lose every later row
-                log.exception("flush failed; rows kept for the next try")
+            except Exception as e:  # a writer thread must not die silently and lose every later row
+                self.error = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
+                log.error("flush failed (%s); rows kept for the next try", self.error)
 
     def pending(self) -> int:
         with self._lock:

@@ -29,7 +29,7 @@ with st.expander("Queue a campaign", expanded=False):
     pasted = st.text_area("or paste it here", height=160)
     if st.button("Queue it"):
         if upload is not None:
-            name, text = upload.name, upload.getvalue().decode()
+            name, text = upload.name[:200], upload.getvalue()
         elif pasted.strip():
             name, text = "pasted.yaml", pasted
         elif choice in built_in:
@@ -39,8 +39,10 @@ with st.expander("Queue a campaign", expanded=False):
         try:
             if not text:
                 raise BadInput("choose a built-in campaign, upload a file or paste one")
-            spec = parse_campaign(text, name)
-            submit(db, name, text)
+            # what `capbench serve`'s runner will accept: no shell command of the campaign's own, only the
+            # operator's launch templates by name (bench/campaign/templates.py)
+            spec = parse_campaign(text, Path(name).name or "campaign", common.launch_templates())
+            submit(db, name, text.decode() if isinstance(text, bytes) else text)
             st.success(f"queued {spec.name}: {len(spec.cells())} cells; `capbench serve`'s runner takes it next")
         except BadInput as e:
             st.error(str(e))

@@ -214,15 +214,13 @@ def test_sigkill_leaves_a_cancelled_row_for_every_request_in_flight(stub_server,
     deadline, status = time.time() + 60, "running"
     while status == "running" and time.time() < deadline:  # the recorder writes, then marks the run
         time.sleep(0.5)
-        con = duckdb.connect(str(tmp_db), read_only=True)
         try:
-            status = con.execute("SELECT status FROM runs").fetchone()[0]
-            n, cancelled = con.execute("SELECT count(*), count(*) FILTER (WHERE error_kind = 'cancelled' AND "
-                                       "note LIKE 'recorded by the recorder%') FROM requests").fetchone()
+            with duckdb.connect(str(tmp_db), read_only=True) as con:
+                status = con.execute("SELECT status FROM runs").fetchone()[0]
+                n, cancelled = con.execute("SELECT count(*), count(*) FILTER (WHERE error_kind = 'cancelled' AND "
+                                           "note LIKE 'recorded by the recorder%') FROM requests").fetchone()
         except duckdb.IOException:  # the recorder holds the file this moment
             continue
-        finally:
-            con.close()
     assert status == "aborted" and n >= 15 and cancelled == n  # ~2.5 s at 10 req/s, none of them answered yet
 
 
@@ -240,8 +238,10 @@ def test_a_recorder_that_dies_fails_the_run_with_the_rows_it_lost(stub_server, t
 
     monkeypatch.setattr(runner.Collector, "add", add_then_kill_recorder)
     [res] = run(opts(srv.url, tmp_db, overrides={"rate": 20, "duration": 2}))
-    assert res.status == "failed" and res.sent == 40
-    assert res.rows_written == len(rows(tmp_db, res.run_id)) < 40 and res.lost == 40 - res.rows_written
+    # the run stops sending once its rows can no longer be stored (within a frame: half a second, more when the
+    # machine is loaded), not at the end of its schedule
+    assert res.status == "failed" and 10 <= res.sent < 40 and "recorder" in res.error
+    assert res.rows_written == len(rows(tmp_db, res.run_id)) < res.sent and res.lost == res.sent - res.rows_written
     assert run_row(tmp_db, res.run_id)["status"] == "failed"
     assert exit_status([res]) == 1
 
@@ -252,7 +252,7 @@ def test_sigkill_with_a_local_worker_still_leaves_its_requests_in_flight_a_row(s
                              str(tmp_db), "--no-live", "--workload", "synthetic", "--workers", "1"], cwd=ROOT,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     assert "capbench run" in proc.stderr.readline()
-    time.sleep(9.0)  # the worker joins (a process start, then a 2 s lead), then some seconds of requests
+    time.sleep(14.0)  # the worker joins (a process start, then a 2 s lead), then some seconds of requests
     workers = [c for c in psutil.Process(proc.pid).children() if "loadgen.worker" in " ".join(c.cmdline())]
     proc.kill()
     proc.wait(timeout=10)

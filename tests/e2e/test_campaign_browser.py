@@ -1,6 +1,7 @@
-"""`capbench serve` in a real browser: a campaign pasted on the Campaigns page is queued (the page writes only the
-queue folder), the runner process takes it, the page shows the running cell live (its requests rising between
-refreshes), then the finished matrix with its chart; Ctrl-C stops the service."""
+"""`capbench serve` in a real browser: a pasted campaign carrying its own shell command is refused on the page; a
+campaign pasted on the Campaigns page is queued (the page writes only the queue folder), the runner process takes
+it, the page shows the running cell live (its requests rising between refreshes), then the finished matrix with its
+chart; Ctrl-C stops the service."""
 
 from __future__ import annotations
 
@@ -26,6 +27,14 @@ deployments:
 loads:
   - {name: chat, workload: chat, profile: poisson, rate: 0.5}
   - {name: again, workload: chat, profile: poisson, rate: 0.75}
+"""
+
+
+SHELL = """name: pwn
+deployments:
+  - {{name: s, sglang: {{model: glm-4.6, template: {{start: "touch {marker}; : {{command}}"}}}}}}
+loads:
+  - {{name: a, workload: chat, profile: poisson, rate: 1}}
 """
 
 
@@ -72,6 +81,11 @@ def test_a_queued_campaign_runs_live_in_the_browser(tmp_path):
                                                                     "Campaigns"]
             page.get_by_test_id("stExpander").get_by_text("Queue a campaign").click(timeout=120_000)
             box = page.get_by_label("or paste it here")
+            box.fill(SHELL.format(marker=tmp_path / "pwned"))  # a visitor's shell command: refused on the page
+            box.press("Control+Enter")
+            page.get_by_role("button", name="Queue it").click()
+            page.get_by_text("carries its own shell command").wait_for(timeout=30_000)
+            assert not list((tmp_path / "campaign-queue").glob("*.yaml"))  # nothing reached the queue
             box.fill(CAMPAIGN)
             box.press("Control+Enter")
             page.get_by_role("button", name="Queue it").click()
@@ -90,6 +104,7 @@ def test_a_queued_campaign_runs_live_in_the_browser(tmp_path):
             assert page.locator('[data-testid="stException"]').count() == 0
             page.screenshot(path=str(SHOTS / "campaigns-matrix.png"))
             browser.close()
+        assert not (tmp_path / "pwned").exists()
         with duckdb.connect(str(db), read_only=True) as con:
             assert con.execute("SELECT status FROM campaigns").fetchall() == [("completed",)]
             cells = con.execute("SELECT cell, status FROM campaign_cells ORDER BY cell").fetchall()

@@ -41,6 +41,8 @@ async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, fau
             path = lines[0].split(" ")[1]
             if path.endswith("/v1/models"):
                 _reply(writer, 200, models)
+            elif path.endswith("/capbench-count"):  # how many completions requests came (the test's "sent")
+                _reply(writer, 200, json.dumps({"requests": counter[0]}).encode())
             elif not path.endswith("completions"):  # /metrics, /server_info: no such thing here
                 _reply(writer, 404, b"")
             else:
@@ -68,7 +70,16 @@ async def _answer(writer: asyncio.StreamWriter, fault: str, req: dict, auth: str
         _reply(writer, 401, f"invalid credentials: Authorization: {auth} (key {auth.split(' ')[-1]})".encode(),
                "text/plain")
         return
+    key = auth.split(" ")[-1]
+    echoes = {"echo_key_json": json.dumps({"error": {"message": "bad key", "key": key}}).replace("/", "\\/"),
+              "echo_key_upper": f"INVALID KEY {key.upper()}", "echo_key_prefix": f"invalid key {key[:12]}...",
+              "echo_key_urlencoded": "invalid key " + __import__("urllib.parse").parse.quote(key, safe="")}
+    if fault in echoes:  # the forms a key takes in a server's error page
+        _reply(writer, 403, echoes[fault].encode(), "text/plain")
+        return
     events = EVENTS.get(fault, [])
+    if fault == "echo_key_usage":  # the key in a field the client quotes in its note
+        events = [OK_CHUNK, {"choices": [], "usage": {"prompt_tokens": key, "completion_tokens": 1}}]
     if fault == "echo_key_stream":
         events = [OK_CHUNK, {"error": {"message": f"rate limited for {auth}"}}]
     if not req.get("stream"):  # one answer: the last event, with a message if it carries only the usage
@@ -78,6 +89,11 @@ async def _answer(writer: asyncio.StreamWriter, fault: str, req: dict, auth: str
         _reply(writer, 200, json.dumps(last).encode())
         return
     writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
+    if fault == "slow":  # ten tokens a tenth of a second apart: a second in flight
+        for _ in range(10):
+            writer.write(_chunk(b"data: " + json.dumps(OK_CHUNK).encode() + b"\n\n"))
+            await writer.drain()
+            await asyncio.sleep(0.1)
     if fault == "big_event":
         writer.write(_chunk(b"data: " + b"x" * BIG_EVENT_BYTES))  # and never the blank line that would end it
         await writer.drain()

@@ -27,7 +27,7 @@ loads:
 
 
 def test_a_good_file_gives_cells_and_deployments():
-    c = parse_campaign(GOOD)
+    c = parse_campaign(GOOD, inline_templates=True)
     assert [d.kind for d in c.deployments] == ["twin", "twin", "sglang", "url"]
     assert len(c.cells()) == 8 and c.deployment("fp8").kv_dtype == "fp8_e4m3"
     assert c.deployment("base").time_scale == 20 and c.deployment("staging").kv_checksum == "verify"
@@ -39,7 +39,7 @@ def test_every_problem_is_one_line():
         "factor: 1.5", "factor: 1.5, speed: 3").replace("baseline: base", "baseline: nobody").replace(
         "workload: chat, profile", "workload: no-such-workload, profile").replace("--mem-fraction-static", "--port")
     with pytest.raises(BadInput) as e:
-        parse_campaign(bad)
+        parse_campaign(bad, inline_templates=True)
     lines = str(e.value).splitlines()[1:]
     assert any(x.startswith("deployments[2].sglang.model: unknown model 'kimi-k9'") for x in lines)
     assert any(x.startswith("deployments[1].twin:") for x in lines)

@@ -1,0 +1,186 @@
+"""What a campaign file may hold, checked before anything runs: YAML read with limits (size, nesting, no aliases:
+a 1 kB "billion laughs" file is refused, not expanded), every number finite and within a range a run can use, URLs
+that parse and carry no credentials, launch templates whose placeholders are known, workload files readable and
+of their format, and SGLang's secret flags only as `env:NAME`.
+
+Who may launch what (the trust model, docs/campaigns.md): `capbench campaign FILE` is the user's own command, so a
+template written in the file runs. `capbench serve` takes files from anyone who can open its page or write its queue
+folder, so there a campaign names one of the templates the operator gave at start (`--templates FILE`) and may carry
+no shell command of its own; without that file it runs twins and URLs only.
+"""
+
+from __future__ import annotations
+
+import math
+import string
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import yaml
+
+from bench.errors import BadInput
+
+MAX_BYTES = 256 * 1024  # a campaign is a page of YAML; anything larger is not one
+MAX_DEPTH = 24  # nesting levels: a campaign needs five
+PLACEHOLDERS = ("command", "port", "host")
+# campaign key -> the highest value accepted (the lowest is checked where the key is read: positive, an int, ...)
+HIGHEST = {"duration": 1e6, "health_timeout": 7 * 86400, "rate": 1e6, "users": 100_000, "start": 1e6, "factor": 100,
+           "max_stages": 1000, "refine": 30, "min_gain": 10, "port": 65535, "tp": 4096, "dp": 4096, "ep": 4096,
+           "gpus": 4096}
+# SGLang's arguments whose value is a secret: given as env:NAME, filled in from the environment inside the server's
+# process (engine_patches/launch.py), so no file, log, report or `ps` line holds it
+SECRET_FLAGS = ("--api-key", "--admin-api-key", "--hf-token", "--ssl-keyfile-password")
+
+
+class _Loader(yaml.SafeLoader):
+    """SafeLoader that refuses aliases (no expansion at all) and nesting past MAX_DEPTH (no RecursionError)."""
+
+    depth = 0
+
+    def compose_node(self, parent, index):  # noqa: ANN001, ANN201 (PyYAML's signature)
+        if self.check_event(yaml.AliasEvent):
+            mark = self.peek_event().start_mark
+            raise yaml.YAMLError(f"aliases (*name) are not accepted in a campaign file (line {mark.line + 1})")
+        self.depth += 1
+        if self.depth > MAX_DEPTH:
+            raise yaml.YAMLError(f"nested deeper than {MAX_DEPTH} levels")
+        try:
+            return super().compose_node(parent, index)
+        finally:
+            self.depth -= 1
+
+
+def read_yaml(data: bytes | str, source: str) -> object:
+    """The YAML document in `data`, or BadInput in one line: too large, not UTF-8, not YAML, aliases, too deep."""
+    if len(data) > MAX_BYTES:
+        raise BadInput(f"{source}: {len(data)} bytes; a campaign file is at most {MAX_BYTES // 1024} kB")
+    if isinstance(data, bytes):
+        try:
+            data = data.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise BadInput(f"{source}: not UTF-8 text (byte {e.start}); a campaign is a YAML file") from None
+    if "\x00" in data:
+        raise BadInput(f"{source}: a binary file (NUL bytes); a campaign is a YAML file")
+    try:
+        return yaml.load(data, Loader=_Loader)  # noqa: S506 (a SafeLoader)
+    except yaml.YAMLError as e:
+        raise BadInput(f"{source}: not a campaign YAML ({str(e).splitlines()[0]})") from None
+
+
+def check_ranges(problems: list, where: str, raw: object) -> None:
+    """Every number under a known key finite and at most HIGHEST (below the lowest is said where the key is read)."""
+    if isinstance(raw, list):
+        for i, item in enumerate(raw):
+            check_ranges(problems, f"{where}[{i}]", item)
+        return
+    if not isinstance(raw, dict):
+        return
+    for key, value in raw.items():
+        at = f"{where}.{key}" if where else str(key)
+        if isinstance(value, dict | list):
+            check_ranges(problems, at, value)
+            continue
+        if key not in HIGHEST or isinstance(value, bool):
+            continue
+        try:
+            v = float(value)
+        except (TypeError, ValueError):
+            continue  # not a number: said where the key is read
+        high = HIGHEST[key]
+        if not math.isnan(v) and (math.isinf(v) or v > high):
+            problems.append(f"{at}: {value!r} is out of range (at most {high:g})")
+
+
+def check_finite(config: object, highest: dict[str, float]) -> list[str]:
+    """Problems with a parsed spec's numbers (a dataclass): each finite, and at most `highest` where given."""
+    from dataclasses import fields
+
+    out = []
+    for f in fields(config):
+        v = getattr(config, f.name)
+        if isinstance(v, float) and (not math.isfinite(v) or v > highest.get(f.name, math.inf)):
+            out.append(f"{f.name}={v:g} is out of range" + (f" (at most {highest[f.name]:g})"
+                                                            if f.name in highest else " (not finite)"))
+    return out
+
+
+def check_url(url: str) -> str | None:
+    """What is wrong with a deployment's URL, or None: it parses, has a host and a valid port, no credentials."""
+    from bench.checks import without_credentials
+
+    if without_credentials(url) != url:
+        return "credentials in the URL would be stored with the campaign and its runs; the server's key goes in " \
+               "an environment variable"
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError as e:
+        return f"not a URL ({e}): {url[:80]!r}"
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return f"expected http://HOST:PORT, got {url[:80]!r}"
+    if port == 0:
+        return f"port 0 in {url[:80]!r}"
+    return None
+
+
+def check_template_text(text: str) -> str | None:
+    """What is wrong with a template command, or None: placeholders are {command}, {port}, {host} only."""
+    try:
+        fields = [f for _, f, _, _ in string.Formatter().parse(text) if f is not None]
+    except ValueError as e:
+        return f"{e} (write {{{{ and }}}} for a literal brace)"
+    unknown = sorted({f or "{}" for f in fields if f not in PLACEHOLDERS})
+    if unknown:
+        return f"unknown placeholder(s) {', '.join(unknown)} (known: {', '.join(PLACEHOLDERS)})"
+    return None
+
+
+def check_workload_file(path: str) -> str | None:
+    """What is wrong with a workload file a load names, or None: readable, and a workload YAML or ShareGPT JSON."""
+    from loadgen import workloads
+
+    try:
+        workloads.load(path).check()
+    except workloads.WorkloadError as e:
+        return str(e)
+    except OSError as e:
+        return f"{path} cannot be read ({e.strerror or type(e).__name__})"
+    return None
+
+
+def check_flags(flags: list[str]) -> list[str]:
+    """Problems with secret flags: each takes env:NAME (the key stays in the environment, never in the file)."""
+    out = []
+    for i, flag in enumerate(flags):
+        name, eq, value = flag.partition("=")
+        if name not in SECRET_FLAGS:
+            continue
+        value = value if eq else (flags[i + 1] if i + 1 < len(flags) else "")
+        if not value.startswith("env:") or not value[4:].isidentifier():
+            out.append(f"{name} takes env:NAME (the environment variable holding it); a secret written in the "
+                       "campaign would be stored, logged and reported")
+    return out
+
+
+def secret_env(flags: list[str]) -> str | None:
+    """The environment variable holding the server's --api-key, if a flag names one (the load runs with it)."""
+    for i, flag in enumerate(flags):
+        name, eq, value = flag.partition("=")
+        value = value if eq else (flags[i + 1] if i + 1 < len(flags) else "")
+        if name == "--api-key" and value.startswith("env:"):
+            return value[4:]
+    return None
+
+
+def campaign_path(name: str, root: Path) -> Path | None:
+    """The campaign file a command line names: a path (as given, or relative to the checkout, so that
+    `capbench campaign data/campaigns/kv-study.yaml` works from any folder), or a built-in name."""
+    p = Path(name)
+    looks_like_path = "/" in name or p.suffix in (".yaml", ".yml")
+    for candidate in ([p, root / p] if looks_like_path else [p, root / "data" / "campaigns" / f"{name}.yaml"]):
+        try:
+            if candidate.is_file():
+                return candidate
+        except OSError:  # a name too long for the file system
+            return None
+    return None

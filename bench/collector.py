@@ -1,0 +1,58 @@
+"""What a run's requests become on their way to the store: records from this process's users or from workers'
+messages, handed on to the recorder process (bench/store/recorder.py) in frames every half second, and each request
+announced as it goes out, so that a load generator killed outright still leaves every request it sent a row."""
+
+from __future__ import annotations
+
+import gevent
+
+from bench.store import Recorder
+
+
+class Collector:
+    """Result records from this process's users or from workers' messages, on to the recorder process."""
+
+    def __init__(self, recorder: Recorder, inflight=None):
+        self.recorder = recorder
+        self.inflight = inflight  # () -> this process's requests in flight, sent along in case it is killed
+        self.pending: list[dict] = []
+        self.records = 0
+        self.sent_by_worker: dict[str, int] = {}
+        self.inflight_by_worker: dict[str, list[dict]] = {}
+        self.recent: list[dict] = []  # for the live display
+        self.starting: list[dict] = []  # requests going out, announced at the loop's next turn
+
+    def on_request(self, context=None, **_kw) -> None:
+        rec = (context or {}).get("capbench")
+        if rec is not None:
+            self.add([rec])
+
+    def on_message(self, environment, msg, **_kw) -> None:
+        self.sent_by_worker[msg.node_id] = msg.data["sent"]
+        self.inflight_by_worker[msg.node_id] = msg.data.get("inflight", [])
+        self.add(msg.data["records"])
+        self.flush()  # on to the recorder at once: a master killed now loses only the worker's last 0.2 s
+
+    def started(self, rec: dict) -> None:
+        """A request is going out: announced to the recorder at the event loop's next turn, in one frame with the
+        others due in that turn; the user yields once before writing it (users.py), so the recorder hears of every
+        request before the server does, and a process killed outright leaves each a row (`cancelled` at worst)."""
+        self.starting.append(rec)
+        if len(self.starting) == 1:
+            gevent.spawn(self.announce)  # a greenlet, not a loop callback: the pipe write may have to wait
+
+    def announce(self) -> None:
+        recs, self.starting = self.starting, []
+        if recs:
+            self.recorder.started(recs)
+
+    def add(self, recs: list[dict]) -> None:
+        self.pending.extend(recs)
+        self.recent.extend(recs)
+        self.records += len(recs)
+
+    def flush(self) -> None:
+        rows, self.pending = self.pending, []
+        inflight = self.inflight() if self.inflight else None
+        if rows or inflight is not None:
+            self.recorder.send(rows, inflight)
