@@ -21,36 +21,18 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 
 from bench.campaign import record
 from bench.campaign.launch import Launched, LaunchFailed, tail
 from bench.campaign.spec import Campaign, DeploymentSpec, Load, cell_key
+from bench.campaign.stage import COUNTS, Stage, drain_s, judge, longest_answer, meets, shown, stage_counts
 from bench.errors import BadInput
-from bench.model import Slo, catalog, load_workload, simulate, usd_per_million
+from bench.model import catalog, load_workload, simulate, usd_per_million
 from bench.store import Store
 
-RUN_ERRORS_OK = 0.01  # a stage with a larger share of failed requests misses the SLO
 MODEL_STAGES = 40  # the simulator's sweep is cheap: it goes on until the SLO breaks
-CUT_OFF_TTFT = 1e9  # the TTFT counted for a request that had no first token when the run ended
-CUT_OFF_KINDS = ("aborted", "cancelled")  # a request the run's end stopped (issue 18's loadgen says cancelled)
 WARMUP_SHARE = 0.25  # of a stage's duration, run before it and not measured: the simulator's first 20 %
-
-
-@dataclass
-class Stage:
-    rate: float  # offered, requests/s of the deployment's GPUs
-    run_id: str
-    summary: dict
-    meets: bool
-    why: str  # what missed, or ""
-
-    @property
-    def goodput(self) -> float:
-        """Requests/s within the SLO: the offered rate times the share of requests that met it (a short stage's
-        finished-per-second still counts the ramp, so it would stop rising before the server does)."""
-        return self.rate * (self.summary.get("slo_attainment") or 0.0)
 
 
 class Interrupt:
@@ -169,9 +151,10 @@ def _cell(store: Store, cid: str, dep: DeploymentSpec, load: Load, server: Launc
     key = cell_key(dep, load)
     scale = dep.time_scale
     slo = load.slo.scaled(scale)
-    # after the last arrival, wait as long as a first token may take within the SLO: a request still without one
-    # then misses it anyway, and one that has it is judged on it (_cut_off)
-    drain = min(load.duration_s, 1.2 * slo.ttft_s + 0.5) if slo.ttft_s else load.duration_s
+    # after the last arrival, the requests still running are waited for up to the SLO's bound for a full answer;
+    # what is still running then is cut off and counts as a miss (bench/campaign/stage.py)
+    drain = drain_s(slo, longest_answer(load.workload))
+    drain = load.duration_s if drain is None else drain
 
     def stage(rate: float | None, users: int | None = None) -> Stage:
         stop.check()
@@ -196,11 +179,11 @@ def _cell(store: Store, cid: str, dep: DeploymentSpec, load: Load, server: Launc
         why = server.alive()
         if why is not None:
             raise LaunchFailed(f"{dep.name} went down during {key}: {why}", tail(server.log))
-        summary = {**res.summary, **_cut_off(store, res.run_id, slo)}
-        ok, miss = _meets(summary, slo, scale)
+        summary = {**res.summary, **judge(store, res.run_id, slo)}
+        ok, miss = meets(summary, slo, scale)
         s = Stage(rate or 0.0, res.run_id, summary, ok, miss)
         say(f"{key}: {'' if rate is None else f'{rate:.3g} req/s: '}goodput {s.goodput:.3g} req/s, "
-            f"{'within the SLO' if ok else miss}")
+            f"{'within the SLO' if ok else miss}; {stage_counts(summary)}")
         return s
 
     if load.profile != "sweep":
@@ -251,24 +234,6 @@ def _sweep(load: Load, stage: Callable[[float], Stage], start: float, max_stages
     return stages, best, why
 
 
-def _meets(summary: dict, slo: Slo, scale: float = 1.0) -> tuple[bool, str]:
-    """The stage's p-th percentiles within the SLO's bounds, and nearly every request served; the reason it misses
-    in the modelled GPUs' time (a twin `scale` times faster: its latencies x scale), like the rates beside it."""
-    if not summary.get("measured"):
-        return False, "no request measured"
-    failed = summary.get("failed", summary.get("errors") or 0) / summary["measured"]
-    if failed > RUN_ERRORS_OK:
-        return False, f"{failed:.0%} of requests failed"
-    q = slo.percentile
-    for name, bound in (("ttft", slo.ttft_s), ("tpot", slo.tpot_s), ("e2e", slo.e2e_s)):
-        value = summary.get(f"{name}_p{q}")
-        if bound is not None and value is not None and value > bound:
-            if value >= CUT_OFF_TTFT:
-                return False, f"over {100 - q} % of requests had no first token by the run's end"
-            return False, f"{name.upper()} p{q} {value * scale:.3g} s > {bound * scale:.3g} s"
-    return True, ""
-
-
 @contextmanager
 def _telemetry(value: str | None) -> Iterator[None]:
     before = os.environ.get("CAPBENCH_GPU_TELEMETRY")
@@ -283,26 +248,6 @@ def _telemetry(value: str | None) -> Iterator[None]:
             os.environ["CAPBENCH_GPU_TELEMETRY"] = before
 
 
-def _cut_off(store: Store, run_id: str, slo: Slo) -> dict:
-    """Failures, the TTFT percentile and the share within the SLO, counting the requests the run's end cut off as
-    the simulator would: one that had its first token has its TTFT and is left out of the share (its tail says
-    nothing about the rate); one that had none waited longer than the run (a TTFT past any bound). Requests that
-    failed otherwise (HTTP errors, timeouts) are failures."""
-    big = CUT_OFF_TTFT
-    cut = ", ".join("?" * len(CUT_OFF_KINDS))
-    with store.connect() as con:
-        failed, ttft, good, counted = con.execute(
-            f"SELECT count(*) FILTER (WHERE status <> 'ok' AND coalesce(error_kind, '') NOT IN ({cut})), "
-            "quantile_disc(CASE WHEN first_token_at IS NULL AND status <> 'ok' THEN ? ELSE ttft_s END, ?), "
-            "count(*) FILTER (WHERE status = 'ok' AND ttft_s <= ? AND coalesce(tpot_s, 0) <= ? AND e2e_s <= ?), "
-            f"count(*) FILTER (WHERE status = 'ok' OR first_token_at IS NULL OR error_kind NOT IN ({cut})) "
-            "FROM requests WHERE run_id = ? AND phase = 'measured'",
-            [*CUT_OFF_KINDS, big, slo.percentile / 100, slo.ttft_s or big, slo.tpot_s or big, slo.e2e_s or big,
-             *CUT_OFF_KINDS, run_id]).fetchone()
-    out = {"failed": failed, "slo_attainment": good / counted if counted else 0.0}
-    return out | ({f"ttft_p{slo.percentile}": ttft} if ttft is not None else {})
-
-
 def _result(dep: DeploymentSpec, load: Load, stages: list[Stage], best: Stage | None, saturation: str) -> dict:
     """What the report reads: rates and tokens/s in the deployment's own time (a twin's divided by its scale)."""
     scale = dep.time_scale
@@ -313,16 +258,13 @@ def _result(dep: DeploymentSpec, load: Load, stages: list[Stage], best: Stage | 
         "measured_usd_per_m": usd_per_million(price, dep.gpus, out_tps) if price and out_tps else None,
         "best_run": best.run_id if best else None, "stages": len(stages), "saturation": saturation,
         "points": [{"rate": s.rate, "run_id": s.run_id, "meets": s.meets, "why": s.why,
-                    "goodput_rps": s.goodput, "ttft_p90": _unscaled(s.summary.get("ttft_p90"), scale),
-                    "tpot_p90": _unscaled(s.summary.get("tpot_p90"), scale)} for s in stages],
+                    "goodput_rps": s.goodput, "ttft_p90": shown(s.summary.get("ttft_p90"), scale),
+                    "tpot_p90": shown(s.summary.get("tpot_p90"), scale),
+                    **{k: s.summary.get(k) for k in COUNTS}} for s in stages],
         "slo": load.slo.text(), "time_scale": scale, "model": dep.model, "gpu": dep.gpu, "gpus": dep.gpus,
         "kv_dtype": dep.kv_dtype, "weights": dep.weights, "kv_checksum": dep.kv_checksum, "baseline": dep.baseline,
         "workload": load.workload, "finished_at": time.time(),
     }
-
-
-def _unscaled(value: float | None, scale: float) -> float | None:
-    return None if value is None else value * scale
 
 
 def _predicted(dep: DeploymentSpec, load: Load) -> dict:
