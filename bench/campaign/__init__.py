@@ -2,6 +2,8 @@
 
 spec    the campaign file: schema and every problem found before anything launches
 launch  a deployment up and down: twin, URL, `capbench sglang-launch`, or that through the user's template
+own     one runner per campaign (a lock), the launched servers recorded, identified, and stopped (leftovers too)
+stage   one sweep stage judged: every request sent counts, the cut-off ones as misses
 run     the loop: cells, sweeps to saturation, failures recorded with the log, resume
 record  the campaign, its queue status and its cells in the results DB
 queue   `capbench serve`'s runner: the one process that writes, running queued campaigns in turn

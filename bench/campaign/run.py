@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from bench.campaign import record
+from bench.campaign import own, record
 from bench.campaign.launch import Launched, LaunchFailed, tail
 from bench.campaign.spec import Campaign, DeploymentSpec, Load, cell_key
 from bench.campaign.stage import COUNTS, Stage, drain_s, judge, longest_answer, meets, shown, stage_counts
@@ -70,13 +70,17 @@ def run_campaign(campaign: Campaign, db: Path, source: str = "", resume: bool = 
         if cid is None:
             raise BadInput(f"no unfinished campaign {campaign.name!r} with this file in {db} to resume")
     cid = cid or record.new_campaign(store, campaign, source)
-    record.set_status(store, cid, "running")
-    done = record.completed_cells(store, cid)
-    log_dir = log_dir or db.parent / "campaign-logs" / cid
-    say(f"campaign {campaign.name} {cid}: {len(campaign.cells())} cells, {len(done)} already completed, into {db}")
+    owner = own.lock(db, cid)  # a second runner of this campaign is refused here
     stop = Interrupt()
     status = "aborted"
     try:
+        grace = max((d.stop_grace_s for d in campaign.deployments), default=30.0)
+        own.stop_leftovers(store, db, grace, say)
+        record.set_status(store, cid, "running")
+        done = record.completed_cells(store, cid)
+        log_dir = log_dir or db.parent / "campaign-logs" / cid
+        say(f"campaign {campaign.name} {cid}: {len(campaign.cells())} cells, {len(done)} already completed, "
+            f"into {db}")
         failed = 0
         for dep in campaign.deployments:
             todo = [x for x in campaign.loads if cell_key(dep, x) not in done]
@@ -86,6 +90,7 @@ def run_campaign(campaign: Campaign, db: Path, source: str = "", resume: bool = 
     finally:
         stop.close()
         record.set_status(store, cid, status)
+        owner.close()
         say(f"campaign {cid} {status}")
     return cid
 
@@ -93,7 +98,7 @@ def run_campaign(campaign: Campaign, db: Path, source: str = "", resume: bool = 
 def _deployment(store: Store, cid: str, campaign: Campaign, dep: DeploymentSpec, loads: list[Load], log_dir: Path,
                 stop: Interrupt, say: Callable[[str], None]) -> int:
     """Launch, run the loads, stop. Returns how many cells failed."""
-    server = Launched(dep, log_dir)
+    server = Launched(dep, log_dir, store, cid)
     failed = 0
     try:
         say(f"{dep.name}: starting ({dep.kind})")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import yaml
@@ -18,13 +18,13 @@ from bench.errors import BadInput
 from bench.model import Deployment, Slo, catalog, parse_slo
 
 KINDS = ("twin", "sglang", "url")
-DEPLOYMENT_KEYS = {"name", "baseline", "health_timeout", "model", "gpu", "gpus", *KINDS}
+DEPLOYMENT_KEYS = {"name", "baseline", "health_timeout", "stop_grace", "model", "gpu", "gpus", *KINDS}
 SGLANG_KEYS = {"model", "model_path", "gpu", "tp", "dp", "ep", "kv_dtype", "weights", "kv_scales", "kv_checksum",
                "port", "flags", "template"}
 TEMPLATE_KEYS = {"start", "stop", "host"}
 LOAD_KEYS = {"name", "workload", "profile", "rate", "users", "slo", "sweep", "duration"}
 SWEEP_KEYS = {"start", "factor", "max_stages", "refine", "min_gain", "from_model"}
-TOP_KEYS = {"name", "description", "slo", "duration", "health_timeout", "deployments", "loads"}
+TOP_KEYS = {"name", "description", "slo", "duration", "health_timeout", "stop_grace", "deployments", "loads"}
 KV_DTYPES = ("bf16", "fp8_e4m3", "fp8_e5m2")
 WEIGHTS = ("native", "bf16", "fp8", "int4-g32", "int4-g128")
 CHECKSUMS = ("off", "verify", "strict")
@@ -77,6 +77,7 @@ class DeploymentSpec:
     time_scale: float = 1.0
     baseline: str | None = None
     health_timeout_s: float = 600.0
+    stop_grace_s: float = 30.0  # after SIGTERM, before SIGKILL: SGLang's own shutdown
 
     def deployment(self) -> Deployment | None:
         """What the model predicts for (capacity, rate within the SLO, cost); None without a catalog model."""
@@ -143,6 +144,7 @@ def parse_campaign(text: str, source: str = "campaign") -> Campaign:
     timeout = _number(problems, "health_timeout", raw.get("health_timeout", 600.0))
     deps = [_deployment(problems, f"deployments[{i}]", d, timeout)
             for i, d in enumerate(_list(problems, "deployments", raw.get("deployments")))]
+    deps = _with_stop_grace(problems, raw, deps)
     loads = [_load(problems, f"loads[{i}]", x, slo, duration)
              for i, x in enumerate(_list(problems, "loads", raw.get("loads")))]
     deps, loads = [d for d in deps if d], [x for x in loads if x]
@@ -157,6 +159,30 @@ def parse_campaign(text: str, source: str = "campaign") -> Campaign:
         raise BadInput(f"{source}: {len(problems)} problem(s) in the campaign file\n" + "\n".join(problems))
     return Campaign(name, str(raw.get("description") or ""), deps, loads, text,
                     hashlib.sha256(text.encode()).hexdigest()[:12])
+
+
+def _with_stop_grace(problems: Problems, raw: dict, deps: list) -> list:
+    """Each deployment's stop_grace (seconds between SIGTERM and SIGKILL), its own or the campaign's, default 30."""
+    top = _grace(problems, "stop_grace", raw.get("stop_grace", 30.0))
+    out = []
+    for i, (d, r) in enumerate(zip(deps, raw.get("deployments") or [], strict=False)):
+        if d is not None and isinstance(r, dict) and "stop_grace" in r:
+            d = replace(d, stop_grace_s=_grace(problems, f"deployments[{i}].stop_grace", r["stop_grace"]))
+        elif d is not None:
+            d = replace(d, stop_grace_s=top)
+        out.append(d)
+    return out
+
+
+def _grace(problems: Problems, where: str, value: object) -> float:
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        v = -1.0
+    if not 0 <= v <= 3600:
+        problems.add(where, f"seconds from 0 to 3600, got {value!r}")
+        return 30.0
+    return v
 
 
 def _unknown(problems: Problems, where: str, raw: dict, known: set[str]) -> None:
