@@ -100,7 +100,8 @@ class Launched:
         cmd = launch_command(dep, port, "0.0.0.0" if dep.template else "127.0.0.1")
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.log = self.log_dir / f"{dep.name}-{int(time.time())}.log"
-        env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+        env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+               **(own.mark(self.store.path, self.cid) if self.store is not None else {})}
         with self.log.open("w") as out:
             if dep.template:
                 fill = {"command": shlex.join(cmd), "port": port, "host": host}

@@ -31,6 +31,33 @@ from bench.errors import BadInput
 from bench.store import Store
 
 STOP_COMMAND_S = 120.0  # a template's stop command gets this long
+MARK = "CAPBENCH_LAUNCHED_BY"  # in a launched server's environment (and its children's): "<db>|<campaign id>"
+
+
+def mark(db: Path, cid: str) -> dict[str, str]:
+    """The environment entry a launched server carries, so its runner's successor finds it even if the runner died
+    between starting it and recording it."""
+    return {MARK: f"{Path(db).resolve()}|{cid}"}
+
+
+def marked(db: Path) -> dict[str, set[int]]:
+    """Process groups on this host carrying a mark of this DB, by campaign id."""
+    prefix = f"{MARK}={Path(db).resolve()}|".encode()
+    out: dict[str, set[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            env = (entry / "environ").read_bytes()
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[0] == "Z":
+            continue
+        for item in env.split(b"\0"):
+            if item.startswith(prefix):
+                out.setdefault(item[len(prefix):].decode(errors="replace"), set()).add(int(fields[2]))
+    return out
 
 
 def lock_path(db: Path, cid: str) -> Path:
@@ -166,6 +193,13 @@ def stop_leftovers(store: Store, db: Path, grace_s: float, say: Callable[[str], 
                     continue
         server_stopped(store, cid, pid)
         stopped += 1
+    for cid, groups in marked(db).items():  # launched but not recorded: the runner died in between
+        if held(db, cid):
+            continue
+        for pgid in groups:
+            say(f"stopping what campaign {cid} left running: process group {pgid} (not recorded)")
+            stop_group(pgid, grace_s)
+            stopped += 1
     if refused:
         raise BadInput("servers a dead campaign left running cannot be stopped from here; stop them first: "
                        + "; ".join(refused))

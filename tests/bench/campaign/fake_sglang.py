@@ -16,6 +16,8 @@ p.add_argument("--delay", type=float, default=0.5)
 p.add_argument("--mode", choices=("ok", "fail", "die"), default="ok")
 p.add_argument("--die-after", type=float, default=4.0)
 p.add_argument("--pids", required=True)
+p.add_argument("--ports", default=None, help="append '<tag> <port>' here when serving")
+p.add_argument("--tag", default="")
 p.add_argument("--serve-kv", default=None, help="the KV dtype the twin serves, whatever the command asked")
 p.add_argument("command", nargs=argparse.REMAINDER)
 a = p.parse_args()
@@ -32,6 +34,8 @@ twin = subprocess.Popen([sys.executable, "-c", "from bench.cli import main; main
                          "--tp", asked["--tp"], "--kv-dtype", kv, "--port", str(a.port), "--time-scale", "50"],
                         stdout=sys.stdout, stderr=sys.stderr)
 Path(a.pids).open("a").write(f"{twin.pid}\n")
+if a.ports:
+    Path(a.ports).open("a").write(f"{a.tag} {a.port}\n")
 if a.mode == "die":  # mid-run: --die-after seconds after it first answered /health
     while True:
         try:
