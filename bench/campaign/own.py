@@ -161,15 +161,16 @@ def server_stopped(store: Store, cid: str, pid: int) -> None:
                     [time.time(), cid, pid])
 
 
-def stop_leftovers(store: Store, db: Path, grace_s: float, say: Callable[[str], None]) -> int:
-    """Stops the servers of campaigns whose runner is gone; returns how many groups were stopped. BadInput naming
-    the pids when some cannot be stopped from here."""
+def stop_leftovers(store: Store, db: Path, grace_s: float, say: Callable[[str], None], mine: str = "") -> int:
+    """Stops the servers of campaigns whose runner is gone (and those of `mine`, the campaign this runner has just
+    taken over, before it launches anything); returns how many groups were stopped. BadInput naming the pids when
+    some cannot be stopped from here."""
     with store.connect() as con:
         rows = con.execute("SELECT campaign_id, deployment, pid, pgid, hostname, proc_start, stop_command, log "
                            "FROM campaign_servers WHERE stopped_at IS NULL").fetchall()
     here, stopped, refused = socket.gethostname(), 0, []
     for cid, dep, pid, pgid, host, started, stop_command, log in rows:
-        if held(db, cid):
+        if cid != mine and held(db, cid):
             continue  # its runner lives and owns it
         if host != here:
             refused.append(f"{dep} of campaign {cid}: process group {pgid} on {host}")
@@ -194,7 +195,7 @@ def stop_leftovers(store: Store, db: Path, grace_s: float, say: Callable[[str], 
         server_stopped(store, cid, pid)
         stopped += 1
     for cid, groups in marked(db).items():  # launched but not recorded: the runner died in between
-        if held(db, cid):
+        if cid != mine and held(db, cid):
             continue
         for pgid in groups:
             say(f"stopping what campaign {cid} left running: process group {pgid} (not recorded)")

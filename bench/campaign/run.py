@@ -75,7 +75,7 @@ def run_campaign(campaign: Campaign, db: Path, source: str = "", resume: bool = 
     status = "aborted"
     try:
         grace = max((d.stop_grace_s for d in campaign.deployments), default=30.0)
-        own.stop_leftovers(store, db, grace, say)
+        own.stop_leftovers(store, db, grace, say, mine=cid)
         record.set_status(store, cid, "running")
         done = record.completed_cells(store, cid)
         log_dir = log_dir or db.parent / "campaign-logs" / cid

@@ -15,6 +15,7 @@ frame interval (half a second).
 from __future__ import annotations
 
 import json
+import os
 import struct
 import sys
 from pathlib import Path
@@ -97,7 +98,11 @@ def main() -> None:
     writer.close()
     if not closed:
         writer.store.finish_run(run_id, "aborted")
-    print(json.dumps(writer.rows_written), flush=True)
+        return  # the load generator is gone: nobody reads the counts (writing them would raise BrokenPipeError)
+    try:
+        print(json.dumps(writer.rows_written), flush=True)
+    except BrokenPipeError:  # it went away after its close frame: everything is stored, nobody reads the counts
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the exit's flush goes nowhere, quietly
 
 
 def _orphaned(writer: BatchedWriter, inflight) -> None:
