@@ -14,25 +14,25 @@ answer.
 
 from __future__ import annotations
 
-import math
 import os
 import signal
 import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 
-from bench.campaign import own, record
+from bench.campaign import own, predict, record
 from bench.campaign.launch import Launched, LaunchFailed, tail
+from bench.campaign.predict import WARMUP_SHARE
 from bench.campaign.spec import Campaign, DeploymentSpec, Load, cell_key
 from bench.campaign.stage import COUNTS, Stage, drain_s, judge, longest_answer, meets, shown, stage_counts
 from bench.errors import BadInput
-from bench.model import catalog, load_workload, simulate, usd_per_million
+from bench.model import catalog, usd_per_million
+from bench.model.confidence import mean_interval
 from bench.store import Store
-
-MODEL_STAGES = 40  # the simulator's sweep is cheap: it goes on until the SLO breaks
-WARMUP_SHARE = 0.25  # of a stage's duration, run before it and not measured: the simulator's first 20 %
+from bench.sweep import Found, Search, sweep
 
 
 class Interrupt:
@@ -64,6 +64,7 @@ def run_campaign(campaign: Campaign, db: Path, source: str = "", resume: bool = 
                  log_dir: Path | None = None, say: Callable[[str], None] | None = None) -> str:
     """Runs the campaign (or continues it: `resume`, or a queued `cid`); returns its id."""
     say = say or (lambda line: print(line, file=sys.stderr, flush=True))
+    predict.check_fits(campaign, source or campaign.name)  # before anything launches
     store = Store(db)
     if cid is None and resume:
         cid = record.resumable(store, campaign)
@@ -161,7 +162,7 @@ def _cell(store: Store, cid: str, dep: DeploymentSpec, load: Load, server: Launc
     drain = drain_s(slo, longest_answer(load.workload))
     drain = load.duration_s if drain is None else drain
 
-    def stage(rate: float | None, users: int | None = None) -> Stage:
+    def stage(rate: float | None, users: int | None = None, seed: int = 0) -> Stage:
         stop.check()
         if rate is not None:
             profile, over = "poisson", {"rate": rate * scale, "duration": load.duration_s}
@@ -170,9 +171,10 @@ def _cell(store: Store, cid: str, dep: DeploymentSpec, load: Load, server: Launc
             profile, over = "users", {"users": users, "duration": load.duration_s}
             warmup = 0.0
         opts = RunOptions(target=server.url, profile=profile, overrides=over, workload=load.workload, db=store.path,
-                          label=f"campaign {key}" + (f" @{rate:.3g}rps" if rate is not None else ""), slo=slo,
+                          label=f"campaign {key}" + (f" @{rate:.3g}rps" if rate is not None else "")
+                          + (f" #{seed + 1}" if load.repeats > 1 else ""), slo=slo, seed=seed,
                           warmup_s=warmup, live=False, quiet=True, drain_s=drain,
-                          run_config={"campaign": cid, "cell": key, "time_scale": scale,
+                          run_config={"campaign": cid, "cell": key, "time_scale": scale, "repeat": seed,
                                       # what the server was offered, as a sweep stage of `capbench run` stores it
                                       "offered_rps": None if rate is None else rate * scale,
                                       **({"twin": dep.twin} if dep.twin else {})})
@@ -191,52 +193,29 @@ def _cell(store: Store, cid: str, dep: DeploymentSpec, load: Load, server: Launc
             f"{'within the SLO' if ok else miss}; {stage_counts(summary)}")
         return s
 
-    if load.profile != "sweep":
-        s = stage(load.rate, load.users)
-        stages, best, saturation = [s], s if s.meets else None, "one load point"
-        predicted = _predicted(dep, load)
-    else:
-        predicted = _predicted(dep, load)
-        start = load.sweep.start
+    search = _search(load)
+    predicted = predict.predicted(dep, load, search) if search else {"predicted_rps": None,
+                                                                      "predicted_usd_per_m": None}
+    found = []
+    for seed in range(load.repeats):
+        if load.repeats > 1:
+            say(f"{key}: repeat {seed + 1} of {load.repeats}")
+        if search is None:
+            s = stage(load.rate, load.users, seed)
+            found.append(Found([s], s if s.meets else None, None, "one load point"))
+            continue
+        start = search.start
         if load.sweep.from_model and predicted["predicted_rps"]:
             start = predicted["predicted_rps"]  # up or down from there by what the twin or server does
-        stages, best, saturation = _sweep(load, stage, start)
-    return {**_result(dep, load, stages, best, saturation), **predicted}
+        found.append(sweep(lambda rate, seed=seed: stage(rate, None, seed), replace(search, start=start)))
+    return {**_result(dep, load, found), **predicted}
 
 
-def _sweep(load: Load, stage: Callable[[float], Stage], start: float, max_stages: int | None = None
-           ) -> tuple[list[Stage], Stage | None, str]:
+def _search(load: Load) -> Search | None:
     sw = load.sweep
-    stages: list[Stage] = []
-    best: Stage | None = None
-    bad: float | None = None
-    why = "search limit"
-    rate = start
-    while len(stages) < (max_stages or sw.max_stages):
-        s = stage(rate)
-        stages.append(s)
-        if not s.meets:
-            bad, why = rate, f"SLO broke at {rate:.3g} req/s ({s.why})"
-            if best is not None:
-                break
-            rate /= sw.factor  # even the first rate misses: go down until one holds
-            continue
-        if best is not None and s.goodput < best.goodput * (1 + sw.min_gain):
-            bad, why = rate, f"goodput stopped rising at {rate:.3g} req/s"
-            break
-        best = s
-        if bad is not None:
-            break  # came down from a miss to a rate that holds
-        rate *= sw.factor
-    for _ in range(sw.refine if best is not None and bad is not None and bad > best.rate else 0):
-        mid = math.sqrt(best.rate * bad)
-        s = stage(mid)
-        stages.append(s)
-        if s.meets and s.goodput >= best.goodput:
-            best = s
-        else:
-            bad = mid
-    return stages, best, why
+    if sw is None:
+        return None
+    return Search(sw.start, sw.factor, sw.max_stages, sw.refine, sw.min_gain, sw.resolution)
 
 
 @contextmanager
@@ -253,40 +232,34 @@ def _telemetry(value: str | None) -> Iterator[None]:
             os.environ["CAPBENCH_GPU_TELEMETRY"] = before
 
 
-def _result(dep: DeploymentSpec, load: Load, stages: list[Stage], best: Stage | None, saturation: str) -> dict:
-    """What the report reads: rates and tokens/s in the deployment's own time (a twin's divided by its scale)."""
+def _result(dep: DeploymentSpec, load: Load, found: list[Found]) -> dict:
+    """What the report reads: rates and tokens/s in the deployment's own time (a twin's divided by its scale); with
+    repeats, each figure is their mean with its 90 % interval (bench/model/confidence.py)."""
     scale = dep.time_scale
-    out_tps = (best.summary.get("output_tps") or 0.0) / scale if best else 0.0
     price = catalog.gpu(dep.gpu).price_per_gpu_hour if dep.model else None
+    rates = [f.best.rate if f.best else 0.0 for f in found]
+    tps = [(f.best.summary.get("output_tps") or 0.0) / scale if f.best else 0.0 for f in found]
+    usd = [usd_per_million(price, dep.gpus, t) for t in tps if price and t]
+    goodput = [f.best.goodput if f.best else 0.0 for f in found]
+    rate_i, usd_i, good_i = mean_interval(rates), mean_interval(usd) if usd else None, mean_interval(goodput)
+    middle = sorted(found, key=lambda f: f.best.rate if f.best else 0.0)[len(found) // 2]
+    brackets = [f.bracket for f in found if f.bracket is not None]
     return {
-        "measured_rps": best.rate if best else 0.0, "measured_output_tps": out_tps,
-        "measured_usd_per_m": usd_per_million(price, dep.gpus, out_tps) if price and out_tps else None,
-        "best_run": best.run_id if best else None, "stages": len(stages), "saturation": saturation,
-        "points": [{"rate": s.rate, "run_id": s.run_id, "meets": s.meets, "why": s.why,
+        "measured_rps": rate_i.value, "measured_rps_interval": [rate_i.low, rate_i.high],
+        "measured_goodput_rps": good_i.value, "measured_goodput_interval": [good_i.low, good_i.high],
+        "measured_output_tps": sum(tps) / len(tps),
+        "measured_usd_per_m": usd_i.value if usd_i else None,
+        "measured_usd_per_m_interval": [usd_i.low, usd_i.high] if usd_i else [None, None],
+        "interval_method": rate_i.method, "repeats": len(found), "repeats_rps": rates,
+        "bracket": max(brackets) if brackets else None,
+        "best_run": middle.best.run_id if middle.best else None,
+        "stages": sum(len(f.stages) for f in found), "saturation": middle.why,
+        "lower_bound": any(f.past is None and f.best is not None and load.profile == "sweep" for f in found),
+        "points": [{"repeat": k, "rate": s.rate, "run_id": s.run_id, "meets": s.meets, "why": s.why,
                     "goodput_rps": s.goodput, "ttft_p90": shown(s.summary.get("ttft_p90"), scale),
                     "tpot_p90": shown(s.summary.get("tpot_p90"), scale),
-                    **{k: s.summary.get(k) for k in COUNTS}} for s in stages],
+                    **{c: s.summary.get(c) for c in COUNTS}} for k, f in enumerate(found) for s in f.stages],
         "slo": load.slo.text(), "time_scale": scale, "model": dep.model, "gpu": dep.gpu, "gpus": dep.gpus,
         "kv_dtype": dep.kv_dtype, "weights": dep.weights, "kv_checksum": dep.kv_checksum, "baseline": dep.baseline,
-        "workload": load.workload, "finished_at": time.time(),
+        "workload": load.workload, "flags": dep.sglang.get("flags", []), "finished_at": time.time(),
     }
-
-
-def _predicted(dep: DeploymentSpec, load: Load) -> dict:
-    """The model's answer to the same question: the same sweep (rates, stage length in the deployment's time,
-    warm-up) played by the simulator for this deployment, workload and SLO; its $ per 1M output tokens."""
-    d = dep.deployment()
-    if d is None or load.profile != "sweep" or dep.kv_checksum != "off":  # the model has no checksum cost
-        return {"predicted_rps": None, "predicted_usd_per_m": None}
-    wl = load_workload(load.workload)
-    horizon = (1 + WARMUP_SHARE) * load.duration_s * dep.time_scale
-
-    def stage(rate: float) -> Stage:
-        p = simulate.run(d, wl, rate, max(1, math.ceil(rate * horizon)), min_seconds=horizon)
-        met = load.slo.met(p)  # the simulator gives percentiles, not each request: within the SLO, all count
-        return Stage(rate, "", {"slo_attainment": 1.0 if met else 0.0, "output_tps": p.output_tok_s}, met, "")
-
-    _, best, _ = _sweep(load, stage, load.sweep.start, MODEL_STAGES)
-    tps = best.summary["output_tps"] if best else 0.0
-    return {"predicted_rps": best.rate if best else 0.0, "predicted_output_tps": tps,
-            "predicted_usd_per_m": usd_per_million(d.gpu.price_per_gpu_hour, dep.gpus, tps) if tps else None}

@@ -22,8 +22,8 @@ DEPLOYMENT_KEYS = {"name", "baseline", "health_timeout", "stop_grace", "model", 
 SGLANG_KEYS = {"model", "model_path", "gpu", "tp", "dp", "ep", "kv_dtype", "weights", "kv_scales", "kv_checksum",
                "port", "flags", "template"}
 TEMPLATE_KEYS = {"start", "stop", "host"}
-LOAD_KEYS = {"name", "workload", "profile", "rate", "users", "slo", "sweep", "duration"}
-SWEEP_KEYS = {"start", "factor", "max_stages", "refine", "min_gain", "from_model"}
+LOAD_KEYS = {"name", "workload", "profile", "rate", "users", "slo", "sweep", "duration", "repeats"}
+SWEEP_KEYS = {"start", "factor", "max_stages", "refine", "min_gain", "from_model", "resolution"}
 TOP_KEYS = {"name", "description", "slo", "duration", "health_timeout", "stop_grace", "deployments", "loads"}
 KV_DTYPES = ("bf16", "fp8_e4m3", "fp8_e5m2")
 WEIGHTS = ("native", "bf16", "fp8", "int4-g32", "int4-g128")
@@ -36,9 +36,10 @@ class Sweep:
     start: float  # first offered rate, requests/s of the deployment's GPUs
     factor: float = 1.5  # each next rate while the SLO holds and goodput rises
     max_stages: int = 8
-    refine: int = 2  # bisections between the last rate within the SLO and the first past it
+    refine: int = 6  # most bisections between the last rate within the SLO and the first past it
     min_gain: float = 0.05  # goodput that rises by less than this counts as no longer rising
     from_model: bool = False  # start the measured sweep at the model's answer (fewer stages)
+    resolution: float = 0.05  # bisect until the bracket around the highest rate within the SLO is this narrow
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,7 @@ class Load:
     rate: float | None = None
     users: int | None = None
     sweep: Sweep | None = None
+    repeats: int = 1  # the whole sweep (or load point) this many times, seeds 0..N-1: its figures get intervals
 
 
 @dataclass(frozen=True)
@@ -147,6 +149,7 @@ def parse_campaign(text: str, source: str = "campaign") -> Campaign:
     deps = _with_stop_grace(problems, raw, deps)
     loads = [_load(problems, f"loads[{i}]", x, slo, duration)
              for i, x in enumerate(_list(problems, "loads", raw.get("loads")))]
+    loads = _with_repeats(problems, raw, loads)
     deps, loads = [d for d in deps if d], [x for x in loads if x]
     for kind, items in (("deployments", deps), ("loads", loads)):
         names = [x.name for x in items]
@@ -171,6 +174,20 @@ def _with_stop_grace(problems: Problems, raw: dict, deps: list) -> list:
         elif d is not None:
             d = replace(d, stop_grace_s=top)
         out.append(d)
+    return out
+
+
+def _with_repeats(problems: Problems, raw: dict, loads: list) -> list:
+    """Each load's `repeats` (1 to 20): how many times its sweep runs, for intervals on its figures."""
+    out = []
+    for i, (x, r) in enumerate(zip(loads, raw.get("loads") or [], strict=False)):
+        if x is not None and isinstance(r, dict) and "repeats" in r:
+            n = r["repeats"]
+            if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= 20:
+                problems.add(f"loads[{i}].repeats", f"a whole number from 1 to 20, got {n!r}")
+            else:
+                x = replace(x, repeats=n)
+        out.append(x)
     return out
 
 

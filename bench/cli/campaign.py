@@ -21,6 +21,9 @@ def campaign(
 
     spec = load_campaign(file)
     if check:
+        from bench.campaign.predict import check_fits
+
+        check_fits(spec, file)
         print(f"{file}: {len(spec.deployments)} deployments x {len(spec.loads)} loads, no problem found")
         return
     try:
