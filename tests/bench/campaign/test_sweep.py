@@ -80,3 +80,14 @@ def test_the_demo_campaign_is_kv_bound_in_the_model():
             base = predicted(c.deployment(fp8.baseline), load, _search(load))["predicted_rps"]
             gain = predicted(fp8, load, _search(load))["predicted_rps"] / base
             assert gain >= 1.3, (fp8.name, load.name, gain)
+
+
+def test_the_bracket_closes_to_five_percent():
+    """Default refinement: bisect until the first rate past the SLO is within 5 % of the last within it."""
+    from bench.sweep import Search
+
+    for limit in (0.37, 1.0, 2.9):
+        found = sweep(_server(limit), Search(start=0.5, factor=1.25, max_stages=20))
+        assert found.best.rate <= limit < found.past and found.bracket <= 0.05, (limit, found.bracket)
+    capped = sweep(_server(2.9), Search(start=0.5, factor=1.25, max_stages=4))
+    assert capped.past is None and capped.bracket is None and capped.why == "search limit"  # a lower bound only
