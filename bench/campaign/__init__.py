@@ -10,6 +10,7 @@ queue   `capbench serve`'s runner: the one process that writes, running queued c
 """
 
 from bench.campaign.launch import Launched, LaunchFailed, launch_command
+from bench.campaign.predict import check_fits
 from bench.campaign.queue import pending, queue_dir, run_queue, serve_queue, submit
 from bench.campaign.record import completed_cells, new_campaign
 from bench.campaign.run import run_campaign
@@ -18,5 +19,5 @@ from bench.campaign.spec import Campaign, DeploymentSpec, Load, cell_key, load_c
 __all__ = [
     "LaunchFailed", "Launched", "launch_command", "completed_cells", "new_campaign", "run_campaign", "Campaign",
     "DeploymentSpec", "Load", "cell_key", "load_campaign", "parse_campaign", "pending", "queue_dir", "run_queue",
-    "serve_queue", "submit",
+    "serve_queue", "submit", "check_fits",
 ]

@@ -160,10 +160,14 @@ class Launched:
 
     def stop(self) -> None:
         """The template's stop command, then the process group capbench started: SIGTERM, the deployment's grace
-        period (SGLang's own shutdown goes to the log), SIGKILL."""
+        period (SGLang's own shutdown goes to the log), SIGKILL. Stops even when the log or the DB is gone."""
         if self.target is not None:
             self.target.close()
-        with (self.log or Path(os.devnull)).open("a") as out:
+        try:
+            out = (self.log or Path(os.devnull)).open("a")
+        except OSError:
+            out = open(os.devnull, "a")  # noqa: SIM115 (closed below)
+        with out:
             if self.stop_command:
                 own.run_stop_command(self.stop_command, out)
             if self.proc is not None:
@@ -171,4 +175,7 @@ class Launched:
                                self.proc.poll)
                 self.proc.poll()
         if self.proc is not None and self.store is not None:
-            own.server_stopped(self.store, self.cid, self.proc.pid)
+            try:
+                own.server_stopped(self.store, self.cid, self.proc.pid)
+            except Exception:  # noqa: BLE001 (the DB went away: the server is stopped all the same)
+                pass

@@ -15,7 +15,7 @@ from bench.campaign.spec import Campaign, DeploymentSpec, Load
 from bench.campaign.stage import Stage
 from bench.errors import BadInput
 from bench.model import Deployment, load_workload, simulate, usd_per_million
-from bench.model.capacity import capacity
+from bench.model import capacity as memory
 from bench.sweep import Search, sweep
 
 MODEL_STAGES = 40  # the simulator's sweep is cheap: it goes on until the SLO breaks
@@ -65,7 +65,7 @@ def fit_problems(campaign: Campaign) -> list[str]:
             if dep.model is not None and "does not model" not in why:
                 out.append(f"deployments[{i}] ({dep.name}): {why.removeprefix('not predicted: ')}")
             continue
-        c = capacity(d)
+        c = memory.capacity(d)
         if not c.fits:
             out.append(f"deployments[{i}] ({dep.name}): {dep.model} ({dep.weights} weights, {dep.kv_dtype} KV) does "
                        f"not fit {dep.gpus}x {dep.gpu}: {c.weight_bytes_per_gpu / 2**30:,.1f} GiB of weights per GPU "

@@ -29,8 +29,7 @@ from bench.campaign.predict import WARMUP_SHARE
 from bench.campaign.spec import Campaign, DeploymentSpec, Load, cell_key
 from bench.campaign.stage import COUNTS, Stage, drain_s, judge, longest_answer, meets, shown, stage_counts
 from bench.errors import BadInput
-from bench.model import catalog, usd_per_million
-from bench.model.confidence import mean_interval
+from bench.model import catalog, mean_interval, usd_per_million
 from bench.store import Store
 from bench.sweep import Found, Search, sweep
 
@@ -173,7 +172,7 @@ def _cell(store: Store, cid: str, dep: DeploymentSpec, load: Load, server: Launc
         opts = RunOptions(target=server.url, profile=profile, overrides=over, workload=load.workload, db=store.path,
                           label=f"campaign {key}" + (f" @{rate:.3g}rps" if rate is not None else "")
                           + (f" #{seed + 1}" if load.repeats > 1 else ""), slo=slo, seed=seed,
-                          warmup_s=warmup, live=False, quiet=True, drain_s=drain,
+                          warmup_s=warmup, live=False, quiet=True, drain_s=drain, late_after_s=slo.ttft_s,
                           run_config={"campaign": cid, "cell": key, "time_scale": scale, "repeat": seed,
                                       # what the server was offered, as a sweep stage of `capbench run` stores it
                                       "offered_rps": None if rate is None else rate * scale,

@@ -21,7 +21,7 @@ def campaign(
 
     spec = load_campaign(file)
     if check:
-        from bench.campaign.predict import check_fits
+        from bench.campaign import check_fits
 
         check_fits(spec, file)
         print(f"{file}: {len(spec.deployments)} deployments x {len(spec.loads)} loads, no problem found")

@@ -16,12 +16,14 @@ fit        the model's factors fitted to the corpus, with leave-one-source-out e
 calibration the factors and where they come from (data/calibration)
 spec       a deployment on one line: MODEL@GPUxN,key=value
 launch     SGLang command lines for a deployment
+confidence 90 % intervals of measured figures from repeats, and of a gain between two deployments
 """
 
 from bench.model import (
     calibration,
     capacity,
     catalog,
+    confidence,
     corpus,
     fit,
     launch,
@@ -37,6 +39,7 @@ from bench.model import (
 )
 from bench.model.calibration import Efficiency, load_efficiency
 from bench.model.capacity import Capacity, Deployment
+from bench.model.confidence import Interval, gain_interval, gain_words, mean_interval
 from bench.model.option import HOURS_PER_MONTH, Config, Option
 from bench.model.perfmodel import PerfModel, usd_per_million
 from bench.model.plan import Plan, Question, make_plan, workload_names
@@ -52,5 +55,6 @@ __all__ = [
     "scheduler", "simulate", "slo", "spec", "validate", "workload", "Efficiency", "load_efficiency",
     "Capacity", "Deployment", "HOURS_PER_MONTH", "Config", "Option", "PerfModel", "Plan", "Question", "make_plan",
     "workload_names", "Prediction", "search_rate", "Request", "Scheduler", "Point", "Sweep", "Slo", "parse_slo",
-    "Spec", "parse_spec", "Workload", "fixed_workload", "load_workload", "usd_per_million",
+    "Spec", "parse_spec", "Workload", "fixed_workload", "load_workload", "usd_per_million", "confidence",
+    "Interval", "gain_interval", "gain_words", "mean_interval",
 ]

@@ -14,7 +14,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench.model.confidence import gain_interval, gain_words
+from bench.model import gain_interval, gain_words
 from bench.store import Store
 
 
