@@ -147,7 +147,8 @@ def parse_campaign(text: str, source: str = "campaign") -> Campaign:
     deps = [_deployment(problems, f"deployments[{i}]", d, timeout)
             for i, d in enumerate(_list(problems, "deployments", raw.get("deployments")))]
     deps = _with_stop_grace(problems, raw, deps)
-    loads = [_load(problems, f"loads[{i}]", x, slo, duration)
+    base = Path(source).parent if Path(source).is_file() else None
+    loads = [_load(problems, f"loads[{i}]", x, slo, duration, base)
              for i, x in enumerate(_list(problems, "loads", raw.get("loads")))]
     loads = _with_repeats(problems, raw, loads)
     deps, loads = [d for d in deps if d], [x for x in loads if x]
@@ -175,6 +176,17 @@ def _with_stop_grace(problems: Problems, raw: dict, deps: list) -> list:
             d = replace(d, stop_grace_s=top)
         out.append(d)
     return out
+
+
+def workload_path(workload: str, base: Path | None) -> str:
+    """A workload file named relative to the campaign file resolves against that file's folder (so a campaign runs
+    the same from any folder); a built-in name or an absolute path stays as it is."""
+    from bench.model import workload_names
+
+    if base is None or workload in workload_names() or Path(workload).is_absolute():
+        return workload
+    beside = base / workload
+    return str(beside.resolve()) if beside.is_file() else workload
 
 
 def _with_repeats(problems: Problems, raw: dict, loads: list) -> list:
@@ -345,7 +357,8 @@ OWN_FLAGS = {"--model-path", "--tp", "--tp-size", "--dp", "--dp-size", "--ep", "
              "--port", "--host"}
 
 
-def _load(problems: Problems, where: str, raw: object, slo: Slo, duration: float | None) -> Load | None:
+def _load(problems: Problems, where: str, raw: object, slo: Slo, duration: float | None,
+          base: Path | None = None) -> Load | None:
     if not isinstance(raw, dict):
         problems.add(where, "a load is a mapping with a name, a workload and a profile")
         return None
@@ -353,7 +366,7 @@ def _load(problems: Problems, where: str, raw: object, slo: Slo, duration: float
     name = str(raw.get("name") or raw.get("workload") or "")
     if not NAME.match(name):
         problems.add(f"{where}.name", f"a name of letters, digits, . _ - is required, got {name!r}")
-    workload = str(raw.get("workload", "chat"))
+    workload = workload_path(str(raw.get("workload", "chat")), base)
     from bench.model import workload_names
 
     if workload not in workload_names() and not Path(workload).is_file():

@@ -63,3 +63,18 @@ def test_repeats_are_checked():
             assert "loads[0].repeats: a whole number from 1 to 20" in str(e)
         else:
             raise AssertionError(f"repeats: {bad} passed")
+
+
+def test_workload_paths_resolve_against_the_campaign_file(tmp_path):
+    (tmp_path / "wl").mkdir()
+    (tmp_path / "wl" / "mine.yaml").write_text(
+        "name: mine\ntype: chat\ninput: {dist: fixed, value: 100}\noutput: {dist: fixed, value: 20}\n")
+    f = tmp_path / "c.yaml"
+    f.write_text("name: rel\nslo: \"ttft=10s\"\ndeployments:\n  - {name: t, twin: 'glm-4.6@h200x8'}\n"
+                 "loads:\n  - {name: a, workload: wl/mine.yaml, profile: poisson, rate: 1}\n")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    out = subprocess.run([*CLI, str(f), "--check"], capture_output=True, text=True, timeout=120, cwd=elsewhere)
+    assert out.returncode == 0 and "no problem found" in out.stdout, out.stderr
+    c = parse_campaign(f.read_text(), str(f))
+    assert c.loads[0].workload == str((tmp_path / "wl" / "mine.yaml").resolve())
