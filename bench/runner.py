@@ -14,9 +14,11 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -63,6 +65,7 @@ class RunOptions:
     read_timeout_s: float = 120.0
     drain_s: float = 60.0
     late_after_s: float | None = None  # a TTFT bound: the run ends once every request in flight is past it (misses)
+    gone: Callable[[], bool] | None = None  # the run ends as soon as this says the server is gone (its process exited)
     max_inflight: int | None = None
     live: bool = True
     quiet: bool = False  # no start line, no summary table (the demo prints its own)
@@ -298,7 +301,7 @@ def _drive(opts: RunOptions, prof: profiles.Profile, config: dict, run_id: str, 
 
     def done(_run_time: float) -> bool:
         now = time.time()
-        if state["aborted"]:
+        if state["aborted"] or (opts.gone is not None and opts.gone()):
             return True
         if now < state["t0"] + config["duration_s"]:
             return False
@@ -392,8 +395,6 @@ def _wait_for_workers(env: Environment, n: int, procs: list, timeout_s: float = 
 
 
 def _free_port() -> int:
-    import socket
-
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]

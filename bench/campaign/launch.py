@@ -144,6 +144,11 @@ class Launched:
                                    f"{self.dep.health_timeout_s:g} s", tail(self.log))
             time.sleep(0.5)
 
+    def exited(self) -> bool:
+        """Whether the launched process (or the twin) has exited: polled while a stage runs, so a server that dies
+        mid-stage ends the stage within a second or two."""
+        return any(p is not None and p.poll() is not None for p in (self.proc, self.target and self.target.proc))
+
     def alive(self) -> str | None:
         """None while the deployment serves; else why not (a server that died mid-run fails its cell)."""
         if self.proc is not None and self.proc.poll() is not None:
