@@ -95,8 +95,9 @@ def _fi(v: float | None, interval: list | None, spec: str = ".3g", suffix: str =
     return f"{v:{spec}}{suffix} [{lo:{spec}}-{hi:{spec}}]"
 
 
-def campaign_sections(m: Matrix, stages: bool = False) -> list[tuple[str, list[str], list[list[str]]]]:
-    """(title, header, rows) of the report's tables, in the order shown; `stages`: every stage's request counts."""
+def campaign_sections(m: Matrix, detail: bool = False) -> list[tuple[str, list[str], list[list[str]]]]:
+    """(title, header, rows) of the report's tables, in the order shown; `detail`: also each cell's conditions and
+    every stage's request counts (the HTML report and the Campaigns page; the terminal has the stage lines)."""
     cells = [[c["cell"], c["status"], _fi(c.get("measured_rps"), c.get("measured_rps_interval"))
               + (" (lower bound)" if c.get("lower_bound") else ""),
               _f(c.get("predicted_rps")) if not c.get("not_predicted") else "not predicted",
@@ -119,7 +120,10 @@ def campaign_sections(m: Matrix, stages: bool = False) -> list[tuple[str, list[s
          ["deployment", "baseline", "load", "what differs", "measured gain", "what it says", "predicted gain",
           "measured vs predicted"], gains),
     ]
-    if stages:
+    if detail:
+        out.insert(0, ("Conditions of each cell (rates and latencies in the modelled GPUs' time)",
+                       ["cell", "model", "GPUs", "tp/dp/ep", "KV cache", "weights", "checksum", "flags", "workload",
+                        "SLO", "twin"], [_conditions(c) for c in m.cells]))
         rows = [[c["cell"], str(p.get("repeat", 0) + 1), _f(p.get("rate")), "yes" if p.get("meets") else "no",
                  *(str(p.get(k, "-")) for k in ("sent", "completed", "missed", "cut_off", "errored")),
                  _f(p.get("ttft_p90")), _f(p.get("tpot_p90")), p.get("why") or ""]
@@ -128,6 +132,15 @@ def campaign_sections(m: Matrix, stages: bool = False) -> list[tuple[str, list[s
                     ["cell", "repeat", "req/s", "within the SLO", "sent", "completed", "missed", "of which cut off",
                      "errored", "TTFT p90 s", "TPOT p90 s", "why not"], rows))
     return out
+
+
+def _conditions(c: dict) -> list[str]:
+    par = c.get("parallel") or {}
+    return [c["cell"], str(c.get("model") or "-"), f"{c.get('gpus', '-')}x {c.get('gpu', '-')}",
+            f"{par.get('tp', c.get('gpus', '-'))}/{par.get('dp', 1)}/{par.get('ep', 1)}", str(c.get("kv_dtype", "-")),
+            str(c.get("weights", "-")), str(c.get("kv_checksum", "-")), " ".join(map(str, c.get("flags") or [])) or "-",
+            str(c.get("workload", "-")), str(c.get("slo", "-")),
+            f"{c['twin']} (x{c.get('time_scale', 1):g} time)" if c.get("twin") else "-"]
 
 
 def _first_line(text: str | None) -> str:
@@ -156,7 +169,7 @@ def campaign_tables(m: Matrix):
 
 def campaign_html(m: Matrix) -> str:
     parts = [f"<h1>Campaign {html.escape(m.name)}</h1>"]
-    for title, head, rows in campaign_sections(m, stages=True):
+    for title, head, rows in campaign_sections(m, detail=True):
         parts.append(f"<h2>{html.escape(title)}</h2><table><tr>"
                      + "".join(f"<th>{html.escape(h)}</th>" for h in head) + "</tr>"
                      + "".join("<tr>" + "".join(f"<td>{html.escape(v)}</td>" for v in r) + "</tr>" for r in rows)
