@@ -1,6 +1,8 @@
 """Campaigns: the benchmark matrix (deployments x loads, with an SLO) run end to end on SGLang, twins or URLs.
 
 spec    the campaign file: schema and every problem found before anything launches
+keys    the measurement keys of the file: stop_grace, repeats, workload paths relative to the file
+predict what the model says: whether each deployment fits (before launch), its answer to a cell's sweep
 launch  a deployment up and down: twin, URL, `capbench sglang-launch`, or that through the user's template
 own     one runner per campaign (a lock), the launched servers recorded, identified, and stopped (leftovers too)
 stage   one sweep stage judged: every request sent counts, the cut-off ones as misses

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import hashlib
 import re
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
 
+from bench.campaign.keys import with_repeats, with_stop_grace, workload_path
 from bench.errors import BadInput
 from bench.model import Deployment, Slo, catalog, parse_slo
 
@@ -146,11 +147,11 @@ def parse_campaign(text: str, source: str = "campaign") -> Campaign:
     timeout = _number(problems, "health_timeout", raw.get("health_timeout", 600.0))
     deps = [_deployment(problems, f"deployments[{i}]", d, timeout)
             for i, d in enumerate(_list(problems, "deployments", raw.get("deployments")))]
-    deps = _with_stop_grace(problems, raw, deps)
+    deps = with_stop_grace(problems, raw, deps)
     base = Path(source).parent if Path(source).is_file() else None
     loads = [_load(problems, f"loads[{i}]", x, slo, duration, base)
              for i, x in enumerate(_list(problems, "loads", raw.get("loads")))]
-    loads = _with_repeats(problems, raw, loads)
+    loads = with_repeats(problems, raw, loads)
     deps, loads = [d for d in deps if d], [x for x in loads if x]
     for kind, items in (("deployments", deps), ("loads", loads)):
         names = [x.name for x in items]
@@ -163,55 +164,6 @@ def parse_campaign(text: str, source: str = "campaign") -> Campaign:
         raise BadInput(f"{source}: {len(problems)} problem(s) in the campaign file\n" + "\n".join(problems))
     return Campaign(name, str(raw.get("description") or ""), deps, loads, text,
                     hashlib.sha256(text.encode()).hexdigest()[:12])
-
-
-def _with_stop_grace(problems: Problems, raw: dict, deps: list) -> list:
-    """Each deployment's stop_grace (seconds between SIGTERM and SIGKILL), its own or the campaign's, default 30."""
-    top = _grace(problems, "stop_grace", raw.get("stop_grace", 30.0))
-    out = []
-    for i, (d, r) in enumerate(zip(deps, raw.get("deployments") or [], strict=False)):
-        if d is not None and isinstance(r, dict) and "stop_grace" in r:
-            d = replace(d, stop_grace_s=_grace(problems, f"deployments[{i}].stop_grace", r["stop_grace"]))
-        elif d is not None:
-            d = replace(d, stop_grace_s=top)
-        out.append(d)
-    return out
-
-
-def workload_path(workload: str, base: Path | None) -> str:
-    """A workload file named relative to the campaign file resolves against that file's folder (so a campaign runs
-    the same from any folder); a built-in name or an absolute path stays as it is."""
-    from bench.model import workload_names
-
-    if base is None or workload in workload_names() or Path(workload).is_absolute():
-        return workload
-    beside = base / workload
-    return str(beside.resolve()) if beside.is_file() else workload
-
-
-def _with_repeats(problems: Problems, raw: dict, loads: list) -> list:
-    """Each load's `repeats` (1 to 20): how many times its sweep runs, for intervals on its figures."""
-    out = []
-    for i, (x, r) in enumerate(zip(loads, raw.get("loads") or [], strict=False)):
-        if x is not None and isinstance(r, dict) and "repeats" in r:
-            n = r["repeats"]
-            if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= 20:
-                problems.add(f"loads[{i}].repeats", f"a whole number from 1 to 20, got {n!r}")
-            else:
-                x = replace(x, repeats=n)
-        out.append(x)
-    return out
-
-
-def _grace(problems: Problems, where: str, value: object) -> float:
-    try:
-        v = float(value)
-    except (TypeError, ValueError):
-        v = -1.0
-    if not 0 <= v <= 3600:
-        problems.add(where, f"seconds from 0 to 3600, got {value!r}")
-        return 30.0
-    return v
 
 
 def _unknown(problems: Problems, where: str, raw: dict, known: set[str]) -> None:
