@@ -36,11 +36,14 @@ def main() -> None:
     both = [(first[(g["deployment"], g["load"])], g) for g in runs[1]["gains"]
             if (g["deployment"], g["load"]) in first]
     for a_, b in both:
-        print(f"  {b['deployment']}, {b['load']}: {'overlap' if _overlap(a_, b) else 'DO NOT overlap'}")
+        o = _overlap(a_, b)
+        print(f"  {b['deployment']}, {b['load']}: "
+              f"{'no intervals to compare (one run each)' if o is None else 'overlap' if o else 'DO NOT overlap'}")
     narrow = sum(1 for out in runs for g in out["gains"] if _half(g) is not None and _half(g) <= GOAL_HALF_WIDTH)
     total = sum(len(out["gains"]) for out in runs)
     times = ", ".join(f"{o['elapsed_s']:.0f} s" for o in runs)
-    print(f"{sum(_overlap(x, y) for x, y in both)} of {len(both)} pairs overlap; {narrow} of {total} intervals within "
+    overlapping = sum(bool(_overlap(x, y)) for x, y in both)
+    print(f"{overlapping} of {len(both)} pairs overlap; {narrow} of {total} intervals within "
           f"+-{GOAL_HALF_WIDTH:.0%}; wall time {times}")
 
 
@@ -55,10 +58,10 @@ def _width(g: dict) -> str:
     return "no interval" if h is None else f"+-{h:.1%} {'(within' if h <= GOAL_HALF_WIDTH else '(WIDER than'} +-10 %)"
 
 
-def _overlap(a: dict, b: dict) -> bool:
+def _overlap(a: dict, b: dict) -> bool | None:
     (alo, ahi), (blo, bhi) = a.get("gain_interval") or [None, None], b.get("gain_interval") or [None, None]
     if None in (alo, ahi, blo, bhi):
-        return False
+        return None
     return alo <= bhi and blo <= ahi
 
 

@@ -132,7 +132,9 @@ def _wait_for(proc: subprocess.Popen, text: str, timeout_s: float = 120) -> list
 
 
 def test_a_resume_beside_the_live_campaign_is_refused(tmp_path):
-    f = _campaign(tmp_path, [_launcher("bf16", "bf16", tmp_path)])
+    # one long load point, so the live campaign is still running when the resume starts, however slow the machine
+    f = _campaign(tmp_path, [_launcher("bf16", "bf16", tmp_path)],
+                  "  - {name: a, workload: chat, profile: poisson, rate: 2, duration: 25}\n")
     db = tmp_path / "c.duckdb"
     live = _start(f, db)
     seen = _wait_for(live, "bf16: starting")
@@ -144,7 +146,7 @@ def test_a_resume_beside_the_live_campaign_is_refused(tmp_path):
     rest = live.communicate(timeout=300)[1]
     assert live.returncode == 0, rest[-3000:]
     per_cell = [c for c, *_ in _runs(db)]
-    assert sorted(per_cell) == ["bf16/a", "bf16/b"]  # each cell measured once, by the live runner alone
+    assert per_cell == ["bf16/a"]  # measured once, by the live runner alone
     assert _dead(tmp_path / "pids") == []
 
 
