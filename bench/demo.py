@@ -46,9 +46,7 @@ def run_demo(db: Path = Path("data/capbench.duckdb"), report: Path = Path("repor
     console.print(rep.campaign_tables(matrix))
     gains = [g for g in matrix.gains if g["what"] == "FP8 KV"]
     for g in gains:
-        console.print(f"FP8 KV, {g['deployment']} vs {g['baseline']}, {g['load']}: measured "
-                      f"{_x(g['measured_gain'])} at saturation, predicted {_x(g['predicted_gain'])}"
-                      + (f" ({g['error']:+.0%})" if g["error"] is not None else ""), highlight=False)
+        console.print(f"FP8 KV, {gain_line(g)}", highlight=False)
     report.parent.mkdir(parents=True, exist_ok=True)
     campaign_html = rep.write_campaign(matrix, report.with_name(report.stem + "-campaign.html"))
     reports = []  # one section per model the campaign ran, each with that model's best run per cell
@@ -67,3 +65,12 @@ def run_demo(db: Path = Path("data/capbench.duckdb"), report: Path = Path("repor
 
 def _x(v: float | None) -> str:
     return "-" if v is None else f"{v:.2f}x"
+
+
+def gain_line(g: dict) -> str:
+    """One gain as the demo and its benchmark print it: measured with its 90 % interval and what that says."""
+    lo, hi = g.get("gain_interval") or [None, None]
+    interval = f" [{lo:.2f}-{hi:.2f}] (90 %)" if lo is not None and hi is not None else ""
+    return (f"{g['deployment']} vs {g['baseline']}, {g['load']}: measured {_x(g['measured_gain'])}{interval} at "
+            f"saturation, {g.get('verdict', '')}; predicted {_x(g['predicted_gain'])}"
+            + (f" ({g['error']:+.0%})" if g["error"] is not None else ""))

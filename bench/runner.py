@@ -14,9 +14,11 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -63,6 +65,8 @@ class RunOptions:
     timeout_s: float = 600.0
     read_timeout_s: float = 120.0
     drain_s: float = 60.0
+    late_after_s: float | None = None  # a TTFT bound: the run ends once every request in flight is past it (misses)
+    gone: Callable[[], bool] | None = None  # the run ends as soon as this says the server is gone (its process exited)
     max_inflight: int | None = None
     live: bool = True
     quiet: bool = False  # no start line, no summary table (the demo prints its own)
@@ -87,8 +91,6 @@ class RunResult:
 
 
 def discover_model(target: str, api_key_env: str | None) -> str:
-    import os
-
     import httpx
 
     headers = {"Authorization": f"Bearer {os.environ.get(api_key_env, '')}"} if api_key_env else {}
@@ -120,8 +122,6 @@ def prepare(opts: RunOptions) -> tuple[profiles.Profile, workloads.Workload, str
     if opts.max_inflight is not None and opts.max_inflight < 1:
         raise BadInput(f"--max-inflight must be >= 1, not {opts.max_inflight}")
     if opts.api_key_env:
-        import os
-
         if not os.environ.get(opts.api_key_env):
             raise BadInput(f"environment variable {opts.api_key_env} (--api-key-env) is not set")
     model = opts.model or discover_model(opts.target, opts.api_key_env)
@@ -288,12 +288,18 @@ def _drive(opts: RunOptions, prof: profiles.Profile, config: dict, run_id: str, 
 
     def done(_run_time: float) -> bool:
         now = time.time()
-        if state["aborted"]:
+        if state["aborted"] or (opts.gone is not None and opts.gone()):
             return True
         if now < state["t0"] + config["duration_s"]:
             return False
         settled = collector.records >= total if total is not None else collector.records >= sent_total()
-        return settled or now > state["t0"] + config["duration_s"] + opts.drain_s
+        return settled or now > state["t0"] + config["duration_s"] + opts.drain_s or _all_late(now)
+
+    def _all_late(now: float) -> bool:  # each measured request in flight already missed the TTFT bound
+        if opts.late_after_s is None or total is None or sent_total() < total:
+            return False
+        return all((r.get("first_token_at") or now) - r["scheduled_at"] > opts.late_after_s
+                   for r in collector.inflight() if r.get("phase") == "measured")
 
     if prof.open_loop:
         env.shape_class = profiles.PoolShape(pool, done)
@@ -391,8 +397,6 @@ def _wait_for_workers(env: Environment, n: int, procs: list, timeout_s: float = 
 
 
 def _free_port() -> int:
-    import socket
-
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]

@@ -69,7 +69,8 @@ def token_count(value: object, name: str, notes: list[str]) -> int | None:
 class Stream:
     """What the response said: first/last token times (perf_counter), gaps, chunk count, usage, stream errors."""
 
-    __slots__ = ("start", "first", "last", "gaps", "chunks", "usage", "nbytes", "error", "server_id", "event_max")
+    __slots__ = ("start", "first", "last", "gaps", "chunks", "usage", "nbytes", "error", "server_id", "event_max",
+                 "on_first")
 
     def __init__(self, start: float, event_max: int = EVENT_MAX_BYTES):
         self.start = start
@@ -82,11 +83,14 @@ class Stream:
         self.nbytes = 0
         self.error: RequestFailed | None = None
         self.server_id: str | None = None
+        self.on_first = None  # called with the first token's time, while the answer is still streaming
 
     def _token(self) -> None:
         now = time.perf_counter()
         if self.first is None:
             self.first = now
+            if self.on_first is not None:
+                self.on_first(now)
         else:
             self.gaps.append(now - self.last)
         self.last = now

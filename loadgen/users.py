@@ -161,6 +161,8 @@ class OpenAIUser(FastHttpUser):
                "error": None, "prompt_tokens": None, "completion_tokens": None, "cached_tokens": None,
                "reasoning_tokens": None, "tokens_from": None}
         stream = Stream(start, plan.event_max)
+        # known while it streams, so a run's end can tell a request that is already an SLO miss (late first token)
+        stream.on_first = lambda now: rec.__setitem__("first_token_at", sent_at + (now - start))
         exc: RequestFailed | None = None
         got_headers = False
         if plan.on_sent is not None:  # announced (at the loop's turn this yields to) before it is written

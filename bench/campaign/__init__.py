@@ -3,13 +3,18 @@
 spec    the campaign file: schema and every problem found before anything launches
 guard   what a campaign file may hold: YAML limits, ranges, URLs, template placeholders, workload files, secrets
 templates  launch templates: the operator's by name on `capbench serve`, the user's own on the command line
+keys    the measurement keys of the file: stop_grace, repeats, workload paths relative to the file
+predict what the model says: whether each deployment fits (before launch), its answer to a cell's sweep
 launch  a deployment up and down: twin, URL, `capbench sglang-launch`, or that through the user's template
+own     one runner per campaign (a lock), the launched servers recorded, identified, and stopped (leftovers too)
+stage   one sweep stage judged: every request sent counts, the cut-off ones as misses
 run     the loop: cells, sweeps to saturation, failures recorded with the log, resume
 record  the campaign, its queue status and its cells in the results DB
 queue   `capbench serve`'s runner: the one process that writes, running queued campaigns in turn
 """
 
 from bench.campaign.launch import Launched, LaunchFailed, launch_command
+from bench.campaign.predict import check_fits
 from bench.campaign.queue import pending, queue_dir, run_queue, serve_queue, submit
 from bench.campaign.record import completed_cells, new_campaign
 from bench.campaign.run import run_campaign
@@ -19,5 +24,5 @@ from bench.campaign.templates import Template, operator_templates
 __all__ = [
     "LaunchFailed", "Launched", "launch_command", "completed_cells", "new_campaign", "run_campaign", "Campaign",
     "DeploymentSpec", "Load", "cell_key", "load_campaign", "parse_campaign", "pending", "queue_dir", "run_queue",
-    "serve_queue", "submit", "Template", "operator_templates",
+    "serve_queue", "submit", "Template", "operator_templates", "check_fits",
 ]

@@ -2,15 +2,18 @@
 host, or that command through the user's template (ssh, srun, kubectl) with its stop command after.
 
 The server's output goes to a log file that is kept; a server that does not answer /health within the timeout, or
-exits first, fails with the log's last lines. stop() always runs (the campaign calls it in a finally), and stops
-the process group it started, so Ctrl-C leaves no server behind.
+whose launched process exits first (with or without a template's stop command: the template's process must stay in
+the foreground while the server runs), fails with the log's last lines. The process group is recorded in the DB
+before the health wait, and the server is trusted only while that process lives and its identity matches the
+deployment (bench/campaign/own.py). stop() always runs (the campaign calls it in a finally): the stop command, then
+SIGTERM to the group, the deployment's grace period, SIGKILL; so Ctrl-C leaves no server behind, and a SIGKILLed
+campaign's servers are stopped by the next runner on the DB.
 """
 
 from __future__ import annotations
 
 import os
 import shlex
-import signal
 import socket
 import subprocess
 import sys
@@ -20,13 +23,14 @@ from pathlib import Path
 
 import httpx
 
+from bench.campaign import own
 from bench.campaign.spec import DeploymentSpec
 from bench.errors import BadInput
 from bench.model import launch as sglang_args
+from bench.store import Store
 from bench.twin import Target
 
 LOG_TAIL = 20
-STOP_TIMEOUT_S = float(os.environ.get("CAPBENCH_STOP_TIMEOUT_S", 120))
 
 
 class LaunchFailed(RuntimeError):
@@ -68,8 +72,10 @@ def launch_command(dep: DeploymentSpec, port: int, host: str = "127.0.0.1") -> l
 class Launched:
     """A deployment that is up: its URL, and how to bring it down."""
 
-    def __init__(self, dep: DeploymentSpec, log_dir: Path):
+    def __init__(self, dep: DeploymentSpec, log_dir: Path, store: Store | None = None, cid: str = ""):
         self.dep, self.url = dep, ""
+        self.store, self.cid = store, cid
+        self.expected: dict = {}
         self.proc: subprocess.Popen | None = None
         self.target: Target | None = None
         self.log: Path | None = None
@@ -94,7 +100,8 @@ class Launched:
         cmd = launch_command(dep, port, "0.0.0.0" if dep.template else "127.0.0.1")
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.log = self.log_dir / f"{dep.name}-{int(time.time())}.log"
-        env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+        env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+               **(own.mark(self.store.path, self.cid) if self.store is not None else {})}
         with self.log.open("w") as out:
             if dep.template:
                 fill = {"command": shlex.join(cmd), "port": port, "host": host}
@@ -109,8 +116,14 @@ class Launched:
                 out.flush()
                 self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                              env=env, start_new_session=True)
+        if self.store is not None:
+            own.record_server(self.store, self.cid, dep.name, self.proc, self.stop_command, self.log)
         self.url = f"http://{host}:{port}"
+        self.expected = {"model": cmd[cmd.index("--model-path") + 1], "tp": dep.gpus, "kv_dtype": dep.kv_dtype}
         self.wait_healthy(interrupted)
+        wrong = own.mismatch(self.expected, own.identity(self.url))
+        if wrong:
+            raise LaunchFailed(f"{dep.name}: {wrong}", tail(self.log))
 
     def wait_healthy(self, interrupted: Callable[[], bool]) -> None:
         """Until GET /health answers 200, the process exits, or the deployment's health_timeout passes."""
@@ -123,7 +136,7 @@ class Launched:
                     return
             except httpx.HTTPError:
                 pass
-            if self.proc is not None and self.proc.poll() is not None and not self.stop_command:
+            if self.proc is not None and self.proc.poll() is not None:
                 raise LaunchFailed(f"{self.dep.name}: the server exited with code {self.proc.returncode} before "
                                    f"{self.url}/health answered", tail(self.log))
             if time.monotonic() > deadline:
@@ -131,47 +144,43 @@ class Launched:
                                    f"{self.dep.health_timeout_s:g} s", tail(self.log))
             time.sleep(0.5)
 
+    def exited(self) -> bool:
+        """Whether the launched process (or the twin) has exited: polled while a stage runs, so a server that dies
+        mid-stage ends the stage within a second or two."""
+        return any(p is not None and p.poll() is not None for p in (self.proc, self.target and self.target.proc))
+
     def alive(self) -> str | None:
         """None while the deployment serves; else why not (a server that died mid-run fails its cell)."""
-        if self.proc is not None and self.proc.poll() is not None and not self.stop_command:
-            return f"the server exited with code {self.proc.returncode}"
+        if self.proc is not None and self.proc.poll() is not None:
+            return f"the server's launched process exited with code {self.proc.returncode}"
         if self.target is not None and self.target.proc.poll() is not None:
             return f"the twin exited with code {self.target.proc.returncode}"
         try:
             httpx.get(f"{self.url}/health", timeout=10).raise_for_status()
         except httpx.HTTPError as e:
             return f"{self.url}/health no longer answers ({type(e).__name__})"
+        if self.expected:
+            return own.mismatch(self.expected, own.identity(self.url))
         return None
 
     def stop(self) -> None:
-        """The template's stop command, then the process group capbench started: TERM, and KILL after 30 s."""
+        """The template's stop command, then the process group capbench started: SIGTERM, the deployment's grace
+        period (SGLang's own shutdown goes to the log), SIGKILL. Stops even when the log or the DB is gone."""
         if self.target is not None:
             self.target.close()
-        if self.stop_command:
-            with (self.log or Path(os.devnull)).open("a") as out:
-                out.write(f"$ {self.stop_command}\n")
-                out.flush()
-                stopper = subprocess.Popen(self.stop_command, shell=True, stdout=out, stderr=subprocess.STDOUT,
-                                           stdin=subprocess.DEVNULL, start_new_session=True)
-                try:
-                    stopper.wait(timeout=STOP_TIMEOUT_S)
-                except subprocess.TimeoutExpired:  # a hung stop command is killed with its children
-                    _signal_group(stopper, signal.SIGKILL)
-                    stopper.wait()
-                    out.write(f"the stop command did not finish within {STOP_TIMEOUT_S:g} s: killed\n")
-        if self.proc is not None and self.proc.poll() is None:
-            _signal_group(self.proc, signal.SIGTERM)
+        try:
+            out = (self.log or Path(os.devnull)).open("a")
+        except OSError:
+            out = open(os.devnull, "a")  # noqa: SIM115 (closed below)
+        with out:
+            if self.stop_command:
+                own.run_stop_command(self.stop_command, out)
+            if self.proc is not None:
+                own.stop_group(self.proc.pid, self.dep.stop_grace_s, lambda line: print(line, file=out, flush=True),
+                               self.proc.poll)
+                self.proc.poll()
+        if self.proc is not None and self.store is not None:
             try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                _signal_group(self.proc, signal.SIGKILL)
-                self.proc.wait()
-        if self.proc is not None:
-            _signal_group(self.proc, signal.SIGKILL)  # children the leader left behind
-
-
-def _signal_group(proc: subprocess.Popen, sig: int) -> None:
-    try:
-        os.killpg(proc.pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
+                own.server_stopped(self.store, self.cid, self.proc.pid)
+            except Exception:  # noqa: BLE001 (the DB went away: the server is stopped all the same)
+                pass

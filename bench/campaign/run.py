@@ -14,43 +14,24 @@ answer.
 
 from __future__ import annotations
 
-import math
 import os
 import signal
 import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import replace
 from pathlib import Path
 
-from bench.campaign import guard, record
+from bench.campaign import guard, own, predict, record
 from bench.campaign.launch import Launched, LaunchFailed, tail
+from bench.campaign.predict import WARMUP_SHARE
 from bench.campaign.spec import Campaign, DeploymentSpec, Load, cell_key
+from bench.campaign.stage import COUNTS, Stage, drain_s, judge, longest_answer, meets, shown, stage_counts
 from bench.errors import BadInput
-from bench.model import Slo, catalog, interval, load_workload, pd_simulate, simulate, usd_per_million
+from bench.model import catalog, mean_interval, usd_per_million
 from bench.store import Store
-
-RUN_ERRORS_OK = 0.01  # a stage with a larger share of failed requests misses the SLO
-MODEL_STAGES = 40  # the simulator's sweep is cheap: it goes on until the SLO breaks
-CUT_OFF_TTFT = 1e9  # the TTFT counted for a request that had no first token when the run ended
-CUT_OFF_KINDS = ("aborted", "cancelled")  # a request the run's end stopped (issue 18's loadgen says cancelled)
-WARMUP_SHARE = 0.25  # of a stage's duration, run before it and not measured: the simulator's first 20 %
-
-
-@dataclass
-class Stage:
-    rate: float  # offered, requests/s of the deployment's GPUs
-    run_id: str
-    summary: dict
-    meets: bool
-    why: str  # what missed, or ""
-
-    @property
-    def goodput(self) -> float:
-        """Requests/s within the SLO: the offered rate times the share of requests that met it (a short stage's
-        finished-per-second still counts the ramp, so it would stop rising before the server does)."""
-        return self.rate * (self.summary.get("slo_attainment") or 0.0)
+from bench.sweep import Found, Search, sweep
 
 
 class Interrupt:
@@ -82,19 +63,24 @@ def run_campaign(campaign: Campaign, db: Path, source: str = "", resume: bool = 
                  log_dir: Path | None = None, say: Callable[[str], None] | None = None) -> str:
     """Runs the campaign (or continues it: `resume`, or a queued `cid`); returns its id."""
     say = say or (lambda line: print(line, file=sys.stderr, flush=True))
+    predict.check_fits(campaign, source or campaign.name)  # before anything launches
     store = Store(db)
     if cid is None and resume:
         cid = record.resumable(store, campaign)
         if cid is None:
             raise BadInput(f"no unfinished campaign {campaign.name!r} with this file in {db} to resume")
     cid = cid or record.new_campaign(store, campaign, source)
-    record.set_status(store, cid, "running")
-    done = record.completed_cells(store, cid)
-    log_dir = log_dir or db.parent / "campaign-logs" / cid
-    say(f"campaign {campaign.name} {cid}: {len(campaign.cells())} cells, {len(done)} already completed, into {db}")
+    owner = own.lock(db, cid)  # a second runner of this campaign is refused here
     stop = Interrupt()
     status = "aborted"
     try:
+        grace = max((d.stop_grace_s for d in campaign.deployments), default=30.0)
+        own.stop_leftovers(store, db, grace, say, mine=cid)
+        record.set_status(store, cid, "running")
+        done = record.completed_cells(store, cid)
+        log_dir = log_dir or db.parent / "campaign-logs" / cid
+        say(f"campaign {campaign.name} {cid}: {len(campaign.cells())} cells, {len(done)} already completed, "
+            f"into {db}")
         failed = 0
         for dep in campaign.deployments:
             todo = [x for x in campaign.loads if cell_key(dep, x) not in done]
@@ -104,6 +90,7 @@ def run_campaign(campaign: Campaign, db: Path, source: str = "", resume: bool = 
     finally:
         stop.close()
         record.set_status(store, cid, status)
+        owner.close()
         say(f"campaign {cid} {status}")
     return cid
 
@@ -111,7 +98,7 @@ def run_campaign(campaign: Campaign, db: Path, source: str = "", resume: bool = 
 def _deployment(store: Store, cid: str, campaign: Campaign, dep: DeploymentSpec, loads: list[Load], log_dir: Path,
                 stop: Interrupt, say: Callable[[str], None]) -> int:
     """Launch, run the loads, stop. Returns how many cells failed."""
-    server = Launched(dep, log_dir)
+    server = Launched(dep, log_dir, store, cid)
     failed = 0
     try:
         say(f"{dep.name}: starting ({dep.kind})")
@@ -169,11 +156,12 @@ def _cell(store: Store, cid: str, dep: DeploymentSpec, load: Load, server: Launc
     key = cell_key(dep, load)
     scale = dep.time_scale
     slo = load.slo.scaled(scale)
-    # after the last arrival, wait as long as a first token may take within the SLO: a request still without one
-    # then misses it anyway, and one that has it is judged on it (_cut_off)
-    drain = min(load.duration_s, 1.2 * slo.ttft_s + 0.5) if slo.ttft_s else load.duration_s
+    # after the last arrival, the requests still running are waited for up to the SLO's bound for a full answer;
+    # what is still running then is cut off and counts as a miss (bench/campaign/stage.py)
+    drain = drain_s(slo, longest_answer(load.workload))
+    drain = load.duration_s if drain is None else drain
 
-    def stage(rate: float | None, users: int | None = None) -> Stage:
+    def stage(rate: float | None, users: int | None = None, seed: int = 0) -> Stage:
         stop.check()
         if rate is not None:
             profile, over = "poisson", {"rate": rate * scale, "duration": load.duration_s}
@@ -182,10 +170,11 @@ def _cell(store: Store, cid: str, dep: DeploymentSpec, load: Load, server: Launc
             profile, over = "users", {"users": users, "duration": load.duration_s}
             warmup = 0.0
         opts = RunOptions(target=server.url, profile=profile, overrides=over, workload=load.workload, db=store.path,
-                          label=f"campaign {key}" + (f" @{rate:.3g}rps" if rate is not None else ""), slo=slo,
-                          warmup_s=warmup, live=False, quiet=True, drain_s=drain,
-                          api_key_env=guard.secret_env(dep.sglang.get("flags", [])),
-                          run_config={"campaign": cid, "cell": key, "time_scale": scale,
+                          label=f"campaign {key}" + (f" @{rate:.3g}rps" if rate is not None else "")
+                          + (f" #{seed + 1}" if load.repeats > 1 else ""), slo=slo, seed=seed,
+                          warmup_s=warmup, live=False, quiet=True, drain_s=drain, late_after_s=slo.ttft_s,
+                          gone=server.exited, api_key_env=guard.secret_env(dep.sglang.get("flags", [])),
+                          run_config={"campaign": cid, "cell": key, "time_scale": scale, "repeat": seed,
                                       # what the server was offered, as a sweep stage of `capbench run` stores it
                                       "offered_rps": None if rate is None else rate * scale,
                                       **({"twin": dep.twin} if dep.twin else {})})
@@ -197,77 +186,36 @@ def _cell(store: Store, cid: str, dep: DeploymentSpec, load: Load, server: Launc
         why = server.alive()
         if why is not None:
             raise LaunchFailed(f"{dep.name} went down during {key}: {why}", tail(server.log))
-        summary = {**res.summary, **_cut_off(store, res.run_id, slo)}
-        ok, miss = _meets(summary, slo, scale)
+        summary = {**res.summary, **judge(store, res.run_id, slo)}
+        ok, miss = meets(summary, slo, scale)
         s = Stage(rate or 0.0, res.run_id, summary, ok, miss)
         say(f"{key}: {'' if rate is None else f'{rate:.3g} req/s: '}goodput {s.goodput:.3g} req/s, "
-            f"{'within the SLO' if ok else miss}")
+            f"{'within the SLO' if ok else miss}; {stage_counts(summary)}")
         return s
 
-    if load.profile != "sweep":
-        s = stage(load.rate, load.users)
-        stages, best, saturation = [s], s if s.meets else None, "one load point"
-        predicted = _predicted(dep, load)
-    else:
-        predicted = _predicted(dep, load)
-        start = load.sweep.start
+    search = _search(load)
+    predicted = predict.predicted(dep, load, search) if search else {"predicted_rps": None,
+                                                                      "predicted_usd_per_m": None}
+    found = []
+    for seed in range(load.repeats):
+        if load.repeats > 1:
+            say(f"{key}: repeat {seed + 1} of {load.repeats}")
+        if search is None:
+            s = stage(load.rate, load.users, seed)
+            found.append(Found([s], s if s.meets else None, None, "one load point"))
+            continue
+        start = search.start
         if load.sweep.from_model and predicted["predicted_rps"]:
             start = predicted["predicted_rps"]  # up or down from there by what the twin or server does
-        stages, best, saturation = _sweep(load, stage, start)
-    return {**_result(dep, load, stages, best, saturation), **predicted}
+        found.append(sweep(lambda rate, seed=seed: stage(rate, None, seed), replace(search, start=start)))
+    return {**_result(dep, load, found), **predicted}
 
 
-def _sweep(load: Load, stage: Callable[[float], Stage], start: float, max_stages: int | None = None
-           ) -> tuple[list[Stage], Stage | None, str]:
+def _search(load: Load) -> Search | None:
     sw = load.sweep
-    stages: list[Stage] = []
-    best: Stage | None = None
-    bad: float | None = None
-    why = "search limit"
-    rate = start
-    while len(stages) < (max_stages or sw.max_stages):
-        s = stage(rate)
-        stages.append(s)
-        if not s.meets:
-            bad, why = rate, f"SLO broke at {rate:.3g} req/s ({s.why})"
-            if best is not None:
-                break
-            rate /= sw.factor  # even the first rate misses: go down until one holds
-            continue
-        if best is not None and s.goodput < best.goodput * (1 + sw.min_gain):
-            bad, why = rate, f"goodput stopped rising at {rate:.3g} req/s"
-            break
-        best = s
-        if bad is not None:
-            break  # came down from a miss to a rate that holds
-        rate *= sw.factor
-    for _ in range(sw.refine if best is not None and bad is not None and bad > best.rate else 0):
-        mid = math.sqrt(best.rate * bad)
-        s = stage(mid)
-        stages.append(s)
-        if s.meets and s.goodput >= best.goodput:
-            best = s
-        else:
-            bad = mid
-    return stages, best, why
-
-
-def _meets(summary: dict, slo: Slo, scale: float = 1.0) -> tuple[bool, str]:
-    """The stage's p-th percentiles within the SLO's bounds, and nearly every request served; the reason it misses
-    in the modelled GPUs' time (a twin `scale` times faster: its latencies x scale), like the rates beside it."""
-    if not summary.get("measured"):
-        return False, "no request measured"
-    failed = summary.get("failed", summary.get("errors") or 0) / summary["measured"]
-    if failed > RUN_ERRORS_OK:
-        return False, f"{failed:.0%} of requests failed"
-    q = slo.percentile
-    for name, bound in (("ttft", slo.ttft_s), ("tpot", slo.tpot_s), ("e2e", slo.e2e_s)):
-        value = summary.get(f"{name}_p{q}")
-        if bound is not None and value is not None and value > bound:
-            if value >= CUT_OFF_TTFT:
-                return False, f"over {100 - q} % of requests had no first token by the run's end"
-            return False, f"{name.upper()} p{q} {value * scale:.3g} s > {bound * scale:.3g} s"
-    return True, ""
+    if sw is None:
+        return None
+    return Search(sw.start, sw.factor, sw.max_stages, sw.refine, sw.min_gain, sw.resolution)
 
 
 @contextmanager
@@ -284,70 +232,36 @@ def _telemetry(value: str | None) -> Iterator[None]:
             os.environ["CAPBENCH_GPU_TELEMETRY"] = before
 
 
-def _cut_off(store: Store, run_id: str, slo: Slo) -> dict:
-    """Failures, the TTFT percentile and the share within the SLO, counting the requests the run's end cut off as
-    the simulator would: one that had its first token has its TTFT and is left out of the share (its tail says
-    nothing about the rate); one that had none waited longer than the run (a TTFT past any bound). Requests that
-    failed otherwise (HTTP errors, timeouts) are failures."""
-    big = CUT_OFF_TTFT
-    cut = ", ".join("?" * len(CUT_OFF_KINDS))
-    with store.connect() as con:
-        failed, ttft, good, counted = con.execute(
-            f"SELECT count(*) FILTER (WHERE status <> 'ok' AND coalesce(error_kind, '') NOT IN ({cut})), "
-            "quantile_disc(CASE WHEN first_token_at IS NULL AND status <> 'ok' THEN ? ELSE ttft_s END, ?), "
-            "count(*) FILTER (WHERE status = 'ok' AND ttft_s <= ? AND coalesce(tpot_s, 0) <= ? AND e2e_s <= ?), "
-            f"count(*) FILTER (WHERE status = 'ok' OR first_token_at IS NULL OR error_kind NOT IN ({cut})) "
-            "FROM requests WHERE run_id = ? AND phase = 'measured'",
-            [*CUT_OFF_KINDS, big, slo.percentile / 100, slo.ttft_s or big, slo.tpot_s or big, slo.e2e_s or big,
-             *CUT_OFF_KINDS, run_id]).fetchone()
-    out = {"failed": failed, "slo_attainment": good / counted if counted else 0.0}
-    return out | ({f"ttft_p{slo.percentile}": ttft} if ttft is not None else {})
-
-
-def _result(dep: DeploymentSpec, load: Load, stages: list[Stage], best: Stage | None, saturation: str) -> dict:
-    """What the report reads: rates and tokens/s in the deployment's own time (a twin's divided by its scale)."""
+def _result(dep: DeploymentSpec, load: Load, found: list[Found]) -> dict:
+    """What the report reads: rates and tokens/s in the deployment's own time (a twin's divided by its scale); with
+    repeats, each figure is their mean with its 90 % interval (bench/model/confidence.py)."""
     scale = dep.time_scale
-    out_tps = (best.summary.get("output_tps") or 0.0) / scale if best else 0.0
     price = catalog.gpu(dep.gpu).price_per_gpu_hour if dep.model else None
+    rates = [f.best.rate if f.best else 0.0 for f in found]
+    tps = [(f.best.summary.get("output_tps") or 0.0) / scale if f.best else 0.0 for f in found]
+    usd = [usd_per_million(price, dep.gpus, t) for t in tps if price and t]
+    goodput = [f.best.goodput if f.best else 0.0 for f in found]
+    rate_i, usd_i, good_i = mean_interval(rates), mean_interval(usd) if usd else None, mean_interval(goodput)
+    middle = sorted(found, key=lambda f: f.best.rate if f.best else 0.0)[len(found) // 2]
+    brackets = [f.bracket for f in found if f.bracket is not None]
     return {
-        "measured_rps": best.rate if best else 0.0, "measured_output_tps": out_tps,
-        "measured_usd_per_m": usd_per_million(price, dep.gpus, out_tps) if price and out_tps else None,
-        "best_run": best.run_id if best else None, "stages": len(stages), "saturation": saturation,
-        "points": [{"rate": s.rate, "run_id": s.run_id, "meets": s.meets, "why": s.why,
-                    "goodput_rps": s.goodput, "ttft_p90": _unscaled(s.summary.get("ttft_p90"), scale),
-                    "tpot_p90": _unscaled(s.summary.get("tpot_p90"), scale)} for s in stages],
+        "measured_rps": rate_i.value, "measured_rps_interval": [rate_i.low, rate_i.high],
+        "measured_goodput_rps": good_i.value, "measured_goodput_interval": [good_i.low, good_i.high],
+        "measured_output_tps": sum(tps) / len(tps),
+        "measured_usd_per_m": usd_i.value if usd_i else None,
+        "measured_usd_per_m_interval": [usd_i.low, usd_i.high] if usd_i else [None, None],
+        "interval_method": rate_i.method, "repeats": len(found), "repeats_rps": rates,
+        "bracket": max(brackets) if brackets else None,
+        "best_run": middle.best.run_id if middle.best else None,
+        "stages": sum(len(f.stages) for f in found), "saturation": middle.why,
+        "lower_bound": any(f.past is None and f.best is not None and load.profile == "sweep" for f in found),
+        "points": [{"repeat": k, "rate": s.rate, "run_id": s.run_id, "meets": s.meets, "why": s.why,
+                    "goodput_rps": s.goodput, "ttft_p90": shown(s.summary.get("ttft_p90"), scale),
+                    "tpot_p90": shown(s.summary.get("tpot_p90"), scale),
+                    **{c: s.summary.get(c) for c in COUNTS}} for k, f in enumerate(found) for s in f.stages],
         "slo": load.slo.text(), "time_scale": scale, "model": dep.model, "gpu": dep.gpu, "gpus": dep.gpus,
         "kv_dtype": dep.kv_dtype, "weights": dep.weights, "kv_checksum": dep.kv_checksum, "baseline": dep.baseline,
-        "workload": load.workload, "finished_at": time.time(),
+        "workload": load.workload, "flags": dep.sglang.get("flags", []), "twin": dep.twin,
+        "parallel": {"tp": dep.gpus, "dp": dep.sglang.get("dp", 1), "ep": dep.sglang.get("ep", 1)},
+        "finished_at": time.time(),
     }
-
-
-def _unscaled(value: float | None, scale: float) -> float | None:
-    return None if value is None else value * scale
-
-
-def _predicted(dep: DeploymentSpec, load: Load) -> dict:
-    """The model's answer to the same question: the same sweep (rates, stage length in the deployment's time,
-    warm-up) played by the simulator for this deployment, workload and SLO; its $ per 1M output tokens."""
-    d = dep.deployment()
-    if d is None or load.profile != "sweep" or dep.kv_checksum != "off":  # the model has no checksum cost
-        return {"predicted_rps": None, "predicted_usd_per_m": None}
-    wl = load_workload(load.workload)
-    horizon = (1 + WARMUP_SHARE) * load.duration_s * dep.time_scale
-
-    pd = dep.pd_shape()  # a disaggregated twin: its prefill and decode instances in virtual time
-
-    def stage(rate: float) -> Stage:
-        n = max(1, math.ceil(rate * horizon))
-        p = (pd_simulate.run(pd, wl, rate, n, min_seconds=horizon) if pd else
-             simulate.run(d, wl, rate, n, min_seconds=horizon))
-        met = load.slo.met(p)  # the simulator gives percentiles, not each request: within the SLO, all count
-        return Stage(rate, "", {"slo_attainment": 1.0 if met else 0.0, "output_tps": p.output_tok_s}, met, "")
-
-    _, best, _ = _sweep(load, stage, load.sweep.start, MODEL_STAGES)
-    tps = best.summary["output_tps"] if best else 0.0
-    rps = best.rate if best else 0.0
-    band = interval.predicted_range(d.model.id, d.gpu.id, d.weights, "output_tok_s", rps) if rps else None
-    return {"predicted_rps": rps, "predicted_output_tps": tps,
-            "predicted_rps_low": band[0] if band else None, "predicted_rps_high": band[1] if band else None,
-            "predicted_usd_per_m": usd_per_million(d.gpu.price_per_gpu_hour, dep.gpus, tps) if tps else None}

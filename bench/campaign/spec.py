@@ -13,17 +13,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench.campaign import guard
+from bench.campaign.keys import with_repeats, with_stop_grace, workload_path
 from bench.campaign.templates import Template, launch_by, parse_template
 from bench.errors import BadInput
 from bench.model import Deployment, Slo, catalog, disagg, parse_slo
 
 KINDS = ("twin", "sglang", "url")
-DEPLOYMENT_KEYS = {"name", "baseline", "health_timeout", "model", "gpu", "gpus", *KINDS}
+DEPLOYMENT_KEYS = {"name", "baseline", "health_timeout", "stop_grace", "model", "gpu", "gpus", *KINDS}
 SGLANG_KEYS = {"model", "model_path", "gpu", "tp", "dp", "ep", "kv_dtype", "weights", "kv_scales", "kv_checksum",
                "port", "flags", "template"}
-LOAD_KEYS = {"name", "workload", "profile", "rate", "users", "slo", "sweep", "duration"}
-SWEEP_KEYS = {"start", "factor", "max_stages", "refine", "min_gain", "from_model"}
-TOP_KEYS = {"name", "description", "slo", "duration", "health_timeout", "deployments", "loads"}
+LOAD_KEYS = {"name", "workload", "profile", "rate", "users", "slo", "sweep", "duration", "repeats"}
+SWEEP_KEYS = {"start", "factor", "max_stages", "refine", "min_gain", "from_model", "resolution"}
+TOP_KEYS = {"name", "description", "slo", "duration", "health_timeout", "stop_grace", "deployments", "loads"}
 KV_DTYPES = ("bf16", "fp8_e4m3", "fp8_e5m2")
 WEIGHTS = ("native", "bf16", "fp8", "int4-g32", "int4-g128")
 CHECKSUMS = ("off", "verify", "strict")
@@ -35,9 +36,10 @@ class Sweep:
     start: float  # first offered rate, requests/s of the deployment's GPUs
     factor: float = 1.5  # each next rate while the SLO holds and goodput rises
     max_stages: int = 8
-    refine: int = 2  # bisections between the last rate within the SLO and the first past it
+    refine: int = 6  # most bisections between the last rate within the SLO and the first past it
     min_gain: float = 0.05  # goodput that rises by less than this counts as no longer rising
     from_model: bool = False  # start the measured sweep at the model's answer (fewer stages)
+    resolution: float = 0.05  # bisect until the bracket around the highest rate within the SLO is this narrow
 
 
 @dataclass(frozen=True)
@@ -50,6 +52,7 @@ class Load:
     rate: float | None = None
     users: int | None = None
     sweep: Sweep | None = None
+    repeats: int = 1  # the whole sweep (or load point) this many times, seeds 0..N-1: its figures get intervals
 
 
 @dataclass(frozen=True)
@@ -69,6 +72,7 @@ class DeploymentSpec:
     time_scale: float = 1.0
     baseline: str | None = None
     health_timeout_s: float = 600.0
+    stop_grace_s: float = 30.0  # after SIGTERM, before SIGKILL: SGLang's own shutdown
 
     def deployment(self) -> Deployment | None:
         """What the model predicts for (capacity, rate within the SLO, cost); None without a catalog model."""
@@ -149,8 +153,11 @@ def parse_campaign(text: str | bytes, source: str = "campaign", templates: dict[
     timeout = _number(problems, "health_timeout", raw.get("health_timeout", 600.0))
     deps = [_deployment(problems, f"deployments[{i}]", d, timeout)
             for i, d in enumerate(_list(problems, "deployments", raw.get("deployments")))]
-    loads = [_load(problems, f"loads[{i}]", x, slo, duration)
+    deps = with_stop_grace(problems, raw, deps)
+    base = Path(source).parent if Path(source).is_file() else None
+    loads = [_load(problems, f"loads[{i}]", x, slo, duration, base)
              for i, x in enumerate(_list(problems, "loads", raw.get("loads")))]
+    loads = with_repeats(problems, raw, loads)
     deps, loads = [d for d in deps if d], [x for x in loads if x]
     for kind, items in (("deployments", deps), ("loads", loads)):
         names = [x.name for x in items]
@@ -308,7 +315,8 @@ OWN_FLAGS = {"--model-path", "--tp", "--tp-size", "--dp", "--dp-size", "--ep", "
              "--port", "--host"}
 
 
-def _load(problems: Problems, where: str, raw: object, slo: Slo, duration: float | None) -> Load | None:
+def _load(problems: Problems, where: str, raw: object, slo: Slo, duration: float | None,
+          base: Path | None = None) -> Load | None:
     if not isinstance(raw, dict):
         problems.add(where, "a load is a mapping with a name, a workload and a profile")
         return None
@@ -316,7 +324,7 @@ def _load(problems: Problems, where: str, raw: object, slo: Slo, duration: float
     name = str(raw.get("name") or raw.get("workload") or "")
     if not NAME.match(name):
         problems.add(f"{where}.name", f"a name of letters, digits, . _ - is required, got {name!r}")
-    workload = str(raw.get("workload", "chat"))
+    workload = workload_path(str(raw.get("workload", "chat")), base)
     from bench.model import workload_names
 
     if workload not in workload_names() and not Path(workload).is_file():

@@ -23,16 +23,21 @@ def campaign(
 
     spec = load_campaign(file, operator_templates(templates))
     if check:
+        from bench.campaign import check_fits
+
+        check_fits(spec, file)
         print(f"{file}: {len(spec.deployments)} deployments x {len(spec.loads)} loads, no problem found")
         return
     try:
         cid = run_campaign(spec, Path(db), source=file, resume=resume)
     except KeyboardInterrupt:
         raise typer.Exit(130) from None
-    _report(cid, Path(db), report)
+    if _report(cid, Path(db), report) != "completed":
+        raise typer.Exit(1)  # some cell failed: the tables above say which and why
 
 
-def _report(cid: str, db, out: str | None) -> None:
+def _report(cid: str, db, out: str | None) -> str:
+    """Prints the campaign's tables (and writes its HTML); returns its status."""
     from rich.console import Console
 
     from bench import report as rep
@@ -42,6 +47,7 @@ def _report(cid: str, db, out: str | None) -> None:
     if out:
         rep.write_campaign(matrix, out)
         print(f"campaign report: {out}")
+    return matrix.status
 
 
 def serve(

@@ -25,12 +25,14 @@ pd_simulate  a PD deployment in virtual time (prefill queue, transfer, decode qu
 pd_versus  the plan's colocated answer beside the cheapest PD answer, and why one wins
 disagg_launch  SGLang --disaggregation-mode and router command lines for a PD answer
 validate_pd    the published PD / wide-EP runs replayed through disagg
+confidence 90 % intervals of measured figures from repeats, and of a gain between two deployments
 """
 
 from bench.model import (
     calibration,
     capacity,
     catalog,
+    confidence,
     corpus,
     curve,
     disagg,
@@ -55,6 +57,7 @@ from bench.model import (
 )
 from bench.model.calibration import Efficiency, load_efficiency
 from bench.model.capacity import Capacity, Deployment
+from bench.model.confidence import Interval, gain_interval, gain_words, mean_interval
 from bench.model.option import HOURS_PER_MONTH, Config, Option
 from bench.model.perfmodel import PerfModel, usd_per_million
 from bench.model.plan import Plan, Question, make_plan, workload_names
@@ -73,4 +76,5 @@ __all__ = [
     "Spec", "parse_spec", "Workload", "fixed_workload", "load_workload", "usd_per_million",
     "disagg", "disagg_launch", "interconnect", "pd_search", "pd_simulate", "pd_versus",
     "validate_pd",
+    "confidence", "Interval", "gain_interval", "gain_words", "mean_interval",
 ]

@@ -14,6 +14,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from bench.model import gain_interval, gain_words
 from bench.store import Store, replacing
 
 
@@ -71,10 +72,15 @@ def _gains(cells: list[dict]) -> list[dict]:
         base = done.get((c.get("baseline"), load))
         if not c.get("baseline") or base is None:
             continue
-        measured = _ratio(c["measured_rps"], base["measured_rps"])
+        # with repeats, the gain is the ratio of geometric means, the centre of its interval
+        g = gain_interval(c.get("repeats_rps") or [c["measured_rps"]],
+                          base.get("repeats_rps") or [base["measured_rps"]])
+        measured = g.value if g else _ratio(c["measured_rps"], base["measured_rps"])
         predicted = _ratio(c.get("predicted_rps"), base.get("predicted_rps"))
         out.append({"deployment": dep, "baseline": base["deployment"], "load": load, "what": _what_differs(c, base),
                     "measured_gain": measured, "predicted_gain": predicted,
+                    "gain_interval": [g.low, g.high] if g else [None, None], "gain_method": g.method if g else "",
+                    "verdict": gain_words(g),
                     "error": measured / predicted - 1 if measured and predicted else None})
     return out
 
@@ -89,24 +95,60 @@ def _predicted(c: dict) -> str:
     return _f(c.get("predicted_rps")) + (f" ({lo:.3g}-{hi:.3g})" if lo is not None and hi is not None else "")
 
 
-def campaign_sections(m: Matrix) -> list[tuple[str, list[str], list[list[str]]]]:
-    """(title, header, rows) of the report's tables, in the order shown."""
-    cells = [[c["cell"], c["status"], _f(c.get("measured_rps")), _predicted(c),
-              _f(c.get("measured_usd_per_m"), ",.2f"), _f(c.get("predicted_usd_per_m"), ",.2f"),
-              str(c.get("stages", "-")), c.get("saturation") or _first_line(c.get("error"))]
+def _fi(v: float | None, interval: list | None, spec: str = ".3g", suffix: str = "") -> str:
+    """A figure with its 90 % interval when it has one."""
+    lo, hi = (interval or [None, None])[:2]
+    if v is None or lo is None or hi is None:
+        return _f(v, spec, suffix)
+    return f"{v:{spec}}{suffix} [{lo:{spec}}-{hi:{spec}}]"
+
+
+def campaign_sections(m: Matrix, detail: bool = False) -> list[tuple[str, list[str], list[list[str]]]]:
+    """(title, header, rows) of the report's tables, in the order shown; `detail`: also each cell's conditions and
+    every stage's request counts (the HTML report and the Campaigns page; the terminal has the stage lines)."""
+    cells = [[c["cell"], c["status"], _fi(c.get("measured_rps"), c.get("measured_rps_interval"))
+              + (" (lower bound)" if c.get("lower_bound") else ""),
+              _predicted(c) if not c.get("not_predicted") else "not predicted",
+              _fi(c.get("measured_usd_per_m"), c.get("measured_usd_per_m_interval"), ",.2f"),
+              _f(c.get("predicted_usd_per_m"), ",.2f"), str(c.get("repeats", "-")),
+              _f(c.get("bracket") and c["bracket"] * 100, ".1f", " %"), str(c.get("stages", "-")),
+              c.get("saturation") or _first_line(c.get("error"))]
              for c in m.cells]
-    gains = [[g["deployment"], g["baseline"], g["load"], g["what"], _f(g["measured_gain"], ".2f", "x"),
+    gains = [[g["deployment"], g["baseline"], g["load"], g["what"],
+              _fi(g["measured_gain"], g.get("gain_interval"), ".2f", "x"), g.get("verdict", ""),
               _f(g["predicted_gain"], ".2f", "x"), _f(g["error"] and g["error"] * 100, "+.0f", " %")]
              for g in m.gains]
-    return [
-        (f"Campaign {m.name} ({m.campaign_id}, {m.status}): highest rate within the SLO per cell",
+    out = [
+        (f"Campaign {m.name} ({m.campaign_id}, {m.status}): highest rate within the SLO per cell "
+         "(mean of the repeats [90 % interval]; bracket: how close the first rate past the SLO was)",
          ["cell", "status", "measured req/s", "predicted req/s (80 %)", "measured $/1M out", "predicted $/1M out",
-          "stages", "saturation / error"], cells),
-        ("Against the baseline at saturation (gain: highest rate within the SLO / the baseline's; "
+          "repeats", "bracket", "stages", "saturation / error"], cells),
+        ("Against the baseline at saturation (gain: highest rate within the SLO / the baseline's [90 % interval]; "
          "below 1x for the checksum is its overhead)",
-         ["deployment", "baseline", "load", "what differs", "measured gain", "predicted gain", "measured vs predicted"],
-         gains),
+         ["deployment", "baseline", "load", "what differs", "measured gain", "what it says", "predicted gain",
+          "measured vs predicted"], gains),
     ]
+    if detail:
+        out.insert(0, ("Conditions of each cell (rates and latencies in the modelled GPUs' time)",
+                       ["cell", "model", "GPUs", "tp/dp/ep", "KV cache", "weights", "checksum", "flags", "workload",
+                        "SLO", "twin"], [_conditions(c) for c in m.cells]))
+        rows = [[c["cell"], str(p.get("repeat", 0) + 1), _f(p.get("rate")), "yes" if p.get("meets") else "no",
+                 *(str(p.get(k, "-")) for k in ("sent", "completed", "missed", "cut_off", "errored")),
+                 _f(p.get("ttft_p90")), _f(p.get("tpot_p90")), p.get("why") or ""]
+                for c in m.cells for p in c.get("points") or []]
+        out.append(("Every stage: every request sent is judged (cut off by the stage's end: a miss)",
+                    ["cell", "repeat", "req/s", "within the SLO", "sent", "completed", "missed", "of which cut off",
+                     "errored", "TTFT p90 s", "TPOT p90 s", "why not"], rows))
+    return out
+
+
+def _conditions(c: dict) -> list[str]:
+    par = c.get("parallel") or {}
+    return [c["cell"], str(c.get("model") or "-"), f"{c.get('gpus', '-')}x {c.get('gpu', '-')}",
+            f"{par.get('tp', c.get('gpus', '-'))}/{par.get('dp', 1)}/{par.get('ep', 1)}", str(c.get("kv_dtype", "-")),
+            str(c.get("weights", "-")), str(c.get("kv_checksum", "-")), " ".join(map(str, c.get("flags") or [])) or "-",
+            str(c.get("workload", "-")), str(c.get("slo", "-")),
+            f"{c['twin']} (x{c.get('time_scale', 1):g} time)" if c.get("twin") else "-"]
 
 
 def _first_line(text: str | None) -> str:
@@ -123,7 +165,8 @@ def campaign_tables(m: Matrix):
     for title, head, rows in campaign_sections(m):
         t = Table(title=title)
         for h in head:
-            left = h in ("cell", "status", "deployment", "baseline", "load", "what differs", "saturation / error")
+            left = h in ("cell", "status", "deployment", "baseline", "load", "what differs", "saturation / error",
+                         "what it says")
             # a cell's name is its key: folded, never cut short
             t.add_column(h, justify="left" if left else "right", overflow="fold", no_wrap=h == "cell")
         for r in rows:
@@ -134,7 +177,7 @@ def campaign_tables(m: Matrix):
 
 def campaign_html(m: Matrix) -> str:
     parts = [f"<h1>Campaign {html.escape(m.name)}</h1>"]
-    for title, head, rows in campaign_sections(m):
+    for title, head, rows in campaign_sections(m, detail=True):
         parts.append(f"<h2>{html.escape(title)}</h2><table><tr>"
                      + "".join(f"<th>{html.escape(h)}</th>" for h in head) + "</tr>"
                      + "".join("<tr>" + "".join(f"<td>{html.escape(v)}</td>" for v in r) + "</tr>" for r in rows)

@@ -60,6 +60,11 @@ MIGRATIONS: list[tuple[int, str, list[str]]] = [
             status VARCHAR NOT NULL, started_at DOUBLE, finished_at DOUBLE, result JSON, error VARCHAR,
             log VARCHAR)""",
     ]),
+    (6, "campaign_servers: each process group a campaign launched, recorded before its health wait (bench/campaign)", [
+        """CREATE TABLE campaign_servers (
+            campaign_id VARCHAR NOT NULL, deployment VARCHAR, pid INTEGER, pgid INTEGER, hostname VARCHAR,
+            proc_start VARCHAR, stop_command VARCHAR, log VARCHAR, started_at DOUBLE, stopped_at DOUBLE)""",
+    ]),
 ]
 # What the writer appends to request_stats for each flushed batch (the batch is registered as capbench_batch).
 STATS_FROM_BATCH = """INSERT INTO request_stats

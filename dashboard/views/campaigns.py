@@ -98,7 +98,7 @@ def matrix_section() -> None:
     labels = {c["campaign_id"]: f"{c['name']} ({c['campaign_id']}, {c['status']})" for c in camps}
     cid = st.selectbox("Campaign", list(labels), format_func=labels.get, key="campaign")
     matrix = campaign_matrix(db, cid)
-    for title, head, rows in campaign_sections(matrix):
+    for title, head, rows in campaign_sections(matrix, detail=True):
         st.markdown(f"**{title}**")
         st.dataframe(pd.DataFrame(rows, columns=head), hide_index=True, width="stretch")
     done = [c for c in matrix.cells if c["status"] == "completed"]

@@ -5,7 +5,17 @@ past it; and the model's answer to the same sweep for a twin."""
 import math
 
 from bench.campaign import parse_campaign
-from bench.campaign.run import Stage, _predicted, _sweep
+from bench.campaign.predict import predicted
+from bench.campaign.run import _search
+from bench.campaign.stage import Stage
+from bench.sweep import sweep
+
+
+def _sweep(load, stage, start):
+    from dataclasses import replace
+
+    found = sweep(stage, replace(_search(load), start=start))
+    return found.stages, found.best, found.why
 
 SPEC = """
 name: s
@@ -54,7 +64,7 @@ def test_stops_where_goodput_stops_rising():
 
 def test_the_model_answers_the_same_sweep_and_fp8_kv_gains_when_the_pool_binds():
     c = parse_campaign(SPEC.format(sweep="{start: 0.2, factor: 1.25, refine: 1}"))
-    base, fp8 = (_predicted(d, c.loads[0]) for d in c.deployments)
+    base, fp8 = (predicted(d, c.loads[0], _search(c.loads[0])) for d in c.deployments)
     assert 0 < base["predicted_rps"] < fp8["predicted_rps"]  # the pool binds: twice the tokens serve more
     assert base["predicted_usd_per_m"] > fp8["predicted_usd_per_m"] > 0
     for cell in (base, fp8):  # the predicted column carries the plan's 80 % interval (bench/model/interval.py)
@@ -69,6 +79,17 @@ def test_the_demo_campaign_is_kv_bound_in_the_model():
     c = load_campaign("demo")
     for load in c.loads:
         for fp8 in (d for d in c.deployments if d.baseline):
-            base = _predicted(c.deployment(fp8.baseline), load)["predicted_rps"]
-            gain = _predicted(fp8, load)["predicted_rps"] / base
+            base = predicted(c.deployment(fp8.baseline), load, _search(load))["predicted_rps"]
+            gain = predicted(fp8, load, _search(load))["predicted_rps"] / base
             assert gain >= 1.3, (fp8.name, load.name, gain)
+
+
+def test_the_bracket_closes_to_five_percent():
+    """Default refinement: bisect until the first rate past the SLO is within 5 % of the last within it."""
+    from bench.sweep import Search
+
+    for limit in (0.37, 1.0, 2.9):
+        found = sweep(_server(limit), Search(start=0.5, factor=1.25, max_stages=20))
+        assert found.best.rate <= limit < found.past and found.bracket <= 0.05, (limit, found.bracket)
+    capped = sweep(_server(2.9), Search(start=0.5, factor=1.25, max_stages=4))
+    assert capped.past is None and capped.bracket is None and capped.why == "search limit"  # a lower bound only

@@ -15,3 +15,34 @@ def test_a_running_campaign_with_pending_and_failed_cells_renders():
     assert cells[0][-1] == "" and cells[1][-1] == "" and cells[2][-1] == "launch failed"
     assert cells[0][2] == "-" and gains == []
     assert "glm/long" in campaign_html(m)
+
+
+def _cell(dep: str, base: str | None, rates: list[float], kv: str) -> dict:
+    from bench.model import mean_interval
+
+    i = mean_interval(rates)
+    return {"cell": f"{dep}/lc", "deployment": dep, "load": "lc", "status": "completed", "baseline": base,
+            "measured_rps": i.value, "measured_rps_interval": [i.low, i.high], "repeats_rps": rates,
+            "repeats": len(rates), "kv_dtype": kv, "weights": "native", "kv_checksum": "off", "model": "glm-4.6",
+            "gpu": "h200", "gpus": 8, "workload": "campaign-long-context", "slo": "ttft=30s,p=90", "bracket": 0.04,
+            "flags": ["--mem-fraction-static", "0.7"], "twin": None, "saturation": "SLO broke",
+            "points": [{"repeat": 0, "rate": rates[0], "meets": True, "sent": 20, "completed": 18, "missed": 3,
+                        "cut_off": 2, "errored": 0, "ttft_p90": 12.0, "tpot_p90": 0.05, "why": ""}]}
+
+
+def test_gains_carry_their_interval_and_say_when_they_are_not_distinguishable():
+    from bench.report.campaign import _gains
+
+    clear = _gains([_cell("b", None, [1.0, 1.05, 0.95], "bf16"), _cell("f", "b", [2.0, 2.1, 1.9], "fp8_e4m3")])[0]
+    lo, hi = clear["gain_interval"]
+    assert lo < clear["measured_gain"] < hi and lo > 1.0 and clear["verdict"] == "a gain"
+    blur = _gains([_cell("b", None, [1.0, 1.2, 0.9], "bf16"), _cell("f", "b", [1.1, 0.95, 1.2], "fp8_e4m3")])[0]
+    assert blur["verdict"] == "not distinguishable from no gain"
+    m = Matrix("c1", "study", "completed", [_cell("b", None, [1.0, 1.2, 0.9], "bf16"),
+                                            _cell("f", "b", [1.1, 0.95, 1.2], "fp8_e4m3")])
+    m.gains = _gains(m.cells)
+    html = campaign_html(m)
+    # the standalone report: conditions, the stage's counts, the gain with its interval and its words
+    assert "Conditions of each cell" in html and "--mem-fraction-static 0.7" in html and "8x h200" in html
+    assert "<td>20</td><td>18</td><td>3</td><td>2</td><td>0</td>" in html
+    assert "not distinguishable from no gain" in html and "x [" in html

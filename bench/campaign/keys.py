@@ -1,0 +1,61 @@
+"""The campaign keys of the measurements (read after the file's other keys, each problem one line like theirs):
+`stop_grace` (seconds between SIGTERM and SIGKILL, top level or per deployment), a load's `repeats`, and workload
+files named relative to the campaign file. """
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from bench.campaign.spec import Problems
+
+
+def with_stop_grace(problems: Problems, raw: dict, deps: list) -> list:
+    """Each deployment's stop_grace (seconds between SIGTERM and SIGKILL), its own or the campaign's, default 30."""
+    top = _grace(problems, "stop_grace", raw.get("stop_grace", 30.0))
+    out = []
+    for i, (d, r) in enumerate(zip(deps, raw.get("deployments") or [], strict=False)):
+        if d is not None and isinstance(r, dict) and "stop_grace" in r:
+            d = replace(d, stop_grace_s=_grace(problems, f"deployments[{i}].stop_grace", r["stop_grace"]))
+        elif d is not None:
+            d = replace(d, stop_grace_s=top)
+        out.append(d)
+    return out
+
+
+def workload_path(workload: str, base: Path | None) -> str:
+    """A workload file named relative to the campaign file resolves against that file's folder (so a campaign runs
+    the same from any folder); a built-in name or an absolute path stays as it is."""
+    from bench.model import workload_names
+
+    if base is None or workload in workload_names() or Path(workload).is_absolute():
+        return workload
+    beside = base / workload
+    return str(beside.resolve()) if beside.is_file() else workload
+
+
+def with_repeats(problems: Problems, raw: dict, loads: list) -> list:
+    """Each load's `repeats` (1 to 20): how many times its sweep runs, for intervals on its figures."""
+    out = []
+    for i, (x, r) in enumerate(zip(loads, raw.get("loads") or [], strict=False)):
+        if x is not None and isinstance(r, dict) and "repeats" in r:
+            n = r["repeats"]
+            if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= 20:
+                problems.add(f"loads[{i}].repeats", f"a whole number from 1 to 20, got {n!r}")
+            else:
+                x = replace(x, repeats=n)
+        out.append(x)
+    return out
+
+
+def _grace(problems: Problems, where: str, value: object) -> float:
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        v = -1.0
+    if not 0 <= v <= 3600:
+        problems.add(where, f"seconds from 0 to 3600, got {value!r}")
+        return 30.0
+    return v
