@@ -19,7 +19,7 @@ import json
 import math
 import os
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, is_dataclass
 from functools import cache
 from pathlib import Path
 
@@ -179,7 +179,7 @@ def _parsed(path: Path) -> dict:
         return {}
 
 
-def _store(key: str, value: Prediction | float) -> None:
+def _store(key: str, value: Prediction | simulate.Point | float) -> None:
     _memory[key] = value
     path = _cache_file()
     try:
@@ -187,7 +187,7 @@ def _store(key: str, value: Prediction | float) -> None:
         with open(path.with_suffix(".lock"), "w") as lock:  # the search's workers add answers side by side
             fcntl.flock(lock, fcntl.LOCK_EX)
             data = json.loads(path.read_text()) if path.exists() else {}
-            data[key] = asdict(value) if isinstance(value, Prediction) else value
+            data[key] = asdict(value) if is_dataclass(value) else value
             tmp = path.with_suffix(f".{os.getpid()}.tmp")
             tmp.write_text(json.dumps(data))
             tmp.replace(path)
@@ -236,3 +236,19 @@ def saturation_tps(dep: Deployment, wl: Workload, requests: int, eff: Efficiency
     tps = simulate.run(dep, wl, math.inf, requests, eff=eff).output_tok_s
     _store(key, tps)
     return tps
+
+
+def simulated(dep: Deployment, wl: Workload, rate: float, requests: int, eff: Efficiency | None = None
+              ) -> simulate.Point:
+    """simulate.run at one rate, cached like the rates (the latency-against-load curve beside a plan)."""
+    eff = eff or load_efficiency(dep.gpu.id)
+    key = "point" + _key(dep, wl, Slo(), eff) + f"{rate!r}/{requests}"
+    hit = _memory[key] if key in _memory else _read(key)
+    if isinstance(hit, dict):
+        try:
+            return simulate.Point(**hit)
+        except TypeError:
+            pass  # a Point of another shape: computed again
+    p = simulate.run(dep, wl, rate, requests, eff=eff)
+    _store(key, p)
+    return p
