@@ -1,4 +1,4 @@
-"""The house rules of the import graph (README: Architecture), checked on the source with ast, lazy imports
+"""The house rules of the import graph (docs/architecture.md), checked on the source with ast, lazy imports
 inside functions included: no cycles; dashboard -> bench -> loadgen; bench/model pure; engine_patches reached only
 by the CLI, lazily; outside a package, only its public names (its __init__) are imported."""
 

@@ -1,6 +1,6 @@
-"""Every command line a user copies, parsed the way it will be parsed: each `capbench ...` line of README.md's
-bash blocks through the CLI's own (click) parser, and for `capbench sglang-launch ... -- ARGS` also ARGS through
-SGLang 0.5.23's ServerArgs parser, after the launcher's own handling (which accepts `python -m
+"""Every command line a user copies, parsed the way it will be parsed: each `capbench ...` line of the bash blocks
+of README.md and every docs/*.md page through the CLI's own (click) parser, and for `capbench sglang-launch ... --
+ARGS` also ARGS through SGLang 0.5.23's ServerArgs parser, after the launcher's own handling (which accepts `python -m
 sglang.launch_server` in front). The launch commands reports and the Planner generate (bench/model/launch.py) too."""
 
 import argparse
@@ -20,13 +20,15 @@ from bench.model import catalog
 from bench.model import launch as sglang_cmd
 from engine_patches.launch import PatchOptions, _server_int, build_command, int4_checkpoint_args, server_arguments
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+ROOT = Path(__file__).resolve().parents[2]
+README = ROOT / "README.md"
+PAGES = [README, *sorted((ROOT / "docs").glob("*.md"))]
 
 
-def readme_commands() -> list[str]:
-    """capbench lines of the README's bash blocks, continuation lines joined, comments and `[...]` brackets
+def readme_commands(page: Path = README) -> list[str]:
+    """capbench lines of a page's bash blocks, continuation lines joined, comments and `[...]` brackets
     (optional parts, written out) removed."""
-    text = README.read_text()
+    text = page.read_text()
     lines = []
     for block in re.findall(r"```bash\n(.*?)```", text, re.S):
         for line in block.replace("\\\n", " ").splitlines():
@@ -76,17 +78,23 @@ def check_line(line: str) -> argparse.Namespace | None:
     return ns
 
 
+PAGE_LINES = [(page.relative_to(ROOT).as_posix(), line) for page in PAGES for line in readme_commands(page)]
 README_LINES = readme_commands()
 
 
-def test_the_readme_has_the_commands_it_documents():
-    commands = {shlex.split(line)[1] for line in README_LINES}
-    assert {"capacity", "sglang-launch", "calibrate-kv-scales", "quantize-int4", "drift", "run", "report"} <= commands
+def test_the_readme_and_docs_have_the_commands_they_document():
+    assert len(PAGES) > 1, "docs/*.md pages expected beside README.md"
+    commands = {shlex.split(line)[1] for _, line in PAGE_LINES}
+    assert {"capacity", "plan", "simulate", "validate", "calibrate", "campaign", "serve", "demo", "twin", "run",
+            "worker", "runs", "export", "drift", "report", "dashboard", "sglang-launch", "calibrate-kv-scales",
+            "quantize-int4"} <= commands
+    # the real-deployment tour in the README and the engine-patches page write SGLang's own command after --
     assert any("python -m sglang.launch_server" in line for line in README_LINES)
+    assert any("python -m sglang.launch_server" in line for line in readme_commands(ROOT / "docs/engine-patches.md"))
 
 
-@pytest.mark.parametrize("line", README_LINES, ids=[" ".join(shlex.split(x)[:2]) for x in README_LINES])
-def test_readme_command_parses(line):
+@pytest.mark.parametrize("page,line", PAGE_LINES, ids=[f"{p}:{' '.join(shlex.split(x)[:2])}" for p, x in PAGE_LINES])
+def test_readme_and_docs_command_parses(page, line):
     check_line(line)
 
 

@@ -1,8 +1,8 @@
 """The performance model against the published corpus, per source, with the factors we ship.
 
-These are regression guards on the figures the README and the reports quote: a change to the model that moves a
-prediction must re-run `capbench validate --fit` (which rewrites corpus.json and validation.json), and a source
-whose error grows past its bound fails here by name.
+These are regression guards on the figures README.md, docs/planning.md (`capbench validate`) and the reports
+quote: a change to the model that moves a prediction must re-run `capbench validate --fit` (which rewrites
+corpus.json and validation.json), and a source whose error grows past its bound fails here by name.
 """
 
 import json
@@ -46,7 +46,7 @@ def test_every_source_in_the_goal_has_a_bound_and_meets_it():
     by_org: dict[str, list[validate.Replay]] = {}
     for r in replays().values():
         by_org.setdefault(r.case.source.org, []).append(r)
-    assert set(by_org) == set(BOUNDS), "a source entered or left the goal: give it a bound here and in the README"
+    assert set(by_org) == set(BOUNDS), "a source entered or left the goal: give it a bound here and in docs/planning.md"
     for org, rs in by_org.items():
         summary = validate.error_summary(rs)
         for figure, bound in BOUNDS[org].items():

@@ -1,0 +1,65 @@
+"""The README and docs/ as a reader follows them: every relative link (and its #anchor) leads somewhere, and the
+README stays a short front page. Their command lines are parsed in tests/engine_patches/test_command_lines.py."""
+
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+PAGES = [README, *sorted((ROOT / "docs").glob("*.md"))]
+LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+
+
+def prose(text: str) -> str:
+    """The text outside fenced code blocks (a `[x](y)` or `# ...` inside one is code, not a link or a heading)."""
+    return "".join(part for i, part in enumerate(re.split(r"^```.*$", text, flags=re.M)) if i % 2 == 0)
+
+
+def anchors(page: Path) -> set[str]:
+    """GitHub's anchors for a page's headings: lower case, punctuation dropped, spaces as hyphens."""
+    slugs = set()
+    for heading in re.findall(r"^#{1,6} +(.+?) *#* *$", prose(page.read_text()), re.M):
+        slug = re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-")
+        n = sum(s == slug or re.fullmatch(re.escape(slug) + r"-\d+", s) is not None for s in slugs)
+        slugs.add(f"{slug}-{n}" if n else slug)
+    return slugs
+
+
+def relative_links(page: Path) -> list[str]:
+    return [t for t in LINK.findall(prose(page.read_text())) if not re.match(r"[a-z][a-z0-9+.-]*:", t)]
+
+
+LINKS = [(page, target) for page in PAGES for target in relative_links(page)]
+
+
+def test_the_docs_pages_exist_and_link_each_other():
+    names = {p.name for p in PAGES}
+    assert {"README.md", "planning.md", "campaigns.md", "load-tests.md", "results-store.md", "engine-patches.md",
+            "dashboard-and-reports.md", "architecture.md"} <= names
+    index = {t.split("#")[0] for t in relative_links(ROOT / "docs" / "README.md")}
+    assert {p.name for p in PAGES if p.parent.name == "docs" and p.name != "README.md"} <= index
+    readme = {t.split("#")[0] for t in relative_links(README)}
+    assert {f"docs/{p.name}" for p in PAGES if p.parent.name == "docs"} <= readme
+
+
+@pytest.mark.parametrize("page,target", LINKS, ids=[f"{p.relative_to(ROOT)}->{t}" for p, t in LINKS])
+def test_relative_link_resolves(page, target):
+    path, _, anchor = target.partition("#")
+    dest = (page.parent / path).resolve() if path else page
+    assert dest.exists(), f"{page.relative_to(ROOT)} links to {target}: no such file"
+    if anchor:
+        assert dest.suffix == ".md", f"{target}: an anchor into a file that is not Markdown"
+        assert anchor in anchors(dest), f"{page.relative_to(ROOT)} links to {target}: no such heading"
+
+
+def test_anchor_slugs_are_githubs():
+    page = ROOT / "docs" / "planning.md"
+    assert "the-performance-model-benchmodelperfmodelpy" in anchors(page)
+    assert "capbench-validate-how-far-to-trust-the-model" in anchors(page)
+
+
+def test_the_readme_stays_a_front_page():
+    lines = len(README.read_text().splitlines())
+    assert lines < 260, f"README.md has {lines} lines: move detail into docs/"
