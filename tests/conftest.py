@@ -9,7 +9,8 @@ LOCUST_TESTS = ("tests/loadgen", "tests/bench/test_runner.py", "tests/bench/test
 LOCUST_PART = os.environ.get("CAPBENCH_TESTS") == "locust"
 # The long ones (each file's tests together take tens of seconds on 2 cores): `make test` runs them, `make test-fast`
 # (-m "not slow") leaves them out. A test may also carry @pytest.mark.slow itself.
-SLOW_TESTS = ("tests/e2e", "tests/engine_patches/test_int4_sglang_load.py")
+SLOW_TESTS = ("tests/e2e", "tests/engine_patches/test_int4_sglang_load.py", "tests/bench/campaign/test_campaign_run.py",
+              "tests/dashboard/test_apptest_planner.py", "tests/bench/test_calibrate.py")
 if LOCUST_PART:
     from gevent import monkey
 
