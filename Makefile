@@ -8,7 +8,7 @@ TVISION := torchvision==0.28.0
 # sglang-router's parser checks the PD router line the Planner prints (its Rust extension is not run).
 ROUTER  := sglang-router==0.3.2
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test test-fast lint bench plan-cache clean
 
 .venv/core.stamp:
 	test -x $(PY) || python3 -m venv .venv
@@ -34,14 +34,30 @@ demo:
 	  || { echo "make test: the browser test needs Debian's chromium: apt-get install chromium"; exit 1; }
 	touch $@
 
-# Two pytest processes: Locust patches its process with gevent (see tests/conftest.py).
+# The whole suite, what CI runs. Two pytest processes side by side: Locust patches its process with gevent (see
+# tests/conftest.py), so its tests run in one process of their own (xdist's workers do not survive the patching),
+# while the rest spread over the cores (pytest-xdist; a file's tests stay on one worker and share its fixtures).
+# The Locust process's report follows the other's.
+XDIST := -n auto --dist loadfile
 test: .venv/test.stamp .venv/chromium.stamp
 	$(PY) -m ruff check .
-	$(PY) -m pytest
-	CAPBENCH_TESTS=locust $(PY) -m pytest
+	@rm -f .pytest-locust.log; \
+	CAPBENCH_TESTS=locust $(PY) -m pytest -p no:xdist > .pytest-locust.log 2>&1 & locust=$$!; \
+	$(PY) -m pytest $(XDIST); rest=$$?; \
+	wait $$locust; loc=$$?; echo "---- CAPBENCH_TESTS=locust pytest"; cat .pytest-locust.log; \
+	test $$rest -eq 0 && test $$loc -eq 0
+
+# The inner loop (under 2 minutes on 2 cores): every test not marked slow, outside the Locust process.
+test-fast: .venv/test.stamp
+	$(PY) -m pytest $(XDIST) -m "not slow"
 
 bench: .venv/test.stamp
 	$(PY) -m bench.benchmarks.run_all
+
+# The plan answers shipped for the README's first question and the Planner's defaults (data/plan-cache): run after
+# changing the model, the catalog, a workload or the simulator (their hashes key every answer).
+plan-cache: .venv/core.stamp
+	$(PY) -m bench.benchmarks.plan_cache
 
 clean:
 	rm -rf .venv .pytest_cache .ruff_cache

@@ -7,6 +7,10 @@ LOCUST_TESTS = ("tests/loadgen", "tests/bench/test_runner.py", "tests/bench/test
                 "tests/bench/cli/test_cli_fuzz.py",
                 "tests/e2e/test_demo.py")
 LOCUST_PART = os.environ.get("CAPBENCH_TESTS") == "locust"
+# The long ones (each file's tests together take tens of seconds on 2 cores): `make test` runs them, `make test-fast`
+# (-m "not slow") leaves them out. A test may also carry @pytest.mark.slow itself.
+SLOW_TESTS = ("tests/e2e", "tests/engine_patches/test_int4_sglang_load.py", "tests/bench/campaign/test_campaign_run.py",
+              "tests/dashboard/test_apptest_planner.py", "tests/bench/test_calibrate.py")
 if LOCUST_PART:
     from gevent import monkey
 
@@ -29,6 +33,13 @@ def pytest_ignore_collect(collection_path, config):
     if LOCUST_PART:
         return None if in_locust or covers_locust else True
     return True if in_locust else None
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        rel = os.path.relpath(str(item.path), ROOT)
+        if any(rel == p or rel.startswith(p + os.sep) for p in SLOW_TESTS):
+            item.add_marker(pytest.mark.slow)
 
 
 def _define_torchvision_ops() -> None:

@@ -8,6 +8,8 @@ shipped) < fitted.json (`capbench calibrate` on your own runs) < a file given wi
 
 from __future__ import annotations
 
+import copy
+import hashlib
 import json
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
@@ -63,7 +65,14 @@ class Efficiency:
         return replace(self, **clean)
 
 
+_parsed: dict[tuple, dict] = {}
+
+
 def _read(path: Path) -> dict:
+    """A calibration file's map, parsed once per version of the file (the plan search asks for it per deployment)."""
+    key = _stamp(path)
+    if key in _parsed:
+        return copy.deepcopy(_parsed[key])
     try:
         text = path.read_text()
     except OSError as e:
@@ -74,7 +83,8 @@ def _read(path: Path) -> dict:
         raise BadInput(f"calibration file {path} is not valid {path.suffix.lstrip('.') or 'YAML'}") from e
     if not isinstance(raw, dict):
         raise BadInput(f"calibration file {path} must hold a map of factors")
-    return raw
+    _parsed[key] = raw
+    return copy.deepcopy(raw)
 
 
 META = ("gpu", "model", "source", "fitted_at", "runs", "kernels", "validation", "method")
@@ -89,15 +99,29 @@ def _layers(raw: dict, gpu_id: str) -> list[dict]:
 
 def load_efficiency(gpu_id: str, path: str | Path | None = None, fitted: bool = True) -> Efficiency:
     """Priors, the corpus fit (shipped), your runs' fit (unless fitted=False), then the file given."""
-    eff = Efficiency()
     files = [DEFAULT_CALIBRATION] + [f for f in (CORPUS_CALIBRATION, FITTED_CALIBRATION if fitted else None)
                                      if f is not None and f.exists()]
     if path is not None:
         files.append(Path(path))
-    for file in files:
-        for layer in _layers(_read(file), gpu_id):
-            eff = eff.updated(layer)
-    return eff
+    key = (gpu_id, *(_stamp(f) for f in files))
+    if key not in _loaded:
+        eff = Efficiency()
+        for file in files:
+            for layer in _layers(_read(file), gpu_id):
+                eff = eff.updated(layer)
+        _loaded[key] = eff
+    return _loaded[key]
+
+
+_loaded: dict[tuple, Efficiency] = {}
+
+
+def _stamp(path: Path) -> tuple:
+    """A file's identity for the memos: its content, so a rewritten file (capbench calibrate) is read again."""
+    try:
+        return str(path), hashlib.sha256(path.read_bytes()).hexdigest()
+    except OSError:
+        return str(path), None  # _read says it is not readable
 
 
 def kernels_per_layer() -> dict[str, int]:

@@ -4,23 +4,29 @@ A rate meets the SLO when `capbench simulate` at that Poisson rate meets its per
 queue shows in TTFT). The search starts at the throughput of a burst, doubles while the SLO holds, then bisects
 until the bracket is within 2 %. It runs at a horizon of simulated arrivals, then at twice that horizon, and so
 on until doubling the horizon moves the answer by under 5 % (converged), up to MAX_HORIZON_S. There is one
-answer: no fast and slow modes. Answers are cached in memory and on disk (~/.cache/capbench/rates.json, keyed by
-the deployment, the workload, the SLO and the model's factors), so the Planner asks each question once.
+answer: no fast and slow modes. Answers are cached in memory and on disk (~/.cache/capbench/rates.json), keyed by a
+hash of the deployment with its model's and GPU's data, the workload, the SLO, the model's factors and the
+simulator's source, so the Planner asks each question once; the answers for the built-in questions ship in
+data/plan-cache/rates.json (`make plan-cache`), read after your own cache: a change to any of those inputs misses it.
 """
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
+import importlib
 import json
 import math
 import os
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, is_dataclass
+from functools import cache
 from pathlib import Path
 
 from bench.model import simulate
-from bench.model.calibration import Efficiency, load_efficiency
+from bench.model.calibration import Efficiency, kernels_per_layer, load_efficiency
 from bench.model.capacity import Deployment, capacity
+from bench.model.catalog import DATA
 from bench.model.slo import Slo
 from bench.model.workload import Workload
 
@@ -30,6 +36,11 @@ CONVERGED = 0.05  # relative change of the answer when the horizon doubles
 BRACKET = 1.02  # bisection stops when hi / lo is within this
 BURST = 1000
 MAX_DOUBLINGS = 10
+# what an answer is computed by (their source is part of every cache key)
+SIMULATOR = ("bench.model.rate", "bench.model.simulate", "bench.model.scheduler", "bench.model.perfmodel",
+             "bench.model.capacity", "bench.model.workload", "bench.model.slo", "loadgen.workloads")
+# answers shipped for the built-in questions (`make plan-cache`), read after your own cache
+SHIPPED_CACHE = DATA / "plan-cache" / "rates.json"
 
 
 @dataclass(frozen=True)
@@ -111,10 +122,22 @@ def _search(dep: Deployment, wl: Workload, slo: Slo, eff: Efficiency, n: int, ho
 
 
 def _key(dep: Deployment, wl: Workload, slo: Slo, eff: Efficiency) -> str:
+    """A hash of everything an answer rests on: the deployment with its model's and GPU's data, the workload, the SLO,
+    the model's factors and the code that simulates. Change any of them and the cached answer is not found."""
     d = {k: v for k, v in asdict(dep).items() if k not in ("model", "gpu")}
-    text = json.dumps([dep.model.id, dep.gpu.id, d, wl.to_dict(), asdict(slo), eff.to_dict(), 2], sort_keys=True,
-                      default=str)
+    d["context"] = dep.context_len  # None means the model's maximum: one answer, one key
+    text = json.dumps([dep.model.model_dump(), dep.gpu.model_dump(), d, wl.to_dict(), asdict(slo), eff.to_dict(),
+                       kernels_per_layer(), _code()], sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:24]
+
+
+@cache
+def _code() -> str:
+    """The simulator's source: a change to how answers are computed is a change of key."""
+    h = hashlib.sha256()
+    for name in SIMULATOR:
+        h.update(Path(importlib.import_module(name).__file__).read_bytes())
+    return h.hexdigest()
 
 
 def _cache_file() -> Path:
@@ -132,23 +155,42 @@ def _cached(key: str) -> Prediction | None:
         return None
 
 
+_files: dict[Path, tuple[tuple, dict]] = {}  # each cache file as last parsed, with its (mtime, size) then
+
+
 def _read(key: str) -> object:
+    """One answer from your cache file, else from the shipped one; each parsed once per version of the file."""
+    for path in (_cache_file(), *([SHIPPED_CACHE] if os.environ.get("CAPBENCH_SHIPPED_CACHE") != "0" else [])):
+        hit = _parsed(path).get(key)
+        if hit is not None:
+            return hit
+    return None
+
+
+def _parsed(path: Path) -> dict:
     try:
-        return json.loads(_cache_file().read_text()).get(key)
+        st = path.stat()
+        stamp = (st.st_mtime_ns, st.st_size)
+        if path not in _files or _files[path][0] != stamp:
+            data = json.loads(path.read_text())
+            _files[path] = (stamp, data if isinstance(data, dict) else {})
+        return _files[path][1]
     except (OSError, ValueError):
-        return None
+        return {}
 
 
-def _store(key: str, value: Prediction | float) -> None:
+def _store(key: str, value: Prediction | simulate.Point | float) -> None:
     _memory[key] = value
     path = _cache_file()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        data = json.loads(path.read_text()) if path.exists() else {}
-        data[key] = asdict(value) if isinstance(value, Prediction) else value
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")  # workers write side by side: last one wins
-        tmp.write_text(json.dumps(data))
-        tmp.replace(path)
+        with open(path.with_suffix(".lock"), "w") as lock:  # the search's workers add answers side by side
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            data = json.loads(path.read_text()) if path.exists() else {}
+            data[key] = asdict(value) if is_dataclass(value) else value
+            tmp = path.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(data))
+            tmp.replace(path)
     except (OSError, ValueError):
         pass  # a cache that cannot be written only costs time
 
@@ -194,3 +236,19 @@ def saturation_tps(dep: Deployment, wl: Workload, requests: int, eff: Efficiency
     tps = simulate.run(dep, wl, math.inf, requests, eff=eff).output_tok_s
     _store(key, tps)
     return tps
+
+
+def simulated(dep: Deployment, wl: Workload, rate: float, requests: int, eff: Efficiency | None = None
+              ) -> simulate.Point:
+    """simulate.run at one rate, cached like the rates (the latency-against-load curve beside a plan)."""
+    eff = eff or load_efficiency(dep.gpu.id)
+    key = "point" + _key(dep, wl, Slo(), eff) + f"{rate!r}/{requests}"
+    hit = _memory[key] if key in _memory else _read(key)
+    if isinstance(hit, dict):
+        try:
+            return simulate.Point(**hit)
+        except TypeError:
+            pass  # a Point of another shape: computed again
+    p = simulate.run(dep, wl, rate, requests, eff=eff)
+    _store(key, p)
+    return p

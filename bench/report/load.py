@@ -8,7 +8,7 @@ from __future__ import annotations
 import duckdb
 import pandas as pd
 
-from bench.model import Deployment, Prediction, Slo, Workload, simulate
+from bench.model import Deployment, Prediction, Slo, Workload, rate
 from bench.store import runinfo
 
 FRACTIONS = (0.25, 0.5, 0.75, 0.9, 1.1, 1.25, 1.5)  # of the highest rate within the SLO
@@ -23,7 +23,7 @@ def predicted(dep: Deployment, wl: Workload, slo: Slo, best: Prediction, request
              "ttft_ms": best.ttft_s * 1e3, "tpot_ms": best.tpot_s * 1e3, "within_slo": True,
              "run": "the plan's highest rate within the SLO"}]
     for f in FRACTIONS:
-        p = simulate.run(dep, wl, best.rate_rps * f, requests)
+        p = rate.simulated(dep, wl, best.rate_rps * f, requests)
         ttft, tpot = getattr(p, f"ttft_p{q}"), getattr(p, f"tpot_p{q}")
         # below the plan's rate a point is within the SLO by the plan's search; above it, it is not
         rows.append({"source": "predicted", "offered_rps": best.rate_rps * f, "achieved_rps": p.achieved_rps,

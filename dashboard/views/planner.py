@@ -3,6 +3,8 @@ target rate, and the four-way comparison (BF16 vs FP8 KV, native vs INT4 experts
 
 from __future__ import annotations
 
+import os
+
 import pandas as pd
 import streamlit as st
 
@@ -65,7 +67,7 @@ def plan_for(q: Question) -> Plan:
     def progress(stage: str, done: int, total: int) -> None:
         bar.progress(min(done / max(total, 1), 1.0), text=f"{stage}: {done} of {total}")
 
-    plan = make_plan(q, progress)
+    plan = make_plan(q, progress, workers=os.cpu_count() or 1)  # as capbench plan: one search process a core
     bar.empty()
     return plan
 

@@ -1,0 +1,114 @@
+"""The plan's caches: the answers shipped for the README's first question are today's full search's, found without
+a single simulation; a change to any input of an answer misses them; workers add answers side by side without
+losing any; a rewritten calibration file is read again."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+from dataclasses import replace
+
+import pytest
+
+from bench.benchmarks.plan_cache import QUESTIONS, readme_question
+from bench.model import calibration, make_plan, rate, simulate
+from bench.model.workload import load_workload
+
+
+@pytest.fixture
+def empty_cache(tmp_path, monkeypatch):
+    """An empty cache of your own, nothing in memory: answers come from the shipped file or are computed."""
+    monkeypatch.setenv("CAPBENCH_CACHE", str(tmp_path))
+    monkeypatch.delenv("CAPBENCH_SHIPPED_CACHE", raising=False)
+    monkeypatch.setattr(rate, "_memory", {})
+    return tmp_path
+
+
+def _counting(monkeypatch) -> list[int]:
+    calls = [0]
+    real = simulate.run
+
+    def run(*args, **kwargs):
+        calls[0] += 1
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(simulate, "run", run)
+    return calls
+
+
+@pytest.mark.slow
+def test_the_shipped_answers_are_the_full_searchs_figures(empty_cache, monkeypatch):
+    q = readme_question()
+    calls = _counting(monkeypatch)
+    shipped = make_plan(q, workers=1)
+    assert calls[0] == 0  # every screen and every finalist's rate came from data/plan-cache/rates.json
+
+    monkeypatch.setenv("CAPBENCH_SHIPPED_CACHE", "0")
+    monkeypatch.setattr(rate, "_memory", {})
+    (empty_cache / "rates.json").unlink(missing_ok=True)
+    full = make_plan(q, workers=2)  # today's search, every answer computed
+    assert json.loads((empty_cache / "rates.json").read_text())  # ... and it did compute them
+    assert shipped.rows() == full.rows()
+    assert shipped.recommended.to_row() == full.recommended.to_row() and len(full.simulated) >= 8
+    assert shipped.notes == full.notes
+
+
+def test_the_shipped_file_covers_each_built_in_question(empty_cache, monkeypatch):
+    shipped = json.loads(rate.SHIPPED_CACHE.read_text())
+    q = QUESTIONS["planner"][0]
+    dep, wl = q.deployment(), q.request_mix()
+    key = rate._key(dep, wl, q.slo, rate.load_efficiency(dep.gpu.id))
+    assert key in shipped, "data/plan-cache/rates.json is stale: run `make plan-cache`"
+    calls = _counting(monkeypatch)
+    assert rate.search_rate(dep, wl, q.slo).rate_rps == shipped[key]["rate_rps"]
+    assert calls[0] == 0
+
+
+def test_a_change_to_any_input_of_an_answer_is_a_change_of_key():
+    q = readme_question()
+    dep, wl, eff = q.deployment(), q.request_mix(), rate.load_efficiency("h200")
+    key = rate._key(dep, wl, q.slo, eff)
+    assert rate._key(replace(dep, context=dep.model.max_context), wl, q.slo, eff) == key  # the same question
+    faster = dep.gpu.model_copy(update={"hbm_tbps": dep.gpu.hbm_tbps * 1.1})
+    deeper = dep.model.model_copy(update={"layers": dep.model.layers + 1})
+    changed = [replace(dep, gpu=faster), replace(dep, model=deeper), replace(dep, kv_dtype="fp8_e4m3")]
+    keys = {rate._key(d, wl, q.slo, eff) for d in changed}
+    keys |= {rate._key(dep, load_workload("agentic-coding"), q.slo, eff),
+             rate._key(dep, wl, replace(q.slo, ttft_s=1.0), eff),
+             rate._key(dep, wl, q.slo, replace(eff, hbm_eff=eff.hbm_eff * 0.9))}
+    assert key not in keys and len(keys) == 6
+
+
+def test_the_simulators_source_is_in_the_key(monkeypatch):
+    q = readme_question()
+    dep, wl, eff = q.deployment(), q.request_mix(), rate.load_efficiency("h200")
+    key = rate._key(dep, wl, q.slo, eff)
+    monkeypatch.setattr(rate, "_code", lambda: "another scheduler")
+    assert rate._key(dep, wl, q.slo, eff) != key
+
+
+def _store_many(args: tuple[str, int]) -> None:
+    cache, worker = args
+    import os
+
+    os.environ["CAPBENCH_CACHE"] = cache
+    for i in range(40):
+        rate._store(f"w{worker}-{i}", float(i))
+
+
+def test_workers_storing_side_by_side_lose_no_answer(tmp_path):
+    with multiprocessing.get_context("fork").Pool(4) as pool:
+        pool.map(_store_many, [(str(tmp_path), w) for w in range(4)])
+    stored = json.loads((tmp_path / "rates.json").read_text())
+    assert len(stored) == 160 and stored["w3-39"] == 39.0
+
+
+def test_a_rewritten_calibration_file_is_read_again(tmp_path):
+    f = tmp_path / "mine.json"
+    f.write_text(json.dumps({"hbm_eff": 0.5}))
+    assert calibration.load_efficiency("h200", f).hbm_eff == 0.5
+    f.write_text(json.dumps({"hbm_eff": 0.7}))
+    assert calibration.load_efficiency("h200", f).hbm_eff == 0.7
+    f.write_text("[1, 2]")
+    with pytest.raises(calibration.BadInput, match="must hold a map"):
+        calibration.load_efficiency("h200", f)
