@@ -1,12 +1,11 @@
 """A load-test run: Locust as a library (headless), loadgen's users and profiles, every request into the store.
 
 One process (LocalRunner) or Locust's master with N local worker processes (`workers=N`), plus any number of
-`capbench worker --master HOST` processes from other machines. Workers send their result records to the master
-as Locust custom messages; the master pipes them to its recorder process (bench/store/recorder.py), the only writer of
+`capbench worker --master HOST` processes from other machines. Workers send their result records to the master as
+Locust custom messages; the master pipes them to its recorder process (bench/store/recorder.py), the only writer of
 the DuckDB file, which also runs the NVML and server samplers: nothing but Locust runs on the timing event loop.
-
-Ctrl-C or SIGTERM: no new request is sent, requests in flight get a `cancelled` record, the run is marked
-aborted, everything measured is kept. Every request sent ends in one stored row: RunResult.sent vs rows_written.
+Ctrl-C or SIGTERM: no new request is sent, requests in flight get a `cancelled` record, the run is marked aborted,
+everything measured is kept. Every request sent ends in one stored row: RunResult.sent vs rows_written.
 """
 
 from __future__ import annotations
@@ -164,7 +163,8 @@ def _sweep(store: Store, opts: RunOptions, prof: profiles.Profile, wl, model: st
         results.append(res)
         s = res.summary
         # throughput: answers done within the stage plus one normal service time, per second of stage
-        done = _finished_within(store, res.run_id, stage_s + base_e2e) / stage_s
+        with store.connect() as con:
+            done = queries.finished_within(con, res.run_id, stage_s + base_e2e) / stage_s
         why = profiles.saturated(rate, done, s.get("e2e_p50"), base_e2e, 1 - (s.get("success_rate") or 0.0),
                                  prof.params)
         rows.append((rate, {**s, "throughput_rps": done, "saturated": bool(why)}))
@@ -173,15 +173,6 @@ def _sweep(store: Store, opts: RunOptions, prof: profiles.Profile, wl, model: st
             break
     print_sweep(rows, float(prof.params.get("min_slo_attainment", 0.9)))
     return results
-
-
-def _finished_within(store: Store, run_id: str, window_s: float) -> int:
-    """Successful measured requests that finished within window_s of the first one's due time."""
-    with store.connect() as con:
-        return con.execute(
-            "SELECT count(*) FROM requests WHERE run_id = ? AND phase = 'measured' AND status = 'ok' AND "
-            "finished_at <= (SELECT min(scheduled_at) FROM requests WHERE run_id = ?) + ?",
-            [run_id, run_id, window_s]).fetchone()[0]
 
 
 def _run_one(store: Store, opts: RunOptions, prof: profiles.Profile, wl: workloads.Workload, model: str,

@@ -161,8 +161,13 @@ def _cell(store: Store, cid: str, dep: DeploymentSpec, load: Load, server: Launc
     drain = drain_s(slo, longest_answer(load.workload))
     drain = load.duration_s if drain is None else drain
 
+    stages_run = [0]
+
     def stage(rate: float | None, users: int | None = None, seed: int = 0) -> Stage:
         stop.check()
+        # each stage draws prompts of its own: resending the same seeded prompts would find them in the server's
+        # prefix cache from the stage before (a warm cache the model's fresh requests never have)
+        stages_run[0] += 1
         if rate is not None:
             profile, over = "poisson", {"rate": rate * scale, "duration": load.duration_s}
             warmup = WARMUP_SHARE * load.duration_s
@@ -171,7 +176,7 @@ def _cell(store: Store, cid: str, dep: DeploymentSpec, load: Load, server: Launc
             warmup = 0.0
         opts = RunOptions(target=server.url, profile=profile, overrides=over, workload=load.workload, db=store.path,
                           label=f"campaign {key}" + (f" @{rate:.3g}rps" if rate is not None else "")
-                          + (f" #{seed + 1}" if load.repeats > 1 else ""), slo=slo, seed=seed,
+                          + (f" #{seed + 1}" if load.repeats > 1 else ""), slo=slo, seed=seed * 1000 + stages_run[0],
                           warmup_s=warmup, live=False, quiet=True, drain_s=drain, late_after_s=slo.ttft_s,
                           gone=server.exited, api_key_env=guard.secret_env(dep.sglang.get("flags", [])),
                           run_config={"campaign": cid, "cell": key, "time_scale": scale, "repeat": seed,

@@ -108,6 +108,14 @@ def summary(con: duckdb.DuckDBPyConnection, run_id: str, slo: Slo | None = None)
     return out
 
 
+def finished_within(con: duckdb.DuckDBPyConnection, run_id: str, window_s: float) -> int:
+    """Successful measured requests that finished within window_s of the first one's due time."""
+    return con.execute(
+        "SELECT count(*) FROM requests WHERE run_id = ? AND phase = 'measured' AND status = 'ok' AND "
+        "finished_at <= (SELECT min(scheduled_at) FROM requests WHERE run_id = ?) + ?",
+        [run_id, run_id, window_s]).fetchone()[0]
+
+
 def _check_resolution(resolution_s: float) -> None:
     if not resolution_s > 0:
         raise BadInput(f"resolution must be a positive number of seconds, not {resolution_s}")

@@ -41,7 +41,8 @@ def test_predictions_model_the_flags_they_can():
         "  - {name: frac, sglang: {model: kimi-k2-thinking, tp: 8, flags: [--mem-fraction-static, '0.65']}}\n"
         "  - {name: page, sglang: {model: kimi-k2-thinking, tp: 8, flags: ['--page-size=64', --max-running-requests,"
         " '32', --context-length, '65536', --enable-metrics]}}\n"
-        "  - {name: chunk, sglang: {model: kimi-k2-thinking, tp: 8, flags: [--chunked-prefill-size, '4096']}}\n"))
+        "  - {name: chunk, sglang: {model: kimi-k2-thinking, tp: 8, flags: [--chunked-prefill-size, '4096']}}\n"),
+        inline_templates=True)  # the user's own file on the CLI, where SGLang may launch on this host
     plain, frac, page, chunk = (modelled(d) for d in c.deployments)
     assert plain[1] == frac[1] == page[1] == "" and frac[0].mem_fraction == 0.65
     assert (page[0].page_size, page[0].max_running, page[0].context) == (64, 32, 65536)
@@ -68,7 +69,7 @@ def test_repeats_are_checked():
 def test_workload_paths_resolve_against_the_campaign_file(tmp_path):
     (tmp_path / "wl").mkdir()
     (tmp_path / "wl" / "mine.yaml").write_text(
-        "name: mine\ntype: chat\ninput: {dist: fixed, value: 100}\noutput: {dist: fixed, value: 20}\n")
+        "name: mine\ntype: synthetic\ninput: {dist: fixed, value: 100}\noutput: {dist: fixed, value: 20}\n")
     f = tmp_path / "c.yaml"
     f.write_text("name: rel\nslo: \"ttft=10s\"\ndeployments:\n  - {name: t, twin: 'glm-4.6@h200x8'}\n"
                  "loads:\n  - {name: a, workload: wl/mine.yaml, profile: poisson, rate: 1}\n")
