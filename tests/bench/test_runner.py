@@ -272,4 +272,7 @@ def test_sigkill_with_a_local_worker_still_leaves_its_requests_in_flight_a_row(s
     finally:
         for w in workers:  # orphaned by the kill: it would wait for its master's heartbeat to time out
             w.kill()
-    assert len(workers) == 1 and status == "aborted" and n >= 5 and cancelled == n
+    # requests that finished before the kill may have reached the store; every other one is a cancelled row
+    with duckdb.connect(str(tmp_db), read_only=True) as con:
+        ok = con.execute("SELECT count(*) FROM requests WHERE status = 'ok'").fetchone()[0]
+    assert len(workers) == 1 and status == "aborted" and n >= 5 and cancelled >= 1 and ok + cancelled == n

@@ -150,7 +150,9 @@ def test_sigkill_of_a_master_stops_its_worker(server, tmp_path):
     srv = server("slow", "ok")
     c = _kill_at_random(srv, tmp_path, 0, ["--workers", "1"], (12.0, 15.0))
     print("master with one local worker, SIGKILL:", c)
-    assert c["sent"] == c["sent_at_kill"]  # the worker left with its master: it sent nothing more
+    # the worker left with its master: it checks every 0.2 s, so at most the requests due in that 0.2 s at 20 req/s
+    # (and one racing the count read just after the kill) reach the server afterwards, never the rest of the schedule
+    assert c["sent"] - c["sent_at_kill"] <= 20 * 0.2 + 1
     assert c["sent"] > 0 and c["stored"] <= c["sent"]
 
 
