@@ -28,6 +28,8 @@ from pathlib import Path
 
 import torch
 
+from engine_patches.gpu_check.timing import device_ms
+
 ATTN_MODELS = {  # per GPU at TP8
     "glm-4.6": {"q_heads": 12, "kv_heads": 1, "k_dim": 128, "v_dim": 128, "mla": False},
     "kimi-k2": {"q_heads": 8, "kv_heads": 1, "k_dim": 576, "v_dim": 512, "mla": True},
@@ -51,35 +53,10 @@ PEAK_HBM_TBPS = {"H200": 4.8, "H100": 3.35}  # data/gpus.yaml; this script must 
 def timed(fn, sizes: dict, device: torch.device) -> float:
     """Median milliseconds of `iters` calls after `warmup` calls (which also compile the kernels). On a GPU the call
     is captured in a CUDA graph, as SGLang decodes, so Python launch overhead does not count; eager if capture fails."""
-    iters = sizes["iters"]
-    for _ in range(sizes["warmup"]):
-        fn()
-    if device.type != "cuda":
-        times = []
-        for _ in range(iters):
-            t0 = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - t0) * 1e3)
-        return statistics.median(times)
-    run = fn
-    try:
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            fn()
-        run = graph.replay
-    except Exception as e:  # noqa: BLE001 - a kernel that cannot be captured is still timed, eagerly
-        print(f"  (CUDA graph capture failed, timing eagerly: {type(e).__name__})", flush=True)
-        torch.cuda.synchronize()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(iters):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        run()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
+    ms, mode = device_ms(fn, device, sizes["warmup"], sizes["iters"])
+    if "graph capture failed" in mode:
+        print(f"  ({mode})", flush=True)
+    return ms
 
 
 def decode_inputs(shape: dict, ctx: int, bs: int, kv: str, dtype, device, splits: int) -> dict:

@@ -29,6 +29,7 @@ from bench.campaign.spec import parse_campaign
 from bench.campaign.templates import operator_templates
 from bench.errors import BadInput
 from bench.store import Store
+from bench.store.db import pid_alive
 
 POLL_S = 1.0
 # the runner process: gevent patched first (Locust needs it, and Ctrl-C/SIGTERM are acted on between waits)
@@ -93,22 +94,10 @@ def requeue_orphans(store: Store) -> list[str]:
     with store.connect() as con:
         rows = con.execute("SELECT campaign_id, pid FROM campaigns WHERE status = 'running' AND hostname = ?",
                            [host]).fetchall()
-    out = [cid for cid, pid in rows if not _alive(pid)]
+    out = [cid for cid, pid in rows if not pid_alive(pid)]
     for cid in out:
         record.set_status(store, cid, "queued")
     return out
-
-
-def _alive(pid: int | None) -> bool:
-    if not pid:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def run_queue(db: Path, once: bool = False, templates: dict | None = None) -> None:

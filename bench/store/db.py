@@ -63,7 +63,10 @@ def _redact(obj: object) -> object:
     return obj
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int | None) -> bool:
+    """Whether a process of this host has this pid (one owned by another user counts as alive)."""
+    if not pid:
+        return False
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -253,7 +256,7 @@ def _abort_dead_runs(con: duckdb.DuckDBPyConnection) -> list[str]:
     (Runs written from another host are left alone: their process cannot be checked from here.)"""
     host = socket.gethostname()
     rows = con.execute("SELECT run_id, pid FROM runs WHERE status = 'running' AND hostname = ?", [host]).fetchall()
-    dead = [run_id for run_id, pid in rows if pid is None or not _pid_alive(pid)]
+    dead = [run_id for run_id, pid in rows if not pid_alive(pid)]
     for run_id in dead:
         con.execute("UPDATE runs SET status = 'aborted', finished_at = coalesce("
                     "(SELECT max(finished_at) FROM requests WHERE run_id = ?), started_at) WHERE run_id = ?",

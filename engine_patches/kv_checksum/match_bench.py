@@ -16,10 +16,11 @@ from __future__ import annotations
 import argparse
 import random
 import statistics
-import time
 from array import array
 
 import torch
+
+from engine_patches.kv_checksum.benchmark import median_s
 
 
 def build(backend: str | None, page_size: int, pages: int, layers: int):
@@ -46,13 +47,7 @@ def build(backend: str | None, page_size: int, pages: int, layers: int):
 
 
 def median_us(fn, reps: int) -> float:
-    fn()
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times) * 1e6
+    return median_s(fn, reps) * 1e6
 
 
 def time_matches(tree, keys, reps: int, admit=None) -> float:
