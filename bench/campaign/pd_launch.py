@@ -24,9 +24,8 @@ from bench.campaign.launch import LaunchFailed, free_port, halt, spawn, tail
 from bench.campaign.pd_spec import PDSpec, Role, nodes_per_instance
 from bench.campaign.spec import DeploymentSpec
 from bench.campaign.templates import Template
+from bench.model import disagg, disagg_launch
 from bench.model import launch as sglang_args
-from bench.model.disagg import pd_mem_fraction
-from bench.model.disagg_launch import BOOTSTRAP_PORT, DIST_PORT, PORT, ROUTER_PORT
 from bench.store import Store
 
 
@@ -78,9 +77,10 @@ def plan(dep: DeploymentSpec) -> list[Part]:
         per = nodes_per_instance(role, dep.gpu)
         for i in range(role.count):
             first = _place(pd, role, i * per)
-            port = ports.take(first[1], role.port, i, PORT)
-            boot = ports.take(first[1], role.bootstrap_port, i, BOOTSTRAP_PORT) if role.role == "prefill" else None
-            dist = f"{first[1]}:{ports.take(first[1], None, i, DIST_PORT)}" if per > 1 else None
+            port = ports.take(first[1], role.port, i, disagg_launch.PORT)
+            boot = (ports.take(first[1], role.bootstrap_port, i, disagg_launch.BOOTSTRAP_PORT)
+                    if role.role == "prefill" else None)
+            dist = f"{first[1]}:{ports.take(first[1], None, i, disagg_launch.DIST_PORT)}" if per > 1 else None
             for rank in range(per):
                 template, host = _place(pd, role, i * per + rank)
                 argv = server_command(dep, role, port, boot, "0.0.0.0" if template else "127.0.0.1")
@@ -94,7 +94,7 @@ def plan(dep: DeploymentSpec) -> list[Part]:
                     urls[role.role].append(part.url + (f" {boot}" if boot else ""))
                 parts.append(part)
     template, host = _place(pd, pd.router, 0)
-    port = ports.take(host, pd.router.port, 0, ROUTER_PORT)
+    port = ports.take(host, pd.router.port, 0, disagg_launch.ROUTER_PORT)
     argv = router_command(urls["prefill"], urls["decode"], port, "0.0.0.0" if template else "127.0.0.1",
                           list(pd.router.flags))
     parts.append(Part("router", "router", argv, template, host, port, True))
@@ -126,7 +126,7 @@ def server_command(dep: DeploymentSpec, role: Role, port: int, bootstrap: int | 
     if bootstrap is not None:
         argv += ["--disaggregation-bootstrap-port", str(bootstrap)]
     if "--mem-fraction-static" not in {f.split("=")[0] for f in role.flags}:  # as the PD model and plan assume
-        argv += ["--mem-fraction-static", f"{pd_mem_fraction(dep.model, dep.gpu):.3f}"]
+        argv += ["--mem-fraction-static", f"{disagg.pd_mem_fraction(dep.model, dep.gpu):.3f}"]
     return argv + list(role.flags)
 
 

@@ -3,8 +3,9 @@
 --pd-disaggregation ...`), it serves on the command's --port: /health, /get_server_info (the mode, tp and KV dtype
 the command asks for, or --say-mode's: a server that is not the one launched), /v1/models and streaming
 /v1/chat/completions. The router waits for its workers' /health, then sends each request to a prefill server (one
-token) and streams the answer from a decode server. --mode fail exits at start, --mode die after --die-after s; --hold FILE waits while FILE exists.
-Every process writes its pid to --pids; every request served appends '<mode> <port>' to --served."""
+token) and streams the answer from a decode server. --mode fail exits at start, --mode die after --die-after s;
+--hold FILE waits while FILE exists. Every process writes its pid to --pids; every request served appends
+'<mode> <port>' to --served."""
 
 import argparse
 import http.client
