@@ -3,9 +3,9 @@
 --pd-disaggregation ...`), it serves on the command's --port: /health, /get_server_info (the mode, tp and KV dtype
 the command asks for, or --say-mode's: a server that is not the one launched), /v1/models and streaming
 /v1/chat/completions. The router waits for its workers' /health, then sends each request to a prefill server (one
-token) and streams the answer from a decode server. --mode fail exits at start, --mode die after --die-after s;
---hold FILE waits while FILE exists. Every process writes its pid to --pids; every request served appends
-'<mode> <port>' to --served."""
+token) and streams the answer from a decode server. --mode fail exits at start, --mode die --die-after seconds
+after its first request; --hold FILE waits while FILE exists. Every process writes its pid to --pids; every
+request served appends '<mode> <port>' to --served."""
 
 import argparse
 import http.client
@@ -93,6 +93,10 @@ class Handler(BaseHTTPRequestHandler):
         if self.path != "/v1/chat/completions":
             return self._json({"error": "not found"}, 404)
         served()
+        if a.mode == "die":
+            with first:
+                if not dying.is_alive():
+                    dying.start()
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Transfer-Encoding", "chunked")
@@ -128,8 +132,12 @@ class Handler(BaseHTTPRequestHandler):
         self.wfile.flush()
 
 
+def die() -> None:
+    print("fake: the server died", flush=True)
+    os._exit(3)
+
+
+dying, first = threading.Timer(a.die_after, die), threading.Lock()
 server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
 server.daemon_threads = True
-if a.mode == "die":
-    threading.Timer(a.die_after, lambda: (print("fake: the server died", flush=True), os._exit(3))).start()
 server.serve_forever()

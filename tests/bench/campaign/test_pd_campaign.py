@@ -1,7 +1,7 @@
 """A disaggregated deployment launched by a campaign (`capbench campaign` subprocesses), with a fake server standing
 in for each role behind node templates (tests/bench/campaign/fake_pd.py): the cell completes through the router
 with every role started and stopped (router, then decode, then prefill; no process left); a decode server that
-dies at start fails the cell within 10 s naming it; SIGKILL of the campaign mid-launch then --resume leaves no
+dies at start fails the cell within 10 s naming it, one that dies mid-run fails it naming it too; SIGKILL of the campaign mid-launch then --resume leaves no
 process behind; a prefill server that says it is a decode server fails the cell with both identities."""
 
 import signal
@@ -25,7 +25,7 @@ def _campaign(tmp: Path, prefill_node: str = "n1", decode_node: str = "n1", **no
     lines = "".join(f"        {n}: {{start: '{sys.executable} {FAKE} --pids {tmp / 'pids'} --served {tmp / 'served'} "
                     f"{extra} -- {{command}}'}}\n" for n, extra in nodes.items())
     f = tmp / "c.yaml"
-    f.write_text("name: pd\nslo: \"ttft=10s,tpot=200ms\"\nduration: 1\nstop_grace: 3\nhealth_timeout: 30\n"
+    f.write_text("name: pd\nslo: \"ttft=10s,tpot=200ms\"\nduration: 0.5\nstop_grace: 3\nhealth_timeout: 30\n"
                  "deployments:\n  - name: glm-pd\n    disaggregated:\n      model: glm-4.6\n      kv_dtype: bf16\n"
                  "      nodes:\n" + lines +
                  f"      prefill: {{tp: 8, node: {prefill_node}}}\n      decode: {{tp: 8, node: {decode_node}}}\n"
@@ -116,4 +116,16 @@ def test_a_prefill_server_that_says_it_is_a_decode_server_fails_with_both_identi
     assert "expected mode prefill, model zai-org/GLM-4.6, tp 8, kv_dtype bf16" in error
     assert "the server says model zai-org/GLM-4.6, tp 8, kv_dtype bf16, mode decode" in error, error
     assert not (tmp_path / "served").exists()  # nothing was measured against it
+    assert _dead(tmp_path / "pids") == []
+
+
+def test_a_decode_server_that_dies_mid_run_fails_the_cell_naming_it(tmp_path):
+    f = _campaign(tmp_path, decode_node="dying", dying="--mode die --die-after 1")  # 1 s after its first request
+    f.write_text(f.read_text().replace("rate: 4}", "rate: 4, duration: 4}"))
+    out = _run(f, tmp_path / "c.duckdb")
+    assert out.returncode == 1, out.stderr[-3000:]
+    status, error, log = _cells(tmp_path / "c.duckdb")["glm-pd/a"]
+    assert status == "failed" and "went down during glm-pd/a" in error, error
+    assert "the decode[0] server's launched process exited with code 3" in error, error
+    assert "the server died" in log
     assert _dead(tmp_path / "pids") == []

@@ -115,3 +115,13 @@ def test_the_predicted_column_is_the_pd_simulators_sweep():
     two = _parse(_file(ROLES.replace("prefill: {tp", "prefill: {count: 2, tp")))
     assert predicted(two.deployments[0], load, _search(load))["not_predicted"].startswith(
         "not predicted: the PD simulator plays one prefill and one decode instance (2 and 1 here)")
+
+
+def test_the_built_in_example_checks_and_is_predicted():
+    from bench.campaign import load_campaign
+
+    c = load_campaign("pd-launch")
+    dep = c.deployments[0]
+    assert dep.kind == "disaggregated" and fit_problems(c) == []
+    assert modelled(dep)[1] == "" and dep.gpus == 16
+    assert {n: t.host for n, t in dep.pd.nodes.items()} == {"gpu1": "gpu1", "gpu2": "gpu2"}
