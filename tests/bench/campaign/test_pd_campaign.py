@@ -1,8 +1,9 @@
 """A disaggregated deployment launched by a campaign (`capbench campaign` subprocesses), with a fake server standing
 in for each role behind node templates (tests/bench/campaign/fake_pd.py): the cell completes through the router
 with every role started and stopped (router, then decode, then prefill; no process left); a decode server that
-dies at start fails the cell within 10 s naming it, one that dies mid-run fails it naming it too; SIGKILL of the campaign mid-launch then --resume leaves no
-process behind; a prefill server that says it is a decode server fails the cell with both identities."""
+dies at start fails the cell within 10 s naming it, one that dies mid-run fails it naming it too; SIGKILL of the
+campaign mid-launch then --resume leaves no process behind; a prefill server that says it is a decode server fails
+the cell with both identities. Each campaign is a subprocess (2-4 s of imports on this machine): 5-15 s a test."""
 
 import signal
 import subprocess
