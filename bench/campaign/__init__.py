@@ -6,6 +6,9 @@ templates  launch templates: the operator's by name on `capbench serve`, the use
 keys    the measurement keys of the file: stop_grace, repeats, workload paths relative to the file
 predict what the model says: whether each deployment fits (before launch), its answer to a cell's sweep
 launch  a deployment up and down: twin, URL, `capbench sglang-launch`, or that through the user's template
+pd_spec    a disaggregated deployment in the file: prefill, decode and router roles placed on named nodes
+pd_launch  it up and down: prefill and decode instances, then the router; stopped router, decode, prefill
+pd_check   its capacity per role and the decode KV pool (before launch), its shape for the PD simulator
 own     one runner per campaign (a lock), the launched servers recorded, identified, and stopped (leftovers too)
 stage   one sweep stage judged: every request sent counts, the cut-off ones as misses
 run     the loop: cells, sweeps to saturation, failures recorded with the log, resume

@@ -25,6 +25,7 @@ import httpx
 
 from bench.campaign import own
 from bench.campaign.spec import DeploymentSpec
+from bench.campaign.templates import Template
 from bench.errors import BadInput
 from bench.model import launch as sglang_args
 from bench.store import Store
@@ -98,26 +99,8 @@ class Launched:
         host = dep.template.host if dep.template else "127.0.0.1"
         port = int(dep.sglang.get("port") or (free_port() if host in ("127.0.0.1", "localhost") else 30000))
         cmd = launch_command(dep, port, "0.0.0.0" if dep.template else "127.0.0.1")
-        self.log_dir.mkdir(parents=True, exist_ok=True)
-        self.log = self.log_dir / f"{dep.name}-{int(time.time())}.log"
-        env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
-               **(own.mark(self.store.path, self.cid) if self.store is not None else {})}
-        with self.log.open("w") as out:
-            if dep.template:
-                fill = {"command": shlex.join(cmd), "port": port, "host": host}
-                started = dep.template.start.format(**fill)
-                self.stop_command = dep.template.stop.format(**fill) if dep.template.stop else None
-                out.write(f"$ {started}\n")
-                out.flush()
-                self.proc = subprocess.Popen(started, shell=True, stdout=out, stderr=subprocess.STDOUT,
-                                             stdin=subprocess.DEVNULL, env=env, start_new_session=True)
-            else:
-                out.write(f"$ {shlex.join(cmd)}\n")
-                out.flush()
-                self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                             env=env, start_new_session=True)
-        if self.store is not None:
-            own.record_server(self.store, self.cid, dep.name, self.proc, self.stop_command, self.log)
+        self.proc, self.log, self.stop_command = spawn(dep.name, cmd, dep.template, port, host, self.log_dir,
+                                                       self.store, self.cid)
         self.url = f"http://{host}:{port}"
         self.expected = {"model": cmd[cmd.index("--model-path") + 1], "tp": dep.gpus, "kv_dtype": dep.kv_dtype}
         self.wait_healthy(interrupted)
@@ -168,19 +151,54 @@ class Launched:
         period (SGLang's own shutdown goes to the log), SIGKILL. Stops even when the log or the DB is gone."""
         if self.target is not None:
             self.target.close()
+        halt(self.proc, self.stop_command, self.log, self.dep.stop_grace_s, self.store, self.cid)
+
+
+def spawn(name: str, cmd: list[str], template: Template | None, port: int, host: str, log_dir: Path,
+          store: Store | None, cid: str) -> tuple[subprocess.Popen, Path, str | None]:
+    """Starts `cmd` (through the template if any) in a process group of its own, its output to a new log named
+    after `name`, and records the group in the DB before anything waits on it. Returns (process, log, the
+    template's stop command filled in)."""
+    log_dir.mkdir(parents=True, exist_ok=True)
+    log = log_dir / f"{name.replace('/', '-')}-{int(time.time())}.log"
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+           **(own.mark(store.path, cid) if store is not None else {})}
+    stop_command = None
+    with log.open("w") as out:
+        if template:
+            fill = {"command": shlex.join(cmd), "port": port, "host": host}
+            started = template.start.format(**fill)
+            stop_command = template.stop.format(**fill) if template.stop else None
+            out.write(f"$ {started}\n")
+            out.flush()
+            proc = subprocess.Popen(started, shell=True, stdout=out, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+        else:
+            out.write(f"$ {shlex.join(cmd)}\n")
+            out.flush()
+            proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                                    start_new_session=True)
+    if store is not None:
+        own.record_server(store, cid, name, proc, stop_command, log)
+    return proc, log, stop_command
+
+
+def halt(proc: subprocess.Popen | None, stop_command: str | None, log: Path | None, grace_s: float,
+         store: Store | None, cid: str) -> None:
+    """The template's stop command, then the process group: SIGTERM, grace_s, SIGKILL; marked stopped in the DB.
+    Stops even when the log or the DB is gone."""
+    try:
+        out = (log or Path(os.devnull)).open("a")
+    except OSError:
+        out = open(os.devnull, "a")  # noqa: SIM115 (closed below)
+    with out:
+        if stop_command:
+            own.run_stop_command(stop_command, out)
+        if proc is not None:
+            own.stop_group(proc.pid, grace_s, lambda line: print(line, file=out, flush=True), proc.poll)
+            proc.poll()
+    if proc is not None and store is not None:
         try:
-            out = (self.log or Path(os.devnull)).open("a")
-        except OSError:
-            out = open(os.devnull, "a")  # noqa: SIM115 (closed below)
-        with out:
-            if self.stop_command:
-                own.run_stop_command(self.stop_command, out)
-            if self.proc is not None:
-                own.stop_group(self.proc.pid, self.dep.stop_grace_s, lambda line: print(line, file=out, flush=True),
-                               self.proc.poll)
-                self.proc.poll()
-        if self.proc is not None and self.store is not None:
-            try:
-                own.server_stopped(self.store, self.cid, self.proc.pid)
-            except Exception:  # noqa: BLE001 (the DB went away: the server is stopped all the same)
-                pass
+            own.server_stopped(store, cid, proc.pid)
+        except Exception:  # noqa: BLE001 (the DB went away: the server is stopped all the same)
+            pass

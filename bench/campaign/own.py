@@ -224,15 +224,17 @@ def run_stop_command(command: str, out: IO) -> None:
 
 
 def identity(url: str) -> dict:
-    """What the server says it is: model path, tp, KV dtype, KV pool (tokens); {} when it says nothing."""
+    """What the server says it is: model path, tp, KV dtype, disaggregation mode (prefill, decode, or
+    colocated: SGLang's "null"), KV pool (tokens); {} when it says nothing."""
     for path in ("/server_info", "/get_server_info"):
         try:
             r = httpx.get(url + path, timeout=10)
             if r.status_code == 200 and isinstance(info := r.json(), dict):
                 kv = info.get("kv_cache_dtype")
+                mode = info.get("disaggregation_mode")
                 return {"model": info.get("model_path"), "tp": info.get("tp_size"),
                         "kv_dtype": "bf16" if kv in ("auto", "bfloat16", "bf16") else kv,
-                        "pool": info.get("max_total_num_tokens")}
+                        "mode": "colocated" if mode == "null" else mode, "pool": info.get("max_total_num_tokens")}
         except (httpx.HTTPError, ValueError):
             continue
     try:

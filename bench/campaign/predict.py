@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
+from bench.campaign import pd_check
 from bench.campaign.spec import Campaign, DeploymentSpec, Load
 from bench.campaign.stage import Stage
 from bench.errors import BadInput
@@ -32,6 +33,9 @@ def modelled(dep: DeploymentSpec) -> tuple[Deployment | None, str]:
     """(what the model predicts for, "") or (None, why not predicted)."""
     if dep.model is None:
         return None, "no catalog model (a URL of unknown make)"
+    if dep.pd is not None:  # the PD simulator plays its shape; this is the decode instance, for price and bands
+        s, why = pd_check.shape(dep)
+        return (s.deployment("decode"), "") if s else (None, why)
     try:
         d = dep.deployment()
         flags = [str(f) for f in dep.sglang.get("flags", [])]
@@ -57,9 +61,13 @@ def modelled(dep: DeploymentSpec) -> tuple[Deployment | None, str]:
 
 
 def fit_problems(campaign: Campaign) -> list[str]:
-    """One line per deployment that cannot fit its GPUs (SGLang's memory arithmetic, with the flags it models)."""
+    """One line per deployment that cannot fit its GPUs (SGLang's memory arithmetic, with the flags it models); for
+    a disaggregated one, per role, and whether a decode rank's KV pool holds its batch (bench/campaign/pd_check.py)."""
     out = []
     for i, dep in enumerate(campaign.deployments):
+        if dep.pd is not None:
+            out += pd_check.fit_problems(f"deployments[{i}] ({dep.name})", dep, campaign.loads)
+            continue
         d, why = modelled(dep)
         if d is None:
             if dep.model is not None and "does not model" not in why:
@@ -94,7 +102,8 @@ def predicted(dep: DeploymentSpec, load: Load, search: Search) -> dict:
         return {**none, "not_predicted": why}
     wl = load_workload(load.workload)
     horizon = (1 + WARMUP_SHARE) * load.duration_s * dep.time_scale
-    pd = dep.pd_shape()  # a disaggregated twin: its prefill and decode instances in virtual time
+    # a disaggregated twin or launch: its prefill and decode instances in virtual time
+    pd = pd_check.shape(dep)[0] if dep.pd is not None else dep.pd_shape()
 
     def stage(rate: float) -> Stage:
         n = max(1, math.ceil(rate * horizon))

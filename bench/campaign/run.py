@@ -25,6 +25,7 @@ from pathlib import Path
 
 from bench.campaign import guard, own, predict, record
 from bench.campaign.launch import Launched, LaunchFailed, tail
+from bench.campaign.pd_launch import PDLaunched
 from bench.campaign.predict import WARMUP_SHARE
 from bench.campaign.spec import Campaign, DeploymentSpec, Load, cell_key
 from bench.campaign.stage import COUNTS, Stage, drain_s, judge, longest_answer, meets, shown, stage_counts
@@ -98,7 +99,7 @@ def run_campaign(campaign: Campaign, db: Path, source: str = "", resume: bool = 
 def _deployment(store: Store, cid: str, campaign: Campaign, dep: DeploymentSpec, loads: list[Load], log_dir: Path,
                 stop: Interrupt, say: Callable[[str], None]) -> int:
     """Launch, run the loads, stop. Returns how many cells failed."""
-    server = Launched(dep, log_dir, store, cid)
+    server = PDLaunched(dep, log_dir, store, cid) if dep.pd else Launched(dep, log_dir, store, cid)
     failed = 0
     try:
         say(f"{dep.name}: starting ({dep.kind})")
@@ -148,7 +149,7 @@ def _describe(r: dict) -> str:
             f"{'-' if pred is None else f'{pred:.3g}'}), {r['stages']} stages, {r['saturation']}")
 
 
-def _cell(store: Store, cid: str, dep: DeploymentSpec, load: Load, server: Launched, stop: Interrupt,
+def _cell(store: Store, cid: str, dep: DeploymentSpec, load: Load, server: Launched | PDLaunched, stop: Interrupt,
           say: Callable[[str], None]) -> dict:
     from bench.runner import RunOptions  # Locust, and its gevent patching, only when a campaign runs
     from bench.runner import run as run_load
@@ -268,5 +269,7 @@ def _result(dep: DeploymentSpec, load: Load, found: list[Found]) -> dict:
         "kv_dtype": dep.kv_dtype, "weights": dep.weights, "kv_checksum": dep.kv_checksum, "baseline": dep.baseline,
         "workload": load.workload, "flags": dep.sglang.get("flags", []), "twin": dep.twin,
         "parallel": {"tp": dep.gpus, "dp": dep.sglang.get("dp", 1), "ep": dep.sglang.get("ep", 1)},
+        **({"disaggregated": {r.role: {"count": r.count, "tp": r.tp, "dp": r.dp, "ep": r.ep}
+                              for r in (dep.pd.prefill, dep.pd.decode)}} if dep.pd else {}),
         "finished_at": time.time(),
     }

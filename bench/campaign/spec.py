@@ -9,16 +9,17 @@ from __future__ import annotations
 
 import hashlib
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from bench.campaign import guard
 from bench.campaign.keys import with_repeats, with_stop_grace, workload_path
+from bench.campaign.pd_spec import PDSpec, parse_pd, resolve
 from bench.campaign.templates import Template, launch_by, parse_template
 from bench.errors import BadInput
 from bench.model import Deployment, Slo, catalog, disagg, parse_slo
 
-KINDS = ("twin", "sglang", "url")
+KINDS = ("twin", "sglang", "url", "disaggregated")
 DEPLOYMENT_KEYS = {"name", "baseline", "health_timeout", "stop_grace", "model", "gpu", "gpus", *KINDS}
 SGLANG_KEYS = {"model", "model_path", "gpu", "tp", "dp", "ep", "kv_dtype", "weights", "kv_scales", "kv_checksum",
                "port", "flags", "template"}
@@ -58,11 +59,12 @@ class Load:
 @dataclass(frozen=True)
 class DeploymentSpec:
     name: str
-    kind: str  # twin | sglang | url
+    kind: str  # twin | sglang | url | disaggregated
     twin: str | None = None  # `twin:...` spec
     url: str | None = None
     sglang: dict = field(default_factory=dict)
     template: Template | None = None
+    pd: PDSpec | None = None  # a disaggregated deployment's roles and nodes (bench/campaign/pd_spec.py)
     model: str | None = None  # catalog ids, for predictions and cost (None: a URL of unknown make)
     gpu: str = "h200"
     gpus: int = 8
@@ -166,8 +168,9 @@ def parse_campaign(text: str | bytes, source: str = "campaign", templates: dict[
     for i, d in enumerate(deps):
         if d.baseline and d.baseline not in {x.name for x in deps}:
             problems.add(f"deployments[{i}].baseline", f"no deployment named {d.baseline!r}")
-    deps = [launch_by(problems, f"deployments[{i}]", d, templates or {}, inline_templates)
-            for i, d in enumerate(deps)]
+    deps = [launch_by(problems, f"deployments[{i}]", d, templates or {}, inline_templates) if d.pd is None else
+            replace(d, pd=resolve(problems, f"deployments[{i}].disaggregated", d.pd, templates or {},
+                                  inline_templates)) for i, d in enumerate(deps)]
     if problems:
         raise BadInput(f"{source}: {len(problems)} problem(s) in the campaign file\n" + "\n".join(problems))
     return Campaign(name, str(raw.get("description") or ""), deps, loads, text,
@@ -238,7 +241,7 @@ def _deployment(problems: Problems, where: str, raw: object, timeout: float | No
         problems.add(f"{where}.name", f"a name of letters, digits, . _ - is required, got {name!r}")
     kinds = [k for k in KINDS if k in raw]
     if len(kinds) != 1:
-        problems.add(where, f"exactly one of twin, sglang, url is required, got {kinds or 'none'}")
+        problems.add(where, f"exactly one of {', '.join(KINDS)} is required, got {kinds or 'none'}")
         return None
     common = {"name": name, "kind": kinds[0], "baseline": raw.get("baseline"),
               "health_timeout_s": _number(problems, f"{where}.health_timeout",
@@ -254,7 +257,24 @@ def _deployment(problems: Problems, where: str, raw: object, timeout: float | No
         if not _catalog(problems, where, model, gpu):
             return None
         return DeploymentSpec(**common, url=url.rstrip("/"), model=model, gpu=gpu, gpus=int(gpus))
+    if kinds[0] == "disaggregated":
+        return _disaggregated(problems, f"{where}.disaggregated", raw["disaggregated"], common)
     return _sglang(problems, f"{where}.sglang", raw["sglang"], common)
+
+
+def _disaggregated(problems: Problems, where: str, raw: object, common: dict) -> DeploymentSpec | None:
+    raw = raw if isinstance(raw, dict) else {}
+    model, gpu = raw.get("model"), str(raw.get("gpu", "h200"))
+    if model is None:
+        problems.add(f"{where}.model", "the catalog model id is required (e.g. kimi-k2-thinking)")
+    ok = _catalog(problems, where, model, gpu)
+    kv = _choice(problems, f"{where}.kv_dtype", raw.get("kv_dtype", "fp8_e4m3"), KV_DTYPES)
+    weights = _choice(problems, f"{where}.weights", raw.get("weights", "native"), WEIGHTS)
+    pd = parse_pd(problems, where, raw or None, gpu if ok else "h200")
+    if not ok or pd is None:
+        return None
+    gpus = pd.prefill.count * pd.prefill.tp + pd.decode.count * pd.decode.tp
+    return DeploymentSpec(**common, pd=pd, model=model, gpu=gpu, gpus=gpus, kv_dtype=kv, weights=weights)
 
 
 def _twin(problems: Problems, where: str, raw: dict, common: dict) -> DeploymentSpec | None:

@@ -75,3 +75,39 @@ def test_a_typo_in_a_flag_would_be_caught():
     ServerArgs.add_cli_args(parser)
     with contextlib.redirect_stderr(io.StringIO()), pytest.raises(SystemExit):
         parser.parse_args(["--model-path", "m", "--disaggregation-mode", "prefil"])
+
+
+def test_a_campaigns_disaggregated_launches_parse():
+    """What a campaign's `disaggregated:` deployment launches (bench/campaign/pd_launch.py): two prefill instances
+    of two nodes each (tp 16 over 8-GPU nodes), a decode instance on a third node, the router; every node's line
+    parses with SGLang's ServerArgs, the router's with sglang-router's parser, pointed at each instance's first node."""
+    from bench.campaign import parse_campaign
+    from bench.campaign.pd_launch import plan
+
+    nodes = "".join(f"        g{k}: {{start: 'ssh g{k} {{command}}', host: g{k}}}\n" for k in range(5))
+    c = parse_campaign(
+        "name: pd\ndeployments:\n  - name: kimi\n    disaggregated:\n      model: kimi-k2-thinking\n"
+        "      transfer: nixl\n      nodes:\n" + nodes +
+        "      prefill: {count: 2, tp: 16, dp: 16, ep: 16, node: [g0, g1, g2, g3], flags: [--enable-eplb]}\n"
+        "      decode: {tp: 8, dp: 8, ep: 8, node: g4, flags: [--max-running-requests, '1024']}\n"
+        "      router: {node: g0, port: 8080}\n"
+        "loads:\n  - {name: a, workload: chat, profile: poisson, rate: 1}\n", inline_templates=True)
+    parts = plan(c.deployments[0])
+    assert [p.label for p in parts] == ["prefill[0].node0", "prefill[0].node1", "prefill[1].node0",
+                                        "prefill[1].node1", "decode[0]", "router"]
+    assert [p.host for p in parts] == ["g0", "g1", "g2", "g3", "g4", "g0"]
+    for p in parts[:-1]:
+        ns = sglang_parse(p.argv)
+        assert ns.disaggregation_mode == p.role and ns.disaggregation_transfer_backend == "nixl"
+        assert ns.kv_cache_dtype == "fp8_e4m3" and ns.host == "0.0.0.0" and ns.port == p.port
+        assert ns.mem_fraction_static == pytest.approx(disagg.pd_mem_fraction("kimi-k2-thinking", "h200"), abs=1e-3)
+        if p.role == "prefill":
+            assert (ns.tp_size, ns.dp_size, ns.ep_size, ns.nnodes) == (16, 16, 16, 2) and ns.enable_eplb
+            assert ns.dist_init_addr == f"g{2 * int(p.label[8])}:5000" and ns.node_rank == int(p.label[-1])
+            assert ns.disaggregation_bootstrap_port == 8998
+        else:
+            assert (ns.tp_size, ns.dp_size, ns.ep_size, ns.nnodes) == (8, 8, 8, 1) and ns.max_running_requests == 1024
+    args = parse_router_args(parts[-1].argv[3:])
+    assert args.pd_disaggregation and args.port == 8080
+    assert args.prefill_urls == [("http://g0:30000", 8998), ("http://g2:30000", 8998)]
+    assert args.decode_urls == ["http://g4:30000"]
