@@ -142,6 +142,9 @@ def validate(
                              "data/calibration/corpus.json and validation.json, with leave-one-source-out error)."),
     case: str = typer.Option(None, help="Only the cases whose 'source/case' id contains this text."),
     rounds: int = typer.Option(6, help="Rounds of the fit's coordinate search (with --fit)."),
+    rescore: bool = typer.Option(False, "--rescore", help="Replay validation.json's cases with today's model and "
+                                 "the last fit's factors, without fitting again (after a change that adds no "
+                                 "fitted factor)."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
 ) -> None:
     """Replay every published SGLang measurement (data/measurements) through the scheduler and performance model,
@@ -174,6 +177,15 @@ def validate(
             finally:
                 replayer.close()
             fitting.write(scale, in_sample, out_of_sample, by_org, excluded)
+        elif rescore:
+            if case:
+                raise BadInput("--rescore replays the whole corpus; leave out --case")
+            bar.add_task("replaying every case with the last fit's factors", total=None)
+            replayer = fitting.Replayer()
+            try:
+                fitting.rescore(goal, [c for c in cases if fitting.in_goal(c) is not None], replayer)
+            finally:
+                replayer.close()
         task = bar.add_task("replaying the published cases", total=len(cases))
         replays = []
         for c in cases:

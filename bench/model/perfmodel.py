@@ -13,6 +13,9 @@ of chunked prefills, T = D*v + P tokens in all, spread over the dp DP-attention 
 - Experts hit: top-k routing of T tokens over E experts touches E * (1 - (1 - k/E)^T) of them.
 - GEMM efficiency grows with the rows M of each GEMM: eff_max * M / (M + m_half); W4A16 (INT4 experts) reads a
   quarter of BF16's bytes and computes on BF16 tensor cores at int4_dequant times the cost at large M.
+- W4A16 MoE kernels unpack each INT4 expert weight they touch, once per tile of int4_moe_m_tile of that expert's
+  tokens, at int4_moe_unpack weights per BF16 FLOP/s: the expert GEMMs last at least that long, so an INT4
+  expert costs more than its bytes at any batch and more again as tokens per expert pass a tile.
 - EP: the slowest of the ep ranks sets the pace: expected max of per-rank loads (Gaussian tail, sqrt(2 ln ep)).
 - DP attention: attention (weights split over tp/dp, KV of its own requests) runs per group; the MoE runs over
   all tp GPUs on all tokens; the hidden states are gathered and scattered around it.
@@ -86,6 +89,8 @@ class PerfModel:
         # flops per token (per GPU): experts over all tp GPUs, attention projections per DP group
         self.expert_flops = params.routed_experts * m.experts_per_token / m.routed_experts  # 2 * params / 2
         self.expert_width = m.moe_intermediate_size * dep.ep / dep.tp  # TP-MoE shards each expert's columns
+        self.expert_params = params.routed_experts / 2  # weights of all routed experts on one GPU
+        self.unpack_per_s = g.bf16_tflops * 1e12 * e.int4_moe_unpack
         self.attn_proj_flops = params.attention
         self.mlp_flops = params.shared_experts + params.dense_mlp + params.other
         self.lm_flops = params.embeddings / 2
@@ -145,6 +150,9 @@ class PerfModel:
             comp_f += z * math.sqrt(load * (1 - 1 / self.ep)) / max(load, 1e-9)
         rows = tokens * self.top_k / max(hit, 1e-9)
         gemm = self._gemm_s(tokens * self.expert_flops, rows, self.experts_fmt, self.expert_width)
+        if self.experts_fmt.startswith("int4"):  # every weight touched is unpacked, once per tile of rows
+            tiles = math.ceil(rows / self.eff.int4_moe_m_tile)
+            gemm = max(gemm, self.expert_params * frac * mem_f * tiles / self.unpack_per_s)
         return self.expert_bytes * frac * mem_f, gemm * comp_f
 
     def parts(self, decode_batch: int, decode_ctx: int, prefill_tokens: int = 0, prefill_attn: float = 0.0,
