@@ -17,11 +17,13 @@ from bench.model import calibration, corpus, fit, validate
 
 # In-sample median |predicted / published - 1| per source for the shipped factors (validation.json, 2026-12-01:
 # GPUStack 13/13/19 %, SemiAnalysis 13/20/17 %, sgl-project 26/20/20 %; 2026-12-02, the seven Kimi-K2.5 cookbook
-# runs back in the goal (data/calibration/outliers.yaml): sgl-project 27/26/22 %), plus five points of slack.
+# runs back in the goal (data/calibration/outliers.yaml): sgl-project 27/26/22 %; later that day the W4A16 unpack
+# term and 12 cookbook MI300X cases (DeepSeek-V3.1, Kimi-K2), which the model over-predicts by 30-95 %:
+# sgl-project 39/21/29 %), plus five points of slack.
 BOUNDS = {
     "GPUStack": {"output_tok_s": 0.18, "ttft_ms": 0.18, "tpot_ms": 0.24},
     "SemiAnalysis": {"output_tok_s": 0.18, "ttft_ms": 0.25, "tpot_ms": 0.22},
-    "sgl-project": {"output_tok_s": 0.32, "ttft_ms": 0.31, "tpot_ms": 0.28},
+    "sgl-project": {"output_tok_s": 0.44, "ttft_ms": 0.26, "tpot_ms": 0.34},
 }
 # Sources outside the goal (SGLang 0.4.x; Tenstorrent's cases state no tp and are not replayed): regression bounds
 # only, ten points over today's error. The model predicts today's SGLang; these show how far older releases were.
