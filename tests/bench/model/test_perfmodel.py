@@ -209,3 +209,18 @@ def test_bad_calibration_is_one_clear_error(tmp_path, text, message):
         load_efficiency("h200", path)
     with pytest.raises(BadInput, match="not readable"):
         load_efficiency("h200", tmp_path / "missing.json")
+
+
+def test_dp_attention_prefills_a_long_prompt_on_one_group():
+    """Each request lives on one DP-attention group: a lone 8k chunk costs its group's full attention while the
+    MoE still spreads over all GPUs; eight 1k chunks (one a group) cost what the even split says."""
+    dp8 = PerfModel(kimi(dp=8, ep=8), priors())
+    lone = dp8.step_time(0, 0, 8192, prefill_pairs(8192, 0), 8192, busiest=(8192, prefill_pairs(8192, 0)))
+    even = dp8.step_time(0, 0, 8192, prefill_pairs(8192, 0), 8192)
+    assert lone > 1.5 * even
+    spread = 8 * prefill_pairs(1024, 0)
+    assert dp8.step_time(0, 0, 8192, spread, 8192, busiest=(1024, prefill_pairs(1024, 0))) == pytest.approx(
+        dp8.step_time(0, 0, 8192, spread, 8192))
+    tp8 = PerfModel(kimi(), priors())  # without DP attention the busiest chunk changes nothing
+    assert tp8.step_time(0, 0, 8192, prefill_pairs(8192, 0), 8192, busiest=(8192, prefill_pairs(8192, 0))) == (
+        tp8.step_time(0, 0, 8192, prefill_pairs(8192, 0), 8192))
