@@ -88,6 +88,21 @@ def test_out_of_sample_summary_is_the_summary_of_its_own_rows():
     assert set(oos["scales_by_left_out_org"]) == {row["org"] for row in oos["cases"]}
 
 
+def test_out_of_sample_rows_are_what_todays_model_gives_with_the_left_out_scales():
+    """`validate --rescore` (and --fit) write each organisation's out-of-sample rows with the scales fitted without
+    it: replaying one organisation's cases with those stored scales gives the stored rows."""
+    oos = stored()["out_of_sample"]
+    org = "SemiAnalysis"
+    scale = oos["scales_by_left_out_org"][org]
+    rows = {row["case"]: row for row in oos["cases"] if row["org"] == org}
+    cases = [c for c in corpus.load() if c.key in rows]
+    assert len(cases) == len(rows) > 0
+    for c in cases:
+        r = validate.replay(c, fit.scaled(c.gpu, scale))
+        for figure, value in rows[c.key]["predicted"].items():
+            assert r.predicted[figure] == pytest.approx(value, rel=1e-3), f"{c.key} {figure}: validate --rescore"
+
+
 def test_the_capacity_case_is_within_seven_percent():
     """The one server log in the corpus: KV pool tokens and weights per GPU as SGLang logged them."""
     checks = [validate.capacity_check(c) for c in corpus.load() if c.kind == "capacity"]
@@ -110,3 +125,6 @@ def test_validate_cli_prints_the_verdict_and_refuses_an_unknown_case():
                          capture_output=True, text=True, env=env, timeout=120)
     assert bad.returncode == 2 and "Traceback" not in bad.stderr
     assert len((bad.stdout + bad.stderr).strip().splitlines()) == 1
+    both = subprocess.run([sys.executable, "-c", cli, "validate", "--rescore", "--case", "glm"],
+                          capture_output=True, text=True, env=env, timeout=120)
+    assert both.returncode == 2 and "Traceback" not in both.stderr and "--rescore" in both.stdout + both.stderr
