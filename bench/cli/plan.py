@@ -142,6 +142,9 @@ def validate(
                              "data/calibration/corpus.json and validation.json, with leave-one-source-out error)."),
     case: str = typer.Option(None, help="Only the cases whose 'source/case' id contains this text."),
     rounds: int = typer.Option(6, help="Rounds of the fit's coordinate search (with --fit)."),
+    rescore: bool = typer.Option(False, "--rescore", help="Replay validation.json's cases with today's model and "
+                                 "the last fit's factors, without fitting again (after a change that adds no "
+                                 "fitted factor)."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
 ) -> None:
     """Replay every published SGLang measurement (data/measurements) through the scheduler and performance model,
@@ -174,6 +177,15 @@ def validate(
             finally:
                 replayer.close()
             fitting.write(scale, in_sample, out_of_sample, by_org, excluded)
+        elif rescore:
+            if case:
+                raise BadInput("--rescore replays the whole corpus; leave out --case")
+            bar.add_task("replaying every case with the last fit's factors", total=None)
+            replayer = fitting.Replayer()
+            try:
+                fitting.rescore(goal, [c for c in cases if fitting.in_goal(c) is not None], replayer)
+            finally:
+                replayer.close()
         task = bar.add_task("replaying the published cases", total=len(cases))
         replays = []
         for c in cases:
@@ -239,6 +251,9 @@ def plan(
     pd: bool = typer.Option(True, "--pd/--no-pd", help="Also search prefill/decode disaggregated shapes (wide EP) "
                             "on --gpus (default: --gpu) and show the cheapest beside the colocated answer."),
     max_nodes: int = typer.Option(16, help="Nodes one PD prefill or decode instance may span (1 to 64)."),
+    max_concurrency: int = typer.Option(None, help="The client keeps at most this many requests in flight to each "
+                                        "instance (bench_serving --max-concurrency with the rate): arrivals wait "
+                                        "for a free slot and the wait counts in TTFT."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON (every configuration) instead of tables."),
 ) -> None:
     """The deployment search: GPU x tp x DP attention x EP x KV dtype x expert weights x replicas, for a workload,
@@ -261,7 +276,8 @@ def plan(
     q = Question(model=model, gpu=gpu, tp=tp, kv_dtype=kv_dtype, weights=weights, context=context,
                  workload=None if input_len else (workload or "chat"), input_tokens=input_len or 2000,
                  output_tokens=output_len or 500, slo=parse_slo(slo), price_per_gpu_hour=price, target_rate_rps=rate,
-                 search_gpus=tuple(g.strip() for g in gpus.split(",") if g.strip()) if gpus else None)
+                 search_gpus=tuple(g.strip() for g in gpus.split(",") if g.strip()) if gpus else None,
+                 max_concurrency=max_concurrency)
     with Progress(transient=True, disable=as_json) as bar:
         task = bar.add_task("sizing", total=None)
         result = make_plan(q, lambda stage, done, total: bar.update(task, description=stage, completed=done,
@@ -279,7 +295,8 @@ def plan(
         return
     console = Console(width=max(Console().width, 180))
     rec = result.recommended
-    console.print(f"[bold]{model}[/bold], {q.describe_workload()}, {rate:g} req/s within {q.slo.describe()}")
+    console.print(f"[bold]{model}[/bold], {q.describe_workload()}, {rate:g} req/s{q.describe_cap()} within "
+                  f"{q.slo.describe()}")
     if rec:
         console.print(f"[bold]Cheapest that serves it:[/bold] {rec.label}: {rec.instances_needed} instance(s), "
                       f"{rec.gpus_needed} GPUs, ${rec.monthly_cost:,.0f} a month, ${rec.usd_per_m_output:,.2f} per 1M "

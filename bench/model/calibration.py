@@ -33,6 +33,8 @@ class Efficiency:
     gemm_m_half: float = 16.0  # rows (tokens) per GEMM at which it reaches half its large-GEMM efficiency
     gemm_n_half: float = 128.0  # columns of an expert's slice on one GPU at which its GEMM reaches half speed
     int4_dequant: float = 1.5  # W4A16 compute relative to BF16 at large batch (unpacking before the MMA)
+    int4_moe_unpack: float = 0.0026  # INT4 expert weights a W4A16 fused-MoE kernel unpacks per s, / BF16 FLOP/s
+    int4_moe_m_tile: float = 64.0  # rows of one expert a W4A16 MoE tile computes per weight unpacked
     overlap: float = 0.6  # share of the shorter of memory and compute time hidden under the longer
     kernel_us: float = 4.0  # GPU time each kernel costs beyond its work (launch gap, ramp-up, tail)
     launch_us: float = 6.0  # CPU time to launch one kernel outside a CUDA graph (prefill, large decode batches)

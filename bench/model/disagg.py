@@ -153,14 +153,14 @@ class PDPerfModel(PerfModel):
         self.shape, self.role = shape, role
 
     def step_time(self, decode_batch: int, decode_ctx: int, prefill_tokens: int = 0, prefill_attn: float = 0.0,
-                  prefill_ctx: int = 0) -> float:
+                  prefill_ctx: int = 0, busiest: tuple[int, float] | None = None) -> float:
         if self.role == "decode":  # the KV arrived by transfer: SGLang's decode server runs no extend for it
             if decode_batch <= 0:
                 return self.overhead_s if prefill_tokens > 0 else 0.0
             prefill_tokens, prefill_attn, prefill_ctx = 0, 0.0, 0
         if decode_batch <= 0 and prefill_tokens <= 0:
             return 0.0
-        parts = self.parts(decode_batch, decode_ctx, prefill_tokens, prefill_attn, prefill_ctx)
+        parts = self.parts(decode_batch, decode_ctx, prefill_tokens, prefill_attn, prefill_ctx, busiest=busiest)
         dep, m = self.dep, self.dep.model
         attention_allreduce = parts["comm"] / 2 if dep.dp == 1 else 0.0  # TP attention keeps its all-reduce
         per_rank = (decode_batch * self.verify + prefill_tokens) / dep.tp

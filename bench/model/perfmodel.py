@@ -13,9 +13,14 @@ of chunked prefills, T = D*v + P tokens in all, spread over the dp DP-attention 
 - Experts hit: top-k routing of T tokens over E experts touches E * (1 - (1 - k/E)^T) of them.
 - GEMM efficiency grows with the rows M of each GEMM: eff_max * M / (M + m_half); W4A16 (INT4 experts) reads a
   quarter of BF16's bytes and computes on BF16 tensor cores at int4_dequant times the cost at large M.
+- W4A16 MoE kernels unpack each INT4 expert weight they touch, once per tile of int4_moe_m_tile of that expert's
+  tokens, at int4_moe_unpack weights per BF16 FLOP/s: the expert GEMMs last at least that long, so an INT4
+  expert costs more than its bytes at any batch and more again as tokens per expert pass a tile.
 - EP: the slowest of the ep ranks sets the pace: expected max of per-rank loads (Gaussian tail, sqrt(2 ln ep)).
 - DP attention: attention (weights split over tp/dp, KV of its own requests) runs per group; the MoE runs over
-  all tp GPUs on all tokens; the hidden states are gathered and scattered around it.
+  all tp GPUs on all tokens; the hidden states are gathered and scattered around it. Each request lives on one
+  group, so a step's prefill attention lasts as long as its busiest group's: at least the largest request's chunk
+  (a long prompt prefills on one group at attn_tp speed while the others wait at the gather), else an even share.
 - CUDA graphs: decode batches up to SGLang's graph size replay a graph; prefill and bigger batches launch every
   kernel from the CPU, which the GPU may outrun.
 - MTP (EAGLE on the model's NextN layer): each step drafts `steps` tokens with one layer, verifies steps + 1 per
@@ -86,6 +91,8 @@ class PerfModel:
         # flops per token (per GPU): experts over all tp GPUs, attention projections per DP group
         self.expert_flops = params.routed_experts * m.experts_per_token / m.routed_experts  # 2 * params / 2
         self.expert_width = m.moe_intermediate_size * dep.ep / dep.tp  # TP-MoE shards each expert's columns
+        self.expert_params = params.routed_experts / 2  # weights of all routed experts on one GPU
+        self.unpack_per_s = g.bf16_tflops * 1e12 * e.int4_moe_unpack
         self.attn_proj_flops = params.attention
         self.mlp_flops = params.shared_experts + params.dense_mlp + params.other
         self.lm_flops = params.embeddings / 2
@@ -145,17 +152,25 @@ class PerfModel:
             comp_f += z * math.sqrt(load * (1 - 1 / self.ep)) / max(load, 1e-9)
         rows = tokens * self.top_k / max(hit, 1e-9)
         gemm = self._gemm_s(tokens * self.expert_flops, rows, self.experts_fmt, self.expert_width)
+        if self.experts_fmt.startswith("int4"):  # every weight touched is unpacked, once per tile of rows
+            tiles = math.ceil(rows / self.eff.int4_moe_m_tile)
+            gemm = max(gemm, self.expert_params * frac * mem_f * tiles / self.unpack_per_s)
         return self.expert_bytes * frac * mem_f, gemm * comp_f
 
     def parts(self, decode_batch: int, decode_ctx: int, prefill_tokens: int = 0, prefill_attn: float = 0.0,
-              prefill_ctx: int = 0, verify: int | None = None, layers_share: float = 1.0) -> dict[str, float]:
+              prefill_ctx: int = 0, verify: int | None = None, layers_share: float = 1.0,
+              busiest: tuple[int, float] | None = None) -> dict[str, float]:
         """Seconds of each term of one step (see the module docstring). decode_ctx: sum of the decoding requests'
-        contexts; prefill_attn: attention pairs of the prefill chunks; prefill_ctx: KV tokens they read or write."""
+        contexts; prefill_attn: attention pairs of the prefill chunks; prefill_ctx: KV tokens they read or write;
+        busiest: (tokens, attention pairs) of the step's largest prefill chunk (None: the prefill splits evenly)."""
         v = self.verify if verify is None else verify
         tokens = decode_batch * v + prefill_tokens
         if tokens <= 0:
             return dict.fromkeys(("memory", "compute", "fixed", "comm", "launch", "overhead"), 0.0)
-        group = tokens / self.dp
+        rank_prefill, rank_pairs = prefill_tokens / self.dp, prefill_attn / self.dp
+        if busiest and self.dp > 1:  # DP attention: the largest chunk's group sets the pace
+            rank_prefill, rank_pairs = max(rank_prefill, busiest[0]), max(rank_pairs, busiest[1])
+        group = decode_batch * v / self.dp + rank_prefill
         expert_bytes, expert_s = self._moe(tokens)
         samples = decode_batch * v + (1 if prefill_tokens else 0)
         kv = self.cell * (decode_ctx + prefill_ctx) / self.dp
@@ -164,7 +179,7 @@ class PerfModel:
                    + self._gemm_s(tokens * self.mlp_flops, tokens, self.rest_fmt)
                    + self._gemm_s(samples * self.lm_flops, samples, "bf16")
                    + self.decode_attn * decode_ctx * v / self.dp / self.peak["bf16"]
-                   + self.prefill_attn * prefill_attn / self.dp / self.attn_peak)
+                   + self.prefill_attn * rank_pairs / self.attn_peak)
         if self.dp > 1:  # gather before the MoE, scatter after it, and the attention group's all-reduce
             gather = self.eff.dp_gather_latency_us * 1e-6 + tokens * self.hidden * 2 / self.link_bytes_per_s
             comm = 2 * gather + self._allreduce_s(group, self.attn_tp)
@@ -180,11 +195,12 @@ class PerfModel:
         return max(core + p["fixed"] + p["comm"], p["launch"]) + p["overhead"]
 
     def step_time(self, decode_batch: int, decode_ctx: int, prefill_tokens: int = 0, prefill_attn: float = 0.0,
-                  prefill_ctx: int = 0) -> float:
+                  prefill_ctx: int = 0, busiest: tuple[int, float] | None = None) -> float:
         """One scheduler step; with MTP, its decode part drafts and verifies (accept_length tokens per request)."""
         if decode_batch <= 0 and prefill_tokens <= 0:
             return 0.0
-        t = self._time(self.parts(decode_batch, decode_ctx, prefill_tokens, prefill_attn, prefill_ctx))
+        t = self._time(self.parts(decode_batch, decode_ctx, prefill_tokens, prefill_attn, prefill_ctx,
+                                  busiest=busiest))
         if self.steps and decode_batch:  # the draft layer runs `steps` times over the decode batch
             draft = self.parts(decode_batch, decode_ctx, 0, 0.0, 0, verify=1, layers_share=1 / self.layers)
             t += self.steps * (self._time(draft) - self.overhead_s)
@@ -201,7 +217,8 @@ class PerfModel:
         total, done = 0.0, 0
         while done < tokens:
             n = min(chunk, tokens - done)
-            total += self.step_time(0, 0, n, prefill_pairs(n, prefix + done), prefix + done + n)
+            pairs = prefill_pairs(n, prefix + done)
+            total += self.step_time(0, 0, n, pairs, prefix + done + n, busiest=(n, pairs))
             done += n
         return total
 

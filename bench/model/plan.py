@@ -56,6 +56,7 @@ class Question:
     search_gpus: tuple[str, ...] | None = None  # None: every GPU in the catalog
     dp: int = 1
     ep: int = 1
+    max_concurrency: int | None = None  # the client keeps at most this many requests in flight to each instance
 
     @property
     def chosen(self) -> Config:
@@ -75,6 +76,13 @@ class Question:
         if self.workload:
             return workload.describe(self.request_mix())
         return f"{self.input_tokens:,} input and {self.output_tokens:,} output tokens per request"
+
+    def describe_cap(self) -> str:
+        """The concurrency cap in words ('' without one): the plan's answers hold only under it."""
+        if self.max_concurrency is None:
+            return ""
+        return (f", at most {self.max_concurrency} requests in flight to each instance (arrivals wait for a free "
+                "slot; the wait counts in TTFT)")
 
     def price_of(self, gpu: str) -> float:
         if gpu == self.gpu and self.price_per_gpu_hour is not None:
@@ -96,6 +104,8 @@ class Question:
             raise BadInput(f"the SLO needs at least one bound ({SYNTAX})")
         if self.target_rate_rps <= 0:
             raise BadInput(f"target rate must be positive, got {self.target_rate_rps}")
+        if self.max_concurrency is not None and self.max_concurrency < 1:
+            raise BadInput(f"max concurrency must be at least 1, got {self.max_concurrency}")
         if self.gpus is not None and (self.gpus < self.tp or self.gpus % self.tp):
             raise BadInput(f"GPU count {self.gpus} must be a multiple of tp {self.tp}")
         for g in self.search_gpus or ():
@@ -222,7 +232,7 @@ def _screen(args: tuple) -> float:
 
 def _simulate(args: tuple) -> Prediction | None:
     q, cfg, wl = args
-    return search_rate(cfg.deployment(q.model, q.context), wl, q.slo)
+    return search_rate(cfg.deployment(q.model, q.context), wl, q.slo, cap=q.max_concurrency)
 
 
 def _map(fn, jobs: list, workers: int, tick: Callable[[], None]) -> list:

@@ -19,7 +19,7 @@ import json
 import math
 import os
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, is_dataclass
+from dataclasses import asdict, dataclass, is_dataclass, replace
 from functools import cache
 from pathlib import Path
 
@@ -62,9 +62,28 @@ class Prediction:
         return 1.0 / self.tpot_s if self.tpot_s > 0 else 0.0
 
 
-def _limit(miss: simulate.Point, slo: Slo) -> str:
-    """Which SLO bound the first rate past the best one missed (the one missed by more)."""
+def waited(p: simulate.Point, slo: Slo) -> simulate.Point:
+    """The point as its users see it behind a capped client: the wait for a free slot counts in TTFT and E2E (the
+    sum of the two percentiles, an upper bound of the percentile of the sum)."""
     q = slo.percentile
+    wait = getattr(p, f"slot_wait_p{q}")
+    return replace(p, **{f"ttft_p{q}": getattr(p, f"ttft_p{q}") + wait, f"e2e_p{q}": getattr(p, f"e2e_p{q}") + wait})
+
+
+def _queue_held(p: simulate.Point, slo: Slo) -> bool:
+    """An SLO that bounds neither TTFT nor E2E still needs the client's queue held: its wait under the median
+    E2E (a queue that grows without end is never within an SLO)."""
+    if slo.ttft_s is not None or slo.e2e_s is not None:
+        return True
+    return getattr(p, f"slot_wait_p{slo.percentile}") <= p.e2e_p50
+
+
+def _limit(miss: simulate.Point, slo: Slo, cap: int | None = None) -> str:
+    """Which SLO bound the first rate past the best one missed (the one missed by more), or the concurrency cap
+    when the SLO held there but the capped client fell behind the arrivals."""
+    q = slo.percentile
+    if cap is not None and slo.met(miss):
+        return f"max concurrency {cap} (the client's queue grows)"
     over = {name: getattr(miss, f"{metric}_p{q}") / bound
             for name, metric, bound in (("TTFT", "ttft", slo.ttft_s), ("TPOT", "tpot", slo.tpot_s),
                                         ("E2E", "e2e", slo.e2e_s)) if bound is not None}
@@ -81,20 +100,24 @@ def _prediction(p: simulate.Point | None, miss: simulate.Point | None, slo: Slo,
 
 
 def _search(dep: Deployment, wl: Workload, slo: Slo, eff: Efficiency, n: int, horizon: float,
-            start: float | None, tick: Callable[[], None]) -> Prediction:
+            start: float | None, tick: Callable[[], None], cap: int | None = None) -> Prediction:
     def at(rate: float) -> simulate.Point:
         tick()
-        return simulate.run(dep, wl, rate, n, eff=eff, min_seconds=horizon)
+        p = simulate.run(dep, wl, rate, n, eff=eff, min_seconds=horizon, concurrency=cap)
+        return p if cap is None else waited(p, slo)
+
+    def met(p: simulate.Point) -> bool:
+        return slo.met(p) and (cap is None or _queue_held(p, slo))
 
     rate = start or max(simulate.run(dep, wl, math.inf, BURST, eff=eff).achieved_rps, 0.01)
     lo, best, hi, miss = 0.0, None, None, None
     p = at(rate)
-    if slo.met(p):
+    if met(p):
         lo, best = rate, p
         for _ in range(MAX_DOUBLINGS):  # up until the SLO breaks
             rate *= 2 if start is None else 1.1
             p = at(rate)
-            if not slo.met(p):
+            if not met(p):
                 hi, miss = rate, p
                 break
             lo, best = rate, p
@@ -105,29 +128,30 @@ def _search(dep: Deployment, wl: Workload, slo: Slo, eff: Efficiency, n: int, ho
         for _ in range(MAX_DOUBLINGS):  # down until it holds
             rate /= 2 if start is None else 1.1
             p = at(rate)
-            if slo.met(p):
+            if met(p):
                 lo, best = rate, p
                 break
             hi, miss = rate, p
         if best is None:
-            return _prediction(None, miss, slo, _limit(miss, slo), horizon)
+            return _prediction(None, miss, slo, _limit(miss, slo, cap), horizon)
     while hi / lo > BRACKET:
         mid = math.sqrt(lo * hi)
         p = at(mid)
-        if slo.met(p):
+        if met(p):
             lo, best = mid, p
         else:
             hi, miss = mid, p
-    return _prediction(best, miss, slo, _limit(miss, slo), horizon)
+    return _prediction(best, miss, slo, _limit(miss, slo, cap), horizon)
 
 
-def _key(dep: Deployment, wl: Workload, slo: Slo, eff: Efficiency) -> str:
+def _key(dep: Deployment, wl: Workload, slo: Slo, eff: Efficiency, cap: int | None = None) -> str:
     """A hash of everything an answer rests on: the deployment with its model's and GPU's data, the workload, the SLO,
     the model's factors and the code that simulates. Change any of them and the cached answer is not found."""
     d = {k: v for k, v in asdict(dep).items() if k not in ("model", "gpu")}
     d["context"] = dep.context_len  # None means the model's maximum: one answer, one key
     text = json.dumps([dep.model.model_dump(), dep.gpu.model_dump(), d, wl.to_dict(), asdict(slo), eff.to_dict(),
-                       kernels_per_layer(), _code()], sort_keys=True, default=str)
+                       kernels_per_layer(), _code()] + ([{"max_concurrency": cap}] if cap else []),
+                      sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 
@@ -196,18 +220,21 @@ def _store(key: str, value: Prediction | simulate.Point | float) -> None:
 
 
 def search_rate(dep: Deployment, wl: Workload, slo: Slo, eff: Efficiency | None = None,
-                progress: Callable[[], None] | None = None) -> Prediction | None:
-    """The converged highest rate within the SLO for one instance; None when the model does not fit."""
+                progress: Callable[[], None] | None = None, cap: int | None = None) -> Prediction | None:
+    """The converged highest rate within the SLO for one instance; None when the model does not fit. cap: the
+    client keeps at most this many requests in flight to the instance (bench_serving --max-concurrency with
+    --request-rate): Poisson arrivals wait for a free slot, and that wait counts in the TTFT and E2E the SLO
+    judges (waited()), so a rate the capped client cannot keep up with is not served."""
     if not capacity(dep, with_ratios=False).fits:
         return None
     eff = eff or load_efficiency(dep.gpu.id)
-    key = _key(dep, wl, slo, eff)
+    key = _key(dep, wl, slo, eff, cap)
     hit = _cached(key)
     if hit is not None:
         return hit
     tick = progress or (lambda: None)
     horizon, n = START_HORIZON_S, START_REQUESTS
-    prev = _search(dep, wl, slo, eff, n, horizon, None, tick)
+    prev = _search(dep, wl, slo, eff, n, horizon, None, tick, cap)
     while True:
         if prev.rate_rps == 0:  # even the lowest rate misses: a longer horizon only lengthens the queue
             pred = Prediction(**{**asdict(prev), "converged": True, "change": 0.0})
@@ -216,7 +243,7 @@ def search_rate(dep: Deployment, wl: Workload, slo: Slo, eff: Efficiency | None 
             pred = prev
             break
         horizon, n = horizon * 2, n * 2
-        pred = _search(dep, wl, slo, eff, n, horizon, prev.rate_rps or None, tick)
+        pred = _search(dep, wl, slo, eff, n, horizon, prev.rate_rps or None, tick, cap)
         change = abs(pred.rate_rps / prev.rate_rps - 1) if prev.rate_rps else 0.0
         pred = Prediction(**{**asdict(pred), "change": change, "converged": change < CONVERGED})
         if pred.converged:

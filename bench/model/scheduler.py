@@ -325,12 +325,14 @@ class Scheduler:
             return None
         ctx = self._decode_ctx() if n else 0
         tokens = pairs = kv = 0
+        busiest = (0, 0.0)  # the largest chunk: with DP attention its group sets the step's attention time
         for req, k in prefill:
             prefix = req.prompt_len + req.gen_base - req.extend_len + req.prefilled
             tokens += k
             pairs += prefill_pairs(k, prefix)
             kv += prefix + k
-        return Step(prefill, n, ctx, self.perf.step_time(n, ctx, tokens, pairs, kv))
+            busiest = max(busiest, (k, prefill_pairs(k, prefix)))
+        return Step(prefill, n, ctx, self.perf.step_time(n, ctx, tokens, pairs, kv, busiest=busiest))
 
     def commit(self, step: Step, now: float) -> tuple[list[Request], list[Request]]:
         """Apply a planned step that ended at `now`: (requests that got their first token, requests done)."""

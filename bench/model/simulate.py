@@ -57,6 +57,10 @@ class Point:
     rejected: int
     usd_per_million: float
     meets_slo: bool | None = None
+    # with a concurrency cap and a rate: how long requests waited for a free slot before they were sent
+    slot_wait_p50: float = 0.0
+    slot_wait_p90: float = 0.0
+    slot_wait_p99: float = 0.0
 
     def to_dict(self) -> dict:
         return _finite(asdict(self))
@@ -132,7 +136,9 @@ def run(dep: Deployment, wl: Workload, rate: float, n: int = 1000, seed: int = 0
     if 0 < rate < math.inf:
         n = max(n, math.ceil(rate * min_seconds))
     reqs = make_requests(wl, rate, n, seed, BLOCK, min(dep.context_len, sched.pool))  # each must fit alone
+    due = [r.arrival for r in reqs]
     running_time, busy = play(sched, reqs, concurrency, paced=rate < math.inf)
+    waits = {id(r): r.arrival - d for r, d in zip(reqs, due, strict=True)} if rate < math.inf else {}
     done = [r for r in reqs if r.state == "done"]
     last = max((r.arrival for r in reqs), default=0.0)
     if last > 0:  # steady state: the first WARMUP of the arrival window warms up, tails drain outside it
@@ -147,6 +153,7 @@ def run(dep: Deployment, wl: Workload, rate: float, n: int = 1000, seed: int = 0
     ttft = [r.first_token - r.arrival for r in measured]
     tpot = [(r.finish - r.first_token) / (r.max_new - 1) for r in measured if r.max_new > 1]
     e2e = [r.finish - r.arrival for r in measured]
+    wait = [waits.get(id(r), 0.0) for r in measured]
     out_tok_s = tokens / window if window > 0 else 0.0
     st = sched.stats
     return Point(
@@ -157,6 +164,7 @@ def run(dep: Deployment, wl: Workload, rate: float, n: int = 1000, seed: int = 0
         cache_hit_rate=st["cached_tokens"] / st["prompt_tokens"] if st["prompt_tokens"] else 0.0,
         mean_running=running_time / busy if busy else 0.0, retractions=st["retractions"],
         rejected=n - len(done), usd_per_million=cost_per_million_tokens(dep, out_tok_s),
+        slot_wait_p50=percentile(wait, 50), slot_wait_p90=percentile(wait, 90), slot_wait_p99=percentile(wait, 99),
     )
 
 

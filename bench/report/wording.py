@@ -192,7 +192,7 @@ def interval(o: Option, percentile: int | None = None) -> str | None:
 
 def question_text(q: Question) -> str:
     return (f"How many GPUs does {catalog.model(q.model).name} need on SGLang 0.5.23 to serve "
-            f"{q.target_rate_rps:g} requests/s of {q.describe_workload()} within {q.slo.describe()} "
+            f"{q.target_rate_rps:g} requests/s of {q.describe_workload()}{q.describe_cap()} within {q.slo.describe()} "
             f"({q.gpu.upper()} at ${q.price:.2f} per GPU-hour, other GPUs at catalog prices), and what do an FP8 "
             "KV cache and INT4 expert weights save?")
 

@@ -16,7 +16,8 @@ def test_low_load_ttft_is_prefill_plus_transfer_plus_router_and_throughput_follo
     p = pd_simulate.run(shape, wl, 0.5, 100, min_seconds=120)
     prefill = disagg.PDPerfModel(shape, "prefill")
     transfer = interconnect.kv_transfer_s(prefill.dep.gpu, disagg.kv_bytes(shape, 4000))
-    alone = prefill.step_time(0, 0, 4000, 4000 * 4001 / 2, 4000) + transfer + 1e-3
+    pairs = 4000 * 4001 / 2  # a lone request prefills on one DP-attention group of the prefill instance
+    alone = prefill.step_time(0, 0, 4000, pairs, 4000, busiest=(4000, pairs)) + transfer + 1e-3
     assert p.rejected == 0 and p.retractions == 0
     assert p.ttft_p50 == pytest.approx(alone, rel=0.1)
     assert p.output_tok_s == pytest.approx(0.5 * 100, rel=0.25)

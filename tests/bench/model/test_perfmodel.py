@@ -63,7 +63,31 @@ def test_fp8_kv_halves_kv_bytes_and_speeds_up_long_context_decode():
     kv_fp8 = fp8.parts(batch, ctx)["memory"] - fp8.parts(batch, 0)["memory"]
     assert kv_fp8 == pytest.approx(kv_bf16 / 2)
     assert kv_bf16 == pytest.approx(cell_bytes(kimi().model, "bf16", 8) * ctx / (4.8e12 * priors().hbm_eff))
-    assert fp8.step_time(batch, ctx) < 0.8 * bf16.step_time(batch, ctx)
+    assert fp8.step_time(batch, ctx) < bf16.step_time(batch, ctx)
+    # with FP8 experts the KV is most of a long-context step; INT4 experts' unpacking leaves it a smaller share
+    fp8_fp8 = PerfModel(kimi(weights="fp8", kv_dtype="fp8_e4m3"), priors())
+    assert fp8_fp8.step_time(batch, ctx) < 0.8 * PerfModel(kimi(weights="fp8"), priors()).step_time(batch, ctx)
+
+
+def test_int4_moe_unpacking_takes_the_measured_time_at_16_tokens():
+    """vLLM issue 32832 (data/calibration/default.yaml, int4_moe_unpack): 234 us a layer for the two W4A16 MoE
+    kernels of Kimi K2 on H200 TP8 at concurrency 16, where the bytes alone would take about 70 us."""
+    pm = PerfModel(kimi(weights="native"), priors())
+    moe_layers = pm.dep.model.moe_layers
+    bytes_read, seconds = pm._moe(16)
+    assert seconds / moe_layers == pytest.approx(234e-6, rel=0.05)
+    assert bytes_read / moe_layers / (4.8e12 * priors().hbm_eff) < seconds / moe_layers / 2
+
+
+def test_int4_moe_unpacking_grows_once_an_expert_has_more_tokens_than_a_tile():
+    pm = PerfModel(kimi(weights="native"), priors())
+    tile = priors().int4_moe_m_tile
+    tokens_for = lambda rows: rows * pm.experts / pm.top_k  # noqa: E731 (every expert hit at these loads)
+    _, one_tile = pm._moe(tokens_for(tile))
+    _, two_tiles = pm._moe(tokens_for(2 * tile))
+    assert two_tiles == pytest.approx(2 * one_tile, rel=0.02)
+    fp8 = PerfModel(kimi(weights="fp8"), priors())
+    assert pm._moe(16)[1] > fp8._moe(16)[1]  # unpacking costs more than FP8's compute at decode batches
 
 
 def test_int4_experts_read_fewer_bytes_and_cost_more_compute_as_the_gemm_fills():
@@ -185,3 +209,18 @@ def test_bad_calibration_is_one_clear_error(tmp_path, text, message):
         load_efficiency("h200", path)
     with pytest.raises(BadInput, match="not readable"):
         load_efficiency("h200", tmp_path / "missing.json")
+
+
+def test_dp_attention_prefills_a_long_prompt_on_one_group():
+    """Each request lives on one DP-attention group: a lone 8k chunk costs its group's full attention while the
+    MoE still spreads over all GPUs; eight 1k chunks (one a group) cost what the even split says."""
+    dp8 = PerfModel(kimi(dp=8, ep=8), priors())
+    lone = dp8.step_time(0, 0, 8192, prefill_pairs(8192, 0), 8192, busiest=(8192, prefill_pairs(8192, 0)))
+    even = dp8.step_time(0, 0, 8192, prefill_pairs(8192, 0), 8192)
+    assert lone > 1.5 * even
+    spread = 8 * prefill_pairs(1024, 0)
+    assert dp8.step_time(0, 0, 8192, spread, 8192, busiest=(1024, prefill_pairs(1024, 0))) == pytest.approx(
+        dp8.step_time(0, 0, 8192, spread, 8192))
+    tp8 = PerfModel(kimi(), priors())  # without DP attention the busiest chunk changes nothing
+    assert tp8.step_time(0, 0, 8192, prefill_pairs(8192, 0), 8192, busiest=(8192, prefill_pairs(8192, 0))) == (
+        tp8.step_time(0, 0, 8192, prefill_pairs(8192, 0), 8192))

@@ -28,6 +28,19 @@ def test_search_rate_converges_and_is_the_highest_rate_within_the_slo():
     assert rate.search_rate(dep, wl, q.slo) == p  # cached: the same answer, asked again
 
 
+def test_a_concurrency_cap_lowers_the_rate_and_its_wait_counts_in_ttft():
+    q = Question(model="glm-4.6", gpu="h200", tp=8, kv_dtype="fp8_e4m3", workload="chat", max_concurrency=16)
+    dep, wl = q.deployment(), q.request_mix()
+    free, capped = rate.search_rate(dep, wl, q.slo), rate.search_rate(dep, wl, q.slo, cap=16)
+    assert 0 < capped.rate_rps < free.rate_rps and capped.batch <= 16
+    n = int(rate.START_REQUESTS * capped.horizon_s / rate.START_HORIZON_S)
+    above = simulate.run(dep, wl, capped.rate_rps * 1.5, n, min_seconds=capped.horizon_s, concurrency=16)
+    assert above.slot_wait_p90 > 0 and not q.slo.met(rate.waited(above, q.slo))
+    assert "at most 16 requests in flight to each instance" in q.describe_cap()
+    assert rate.search_rate(dep, wl, q.slo, cap=16) == capped and rate._key(dep, wl, q.slo, rate.load_efficiency(
+        "h200"), 16) != rate._key(dep, wl, q.slo, rate.load_efficiency("h200"))
+
+
 def test_no_rate_meets_an_slo_the_prompt_alone_breaks():
     q = Question(model="glm-4.6", gpu="h200", tp=8, workload="long-context")
     p = rate.search_rate(q.deployment(), load_workload("long-context"), replace(q.slo, ttft_s=0.5))

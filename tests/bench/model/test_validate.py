@@ -17,11 +17,13 @@ from bench.model import calibration, corpus, fit, validate
 
 # In-sample median |predicted / published - 1| per source for the shipped factors (validation.json, 2026-12-01:
 # GPUStack 13/13/19 %, SemiAnalysis 13/20/17 %, sgl-project 26/20/20 %; 2026-12-02, the seven Kimi-K2.5 cookbook
-# runs back in the goal (data/calibration/outliers.yaml): sgl-project 27/26/22 %), plus five points of slack.
+# runs back in the goal (data/calibration/outliers.yaml): sgl-project 27/26/22 %; later that day the W4A16 unpack
+# term and 12 cookbook MI300X cases (DeepSeek-V3.1, Kimi-K2), which the model over-predicts by 30-95 %:
+# sgl-project 39/21/29 %), plus five points of slack.
 BOUNDS = {
     "GPUStack": {"output_tok_s": 0.18, "ttft_ms": 0.18, "tpot_ms": 0.24},
     "SemiAnalysis": {"output_tok_s": 0.18, "ttft_ms": 0.25, "tpot_ms": 0.22},
-    "sgl-project": {"output_tok_s": 0.32, "ttft_ms": 0.31, "tpot_ms": 0.28},
+    "sgl-project": {"output_tok_s": 0.44, "ttft_ms": 0.26, "tpot_ms": 0.34},
 }
 # Sources outside the goal (SGLang 0.4.x; Tenstorrent's cases state no tp and are not replayed): regression bounds
 # only, ten points over today's error. The model predicts today's SGLang; these show how far older releases were.
@@ -86,6 +88,21 @@ def test_out_of_sample_summary_is_the_summary_of_its_own_rows():
     assert set(oos["scales_by_left_out_org"]) == {row["org"] for row in oos["cases"]}
 
 
+def test_out_of_sample_rows_are_what_todays_model_gives_with_the_left_out_scales():
+    """`validate --rescore` (and --fit) write each organisation's out-of-sample rows with the scales fitted without
+    it: replaying one organisation's cases with those stored scales gives the stored rows."""
+    oos = stored()["out_of_sample"]
+    org = "SemiAnalysis"
+    scale = oos["scales_by_left_out_org"][org]
+    rows = {row["case"]: row for row in oos["cases"] if row["org"] == org}
+    cases = [c for c in corpus.load() if c.key in rows]
+    assert len(cases) == len(rows) > 0
+    for c in cases:
+        r = validate.replay(c, fit.scaled(c.gpu, scale))
+        for figure, value in rows[c.key]["predicted"].items():
+            assert r.predicted[figure] == pytest.approx(value, rel=1e-3), f"{c.key} {figure}: validate --rescore"
+
+
 def test_the_capacity_case_is_within_seven_percent():
     """The one server log in the corpus: KV pool tokens and weights per GPU as SGLang logged them."""
     checks = [validate.capacity_check(c) for c in corpus.load() if c.kind == "capacity"]
@@ -108,3 +125,6 @@ def test_validate_cli_prints_the_verdict_and_refuses_an_unknown_case():
                          capture_output=True, text=True, env=env, timeout=120)
     assert bad.returncode == 2 and "Traceback" not in bad.stderr
     assert len((bad.stdout + bad.stderr).strip().splitlines()) == 1
+    both = subprocess.run([sys.executable, "-c", cli, "validate", "--rescore", "--case", "glm"],
+                          capture_output=True, text=True, env=env, timeout=120)
+    assert both.returncode == 2 and "Traceback" not in both.stderr and "--rescore" in both.stdout + both.stderr

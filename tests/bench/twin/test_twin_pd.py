@@ -49,7 +49,8 @@ def test_an_idle_pd_twin_measures_what_the_pd_model_predicts():
     transfer = interconnect.kv_transfer_s(prefill.dep.gpu, disagg.kv_bytes(shape, prompt))
     router = interconnect.assumptions()["router_ms"] * 1e-3
     step = decode.step_time(1, prompt + 12)
-    predicted_ttft = prefill.step_time(0, 0, prompt, prompt * (ln.new + 1) / 2, prompt) + transfer + router + \
+    pairs = prompt * (ln.new + 1) / 2  # a lone request prefills on one DP-attention group of the prefill instance
+    predicted_ttft = prefill.step_time(0, 0, prompt, pairs, prompt, busiest=(prompt, pairs)) + transfer + router + \
         decode.step_time(0, 0, prompt)  # the decode instance takes the request in (no extend) and sends token 1
     measured_ttft = statistics.median(r["ttft"] for r in runs)
     measured_tpot = statistics.median(r["tpot"] for r in runs)
