@@ -28,8 +28,7 @@ from bench.campaign.run import Interrupt, run_campaign
 from bench.campaign.spec import parse_campaign
 from bench.campaign.templates import operator_templates
 from bench.errors import BadInput
-from bench.store import Store
-from bench.store.db import pid_alive
+from bench.store import Store, pid_alive
 
 POLL_S = 1.0
 # the runner process: gevent patched first (Locust needs it, and Ctrl-C/SIGTERM are acted on between waits)

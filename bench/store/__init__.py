@@ -13,7 +13,7 @@ export     one run's rows as Parquet or CSV
 """
 
 from bench.store import identity, queries, runinfo, telemetry
-from bench.store.db import DEFAULT_DB, Store, StoreBusy
+from bench.store.db import DEFAULT_DB, Store, StoreBusy, pid_alive
 from bench.store.export import export_run, replacing
 from bench.store.histogram import HIST_METRICS, bucket_value, to_buckets
 from bench.store.recorder import HELD_DB_WAIT_S, Recorder
@@ -24,5 +24,5 @@ from bench.store.writer import BatchedWriter
 __all__ = [
     "identity", "queries", "runinfo", "telemetry", "DEFAULT_DB", "Store", "StoreBusy", "export_run", "HIST_METRICS",
     "bucket_value", "to_buckets", "Recorder", "HELD_DB_WAIT_S", "MIGRATIONS", "SCHEMA_VERSION", "GpuSampler",
-    "ServerSampler", "BatchedWriter", "replacing",
+    "ServerSampler", "BatchedWriter", "replacing", "pid_alive",
 ]
