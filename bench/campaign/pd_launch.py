@@ -20,7 +20,7 @@ from pathlib import Path
 import httpx
 
 from bench.campaign import own
-from bench.campaign.launch import LaunchFailed, free_port, halt, spawn, tail
+from bench.campaign.launch import LaunchFailed, free_port, halt, sglang_launch, spawn, tail
 from bench.campaign.pd_spec import PDSpec, Role, nodes_per_instance
 from bench.campaign.spec import DeploymentSpec
 from bench.campaign.templates import Template
@@ -110,12 +110,18 @@ def _place(pd: PDSpec, role: Role, k: int) -> tuple[Template | None, str]:
     return t, t.host if t else "127.0.0.1"
 
 
+def patched(dep: DeploymentSpec) -> bool:
+    """Whether the deployment asks for capbench's engine patches: KV checksums, FP8 KV scales, INT4 experts."""
+    return dep.kv_checksum != "off" or bool(dep.pd.kv_scales) or dep.weights.startswith("int4")
+
+
 def server_command(dep: DeploymentSpec, role: Role, port: int, bootstrap: int | None, bind: str) -> list[str]:
     """`python -m sglang.launch_server` for one node of a prefill or decode instance (as bench/model/
-    disagg_launch.py writes it for a plan; without capbench's engine patches, unchecked under disaggregation)."""
+    disagg_launch.py writes it for a plan), through `capbench sglang-launch` when the deployment asks for patches
+    (as a colocated launch is: bench/campaign/launch.py)."""
     pd = dep.pd
     path = pd.model_path or sglang_args.model_path(dep.model, dep.weights, role.tp)[0]
-    argv = ["python", "-m", "sglang.launch_server", "--model-path", path, "--trust-remote-code",
+    argv = ["--model-path", path, "--trust-remote-code",
             "--disaggregation-mode", role.role, "--disaggregation-transfer-backend", pd.transfer,
             "--tp", str(role.tp), "--kv-cache-dtype", sglang_args.KV_FLAGS[dep.kv_dtype], "--host", bind,
             "--port", str(port), "--enable-metrics"]
@@ -127,7 +133,10 @@ def server_command(dep: DeploymentSpec, role: Role, port: int, bootstrap: int | 
         argv += ["--disaggregation-bootstrap-port", str(bootstrap)]
     if "--mem-fraction-static" not in {f.split("=")[0] for f in role.flags}:  # as the PD model and plan assume
         argv += ["--mem-fraction-static", f"{disagg.pd_mem_fraction(dep.model, dep.gpu):.3f}"]
-    return argv + list(role.flags)
+    argv += list(role.flags)
+    if patched(dep):
+        return sglang_launch(argv, dep.kv_checksum, pd.kv_scales)
+    return ["python", "-m", "sglang.launch_server", *argv]
 
 
 def router_command(prefill: list[str], decode: list[str], port: int, bind: str, flags: list[str]) -> list[str]:
