@@ -15,10 +15,8 @@ from bench.campaign import pd_check
 from bench.campaign.spec import Campaign, DeploymentSpec, Load
 from bench.campaign.stage import Stage
 from bench.errors import BadInput
-from bench.model import Deployment, interval, load_workload, pd_simulate, simulate, usd_per_million
+from bench.model import Deployment, Workload, interval, load_workload, pd_simulate, simulate, usd_per_million, workload
 from bench.model import capacity as memory
-from bench.model.simulate import BLOCK
-from bench.model.workload import Workload, make_requests
 from bench.sweep import Search, sweep
 
 ANSWER_SAMPLES = 2000
@@ -95,7 +93,7 @@ def check_fits(campaign: Campaign, source: str) -> None:
 def answer_tokens(wl: Workload, context: int) -> float:
     """The workload's mean answer in tokens, as the simulator draws its requests (ANSWER_SAMPLES of them, whatever
     the stage's length, so every stage of a sweep multiplies by the same figure)."""
-    reqs = make_requests(wl, 1.0, ANSWER_SAMPLES, 0, BLOCK, context)
+    reqs = workload.make_requests(wl, 1.0, ANSWER_SAMPLES, 0, simulate.BLOCK, context)
     return sum(r.max_new for r in reqs) / len(reqs)
 
 
