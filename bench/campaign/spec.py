@@ -215,6 +215,8 @@ def _slo(problems: Problems, where: str, value: object, default: Slo) -> Slo:
 
 
 def _choice(problems: Problems, where: str, value: object, choices: tuple) -> str:
+    if value is False and "off" in choices:  # YAML reads a bare `off` as false
+        value = "off"
     if value not in choices:
         problems.add(where, f"{value!r} is not one of {', '.join(choices)}")
     return str(value)

@@ -144,7 +144,8 @@ def test_with_patch_flags_the_plans_servers_go_through_the_patched_launcher():
 
 def test_a_campaign_that_asks_for_patches_launches_its_pd_servers_through_them(tmp_path):
     """kv_checksum / kv_scales on a `disaggregated:` deployment: every prefill and decode node through `capbench
-    sglang-launch` (the launcher's dry run accepts the line as given), the router as it was; without, SGLang's own."""
+    sglang-launch` (the launcher's dry run accepts the line as given), the router as it was; without (a bare YAML
+    `off`), SGLang's own."""
     import subprocess
     import sys
 
@@ -168,6 +169,6 @@ def test_a_campaign_that_asks_for_patches_launches_its_pd_servers_through_them(t
     dry = subprocess.run([sys.executable, "-c", "from bench.cli import main; main()", *parts[1].argv[1:2],
                           "--dry-run", *parts[1].argv[2:]], capture_output=True, text=True, timeout=60)
     assert dry.returncode == 0 and "--disaggregation-mode decode" in dry.stdout, dry.stderr
-    plain = plan(parse_campaign(text.replace("kv_checksum: strict", "kv_checksum: 'off'").replace(
+    plain = plan(parse_campaign(text.replace("kv_checksum: strict", "kv_checksum: off").replace(
         f"      kv_scales: {scales}\n", ""), inline_templates=True).deployments[0])
     assert all(p.argv[:3] == ["python", "-m", "sglang.launch_server"] for p in plain[:-1])
