@@ -54,12 +54,16 @@ def tail(path: Path | None, n: int = LOG_TAIL) -> str:
     return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
 
 
+def sglang_launch(server: list[str], kv_checksum: str = "off", kv_scales: str | None = None) -> list[str]:
+    """`capbench sglang-launch [patch flags] -- <sglang.launch_server arguments>`: SGLang with capbench's patches
+    (KV checksums, FP8 KV scales, the INT4 checkpoint's checks and flags) in every SGLang process."""
+    patch = ["--kv-checksum", kv_checksum] + (["--kv-scales", str(kv_scales)] if kv_scales else [])
+    return ["capbench", "sglang-launch", *patch, "--", *server]
+
+
 def launch_command(dep: DeploymentSpec, port: int, host: str = "127.0.0.1") -> list[str]:
     """`capbench sglang-launch [patch flags] -- <sglang.launch_server arguments>` for an sglang deployment."""
     s = dep.sglang
-    patch = ["--kv-checksum", dep.kv_checksum]
-    if s.get("kv_scales"):
-        patch += ["--kv-scales", str(s["kv_scales"])]
     path = s.get("model_path") or sglang_args.model_path(dep.model, dep.weights, dep.gpus)[0]
     server = ["--model-path", str(path), "--tp", str(dep.gpus), "--kv-cache-dtype",
               sglang_args.KV_FLAGS[dep.kv_dtype], "--host", host, "--port", str(port), "--enable-metrics",
@@ -67,7 +71,7 @@ def launch_command(dep: DeploymentSpec, port: int, host: str = "127.0.0.1") -> l
     for key, flag in (("dp", "--dp"), ("ep", "--ep")):
         if s.get(key):
             server += [flag, str(s[key])]
-    return ["capbench", "sglang-launch", *patch, "--", *server, *s.get("flags", [])]
+    return sglang_launch([*server, *s.get("flags", [])], dep.kv_checksum, s.get("kv_scales"))
 
 
 class Launched:

@@ -3,10 +3,12 @@ decode rank's KV pool holds its batch and each load's longest request (checked b
 per problem), and the disaggregated shape (bench/model/disagg.py) that bench/model/pd_simulate.py plays for the
 cell's predicted column.
 
-The PD model plays one prefill and one decode instance, each with expert parallelism over all its GPUs, decode
-with DP attention over all of them (dp = ep = tp), prefill with DP attention or TP attention (dp = tp or 1), at the
-memory fraction the launch passes by default; a deployment of another shape, or with a flag that changes serving
-and that the model does not know, is "not predicted" (its capacity is still checked).
+The PD model plays P prefill and D decode instances of one shape behind a router that splits the load evenly
+(each instance of a role takes total / count), each instance with expert parallelism over all its GPUs, decode
+with DP attention over all of them (dp = ep = tp), prefill with DP attention or TP attention (dp = tp or 1): the
+shapes bench/model/pd_search.py searches. The static memory fraction and max running requests of each role are
+modelled; a deployment of another shape, or with a flag that changes serving and that the model does not know, is
+"not predicted" (its capacity is still checked).
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ SHAPED = {"--enable-eplb", "--enable-two-batch-overlap", "--enable-dp-attention"
           "--context-length", "--disaggregation-ib-device", "--trust-remote-code", "--enable-metrics",
           "--log-level", "--served-model-name", "--api-key", "--log-requests", "--download-dir", "--load-format",
           "--tokenizer-path", "--revision", "--cuda-graph-max-bs-decode"}
+# flags whose value the shape carries per role (disagg.Shape.mem_fraction, .max_running)
+MODELLED = {"--mem-fraction-static", "--max-running-requests"}
 
 
 def flag_values(role: Role) -> dict[str, str | None]:
@@ -39,16 +43,15 @@ def flag_values(role: Role) -> dict[str, str | None]:
 
 
 def shape(dep: DeploymentSpec) -> tuple[disagg.Shape | None, str]:
-    """(the shape the PD simulator plays, "") or (None, why not predicted)."""
+    """(the shape of one prefill and one decode instance that the PD simulator plays, "") or (None, why not
+    predicted); dep.pd's counts say how many instances of each."""
     pre, dec = dep.pd.prefill, dep.pd.decode
-    if pre.count != 1 or dec.count != 1:
-        return None, (f"not predicted: the PD simulator plays one prefill and one decode instance "
-                      f"({pre.count} and {dec.count} here)")
     if not dec.dp == dec.ep == dec.tp or pre.ep != pre.tp or pre.dp not in (1, pre.tp):
         return None, ("not predicted: the PD model has decode with dp = ep = tp, prefill with ep = tp and dp = tp "
                       "or 1")
-    flags = {**flag_values(pre), **flag_values(dec)}
-    unknown = sorted(f for f in flags if f not in SHAPED)
+    pf, df = flag_values(pre), flag_values(dec)
+    flags = {**pf, **df}
+    unknown = sorted(f for f in flags if f not in SHAPED | MODELLED)
     if unknown:
         return None, f"not predicted: the PD model does not model {', '.join(unknown)}"
     context = flags.get("--context-length")
@@ -56,9 +59,18 @@ def shape(dep: DeploymentSpec) -> tuple[disagg.Shape | None, str]:
         return disagg.Shape(dep.model, dep.gpu, pre.tp, dec.tp, dep.kv_dtype, dep.weights,
                             eplb="--enable-eplb" in flags, context=int(context) if context else None,
                             prefill_dp_attention=pre.dp > 1,
-                            two_batch_overlap="--enable-two-batch-overlap" in flags), ""
-    except ValueError as e:
+                            two_batch_overlap="--enable-two-batch-overlap" in flags,
+                            mem_fraction=(_number(pf, "--mem-fraction-static", float),
+                                          _number(df, "--mem-fraction-static", float)),
+                            max_running=(_number(pf, "--max-running-requests", int),
+                                         _number(df, "--max-running-requests", int))), ""
+    except (ValueError, TypeError) as e:
         return None, f"not predicted: {e}"
+
+
+def _number(flags: dict[str, str | None], name: str, kind: type) -> float | int | None:
+    value = flags.get(name)
+    return kind(value) if value else None
 
 
 def role_deployment(dep: DeploymentSpec, role: Role) -> Deployment:

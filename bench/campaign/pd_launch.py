@@ -20,7 +20,7 @@ from pathlib import Path
 import httpx
 
 from bench.campaign import own
-from bench.campaign.launch import LaunchFailed, free_port, halt, spawn, tail
+from bench.campaign.launch import LaunchFailed, free_port, halt, sglang_launch, spawn, tail
 from bench.campaign.pd_spec import PDSpec, Role, nodes_per_instance
 from bench.campaign.spec import DeploymentSpec
 from bench.campaign.templates import Template
@@ -41,6 +41,7 @@ class Part:
     port: int
     serves: bool  # the instance's first node (or the router): answers /health at url
     expected: dict = field(default_factory=dict)
+    workers: dict = field(default_factory=dict)  # the router: role -> the instance URLs it is given, sorted
     proc: subprocess.Popen | None = None
     log: Path | None = None
     stop_command: str | None = None
@@ -48,6 +49,9 @@ class Part:
     @property
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
+
+
+ROUTER_WORKERS_S = 30.0  # how long the router may take to list every launched instance after its /health answers
 
 
 class Ports:
@@ -97,7 +101,8 @@ def plan(dep: DeploymentSpec) -> list[Part]:
     port = ports.take(host, pd.router.port, 0, disagg_launch.ROUTER_PORT)
     argv = router_command(urls["prefill"], urls["decode"], port, "0.0.0.0" if template else "127.0.0.1",
                           list(pd.router.flags))
-    parts.append(Part("router", "router", argv, template, host, port, True))
+    workers = {r: sorted(u.split()[0] for u in urls[r]) for r in urls}
+    parts.append(Part("router", "router", argv, template, host, port, True, workers=workers))
     return parts
 
 
@@ -110,12 +115,18 @@ def _place(pd: PDSpec, role: Role, k: int) -> tuple[Template | None, str]:
     return t, t.host if t else "127.0.0.1"
 
 
+def patched(dep: DeploymentSpec) -> bool:
+    """Whether the deployment asks for capbench's engine patches: KV checksums, FP8 KV scales, INT4 experts."""
+    return dep.kv_checksum != "off" or bool(dep.pd.kv_scales) or dep.weights.startswith("int4")
+
+
 def server_command(dep: DeploymentSpec, role: Role, port: int, bootstrap: int | None, bind: str) -> list[str]:
     """`python -m sglang.launch_server` for one node of a prefill or decode instance (as bench/model/
-    disagg_launch.py writes it for a plan; without capbench's engine patches, unchecked under disaggregation)."""
+    disagg_launch.py writes it for a plan), through `capbench sglang-launch` when the deployment asks for patches
+    (as a colocated launch is: bench/campaign/launch.py)."""
     pd = dep.pd
     path = pd.model_path or sglang_args.model_path(dep.model, dep.weights, role.tp)[0]
-    argv = ["python", "-m", "sglang.launch_server", "--model-path", path, "--trust-remote-code",
+    argv = ["--model-path", path, "--trust-remote-code",
             "--disaggregation-mode", role.role, "--disaggregation-transfer-backend", pd.transfer,
             "--tp", str(role.tp), "--kv-cache-dtype", sglang_args.KV_FLAGS[dep.kv_dtype], "--host", bind,
             "--port", str(port), "--enable-metrics"]
@@ -127,7 +138,10 @@ def server_command(dep: DeploymentSpec, role: Role, port: int, bootstrap: int | 
         argv += ["--disaggregation-bootstrap-port", str(bootstrap)]
     if "--mem-fraction-static" not in {f.split("=")[0] for f in role.flags}:  # as the PD model and plan assume
         argv += ["--mem-fraction-static", f"{disagg.pd_mem_fraction(dep.model, dep.gpu):.3f}"]
-    return argv + list(role.flags)
+    argv += list(role.flags)
+    if patched(dep):
+        return sglang_launch(argv, dep.kv_checksum, pd.kv_scales)
+    return ["python", "-m", "sglang.launch_server", *argv]
 
 
 def router_command(prefill: list[str], decode: list[str], port: int, bind: str, flags: list[str]) -> list[str]:
@@ -161,7 +175,24 @@ class PDLaunched:
                 raise LaunchFailed(f"{self.dep.name}: {part.label} at {part.url}: {wrong}", tail(part.log))
         self._spawn(router)
         self._wait([router], interrupted)
+        self._check_router(router)
         self.url, self.log = router.url, router.log
+
+    def _check_router(self, router: Part) -> None:
+        """The router must route to exactly the launched instances. sglang-router adds its workers in the background
+        after it answers /health, so its list is read until it matches, for up to ROUTER_WORKERS_S (within the
+        health timeout); a router that lists no workers is judged by its process alone."""
+        deadline = time.monotonic() + min(self.dep.health_timeout_s, ROUTER_WORKERS_S)
+        while (got := router_workers(router.url)) is not None and got != router.workers:
+            if time.monotonic() > deadline:
+                self.log = router.log
+
+                def said(w: dict) -> str:
+                    return f"prefill {', '.join(w['prefill']) or 'none'}; decode {', '.join(w['decode']) or 'none'}"
+
+                raise LaunchFailed(f"{self.dep.name}: the router at {router.url} routes to {said(got)}; launched "
+                                   f"{said(router.workers)}", tail(router.log))
+            time.sleep(0.5)
 
     def _spawn(self, part: Part) -> None:
         part.proc, part.log, part.stop_command = spawn(f"{self.dep.name}/{part.label}", part.argv, part.template,
@@ -213,6 +244,25 @@ class PDLaunched:
         command, then SIGTERM to its process group, stop_grace, SIGKILL."""
         for part in reversed(self.parts):
             halt(part.proc, part.stop_command, part.log, self.dep.stop_grace_s, self.store, self.cid)
+
+
+def router_workers(url: str) -> dict[str, list[str]] | None:
+    """The prefill and decode URLs the router says it routes to, sorted (sglang-router's GET /workers:
+    {"workers": [{"url": ..., "worker_type": "prefill" | "decode" | ...}, ...]}); None when it lists none so."""
+    try:
+        r = httpx.get(f"{url}/workers", timeout=10)
+        body = r.json() if r.status_code == 200 else None
+    except (httpx.HTTPError, ValueError):
+        return None
+    if not isinstance(body, dict) or not isinstance(body.get("workers"), list):
+        return None
+    out: dict[str, list[str]] = {"prefill": [], "decode": []}
+    for w in (w for w in body["workers"] if isinstance(w, dict)):
+        kind = str(w.get("worker_type", "")).lower()  # "prefill", or a tagged form that names it
+        role = next((r for r in out if r in kind), None)
+        if role:
+            out[role].append(str(w.get("url", "")).rstrip("/"))
+    return {r: sorted(u) for r, u in out.items()}
 
 
 def _healthy(url: str) -> bool:

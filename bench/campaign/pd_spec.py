@@ -3,6 +3,8 @@ instances and the router, each role placed on named nodes whose launch templates
 
     disaggregated:
       model: kimi-k2-thinking           # catalog id; also gpu, kv_dtype, weights, model_path
+      kv_checksum: verify               # optional: capbench's patches (also kv_scales, INT4 weights) put
+                                        # `capbench sglang-launch` in front of every prefill and decode node
       transfer: mooncake                # the KV transfer backend: mooncake | nixl
       nodes:                            # node name -> launch template (or the name of an operator's template)
         gpu1: {start: "ssh gpu1 {command}", host: gpu1}
@@ -25,7 +27,8 @@ from bench.campaign import guard
 from bench.campaign.templates import Template, parse_template
 from bench.model import catalog
 
-KEYS = {"model", "model_path", "gpu", "kv_dtype", "weights", "transfer", "nodes", "prefill", "decode", "router"}
+KEYS = {"model", "model_path", "gpu", "kv_dtype", "weights", "transfer", "nodes", "prefill", "decode", "router",
+        "kv_checksum", "kv_scales"}
 ROLE_KEYS = {"count", "tp", "dp", "ep", "node", "port", "bootstrap_port", "flags"}
 ROUTER_KEYS = {"node", "port", "flags"}
 TRANSFERS = ("mooncake", "nixl")
@@ -58,6 +61,7 @@ class PDSpec:
     node_refs: dict[str, str] = field(default_factory=dict)  # node -> the operator template it names
     transfer: str = "mooncake"
     model_path: str | None = None
+    kv_scales: str | None = None  # FP8 KV scales file for capbench sglang-launch --kv-scales, on every node
 
     def role(self, name: str) -> Role:
         return {"prefill": self.prefill, "decode": self.decode, "router": self.router}[name]
@@ -87,9 +91,9 @@ def parse_pd(problems: list, where: str, raw: object, gpu: str) -> PDSpec | None
         roles[name] = _role(problems, f"{where}.{name}", name, raw.get(name), nodes, gpu)
     if None in roles.values():
         return None
-    path = raw.get("model_path")
+    path, scales = raw.get("model_path"), raw.get("kv_scales")
     return PDSpec(roles["prefill"], roles["decode"], roles["router"], nodes, refs, transfer,
-                  str(path) if path else None)
+                  str(path) if path else None, str(scales) if scales else None)
 
 
 def _nodes(problems: list, where: str, raw: object) -> tuple[dict[str, Template | None], dict[str, str]]:
@@ -176,4 +180,4 @@ def resolve(problems: list, where: str, pd: PDSpec, templates: dict[str, Templat
             if not r.nodes:
                 problems.append(f"{where}.{r.role}.node: refused: a campaign queued on capbench serve would launch "
                                 f"the {r.role} on the service's host; place it on a node")
-    return PDSpec(pd.prefill, pd.decode, pd.router, nodes, pd.node_refs, pd.transfer, pd.model_path)
+    return PDSpec(pd.prefill, pd.decode, pd.router, nodes, pd.node_refs, pd.transfer, pd.model_path, pd.kv_scales)

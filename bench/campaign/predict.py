@@ -15,10 +15,11 @@ from bench.campaign import pd_check
 from bench.campaign.spec import Campaign, DeploymentSpec, Load
 from bench.campaign.stage import Stage
 from bench.errors import BadInput
-from bench.model import Deployment, interval, load_workload, pd_simulate, simulate, usd_per_million
+from bench.model import Deployment, Workload, interval, load_workload, pd_simulate, simulate, usd_per_million, workload
 from bench.model import capacity as memory
 from bench.sweep import Search, sweep
 
+ANSWER_SAMPLES = 2000
 MODEL_STAGES = 40  # the simulator's sweep is cheap: it goes on until the SLO breaks
 WARMUP_SHARE = 0.25  # of a stage's duration, run before it and not measured: the simulator's first 20 %
 MODELLED = {"--mem-fraction-static": ("mem_fraction", float), "--page-size": ("page_size", int),
@@ -89,6 +90,39 @@ def check_fits(campaign: Campaign, source: str) -> None:
         raise BadInput(f"{source}: {len(problems)} deployment(s) cannot fit their GPUs\n" + "\n".join(problems))
 
 
+def answer_tokens(wl: Workload, context: int) -> float:
+    """The workload's mean answer in tokens, as the simulator draws its requests (ANSWER_SAMPLES of them, whatever
+    the stage's length, so every stage of a sweep multiplies by the same figure)."""
+    reqs = workload.make_requests(wl, 1.0, ANSWER_SAMPLES, 0, simulate.BLOCK, context)
+    return sum(r.max_new for r in reqs) / len(reqs)
+
+
+def predicted_stage(dep: DeploymentSpec, load: Load, rate: float) -> Stage:
+    """The simulator playing one stage of the sweep at `rate`: its latencies are those of a stage as long as the
+    campaign's (the same warm-up, queues building for as long), judged against the SLO; its output tokens/s is the
+    steady-state rate the deployment sustains at that offered load: the requests it serves per second times their
+    mean answer, which a stage measures as the output tokens of its measured requests per second of its window
+    (bench/campaign/run.py). The simulator's own tokens/s counts only tokens made inside the replay window, which
+    in a stage shorter than an answer's latency undercounts (0 for the PD simulator before 2026-12-02)."""
+    d, _ = modelled(dep)
+    wl = load_workload(load.workload)
+    horizon = (1 + WARMUP_SHARE) * load.duration_s * dep.time_scale
+    n = max(1, math.ceil(rate * horizon))
+    # a disaggregated twin or launch: its prefill and decode instances in virtual time
+    pd = pd_check.shape(dep)[0] if dep.pd is not None else dep.pd_shape()
+    if pd is not None:
+        counts = (dep.pd.prefill.count, dep.pd.decode.count) if dep.pd is not None else (1, 1)
+        p = pd_simulate.run(pd, wl, rate, n, min_seconds=horizon, instances=counts)
+        context = pd.deployment("decode").context_len
+    else:
+        p = simulate.run(d, wl, rate, n, min_seconds=horizon)
+        context = d.context_len
+    served = 1 - p.rejected / n  # run() offers n requests: rate x horizon
+    met = load.slo.met(p)  # the simulator gives percentiles, not each request: within the SLO, all count
+    tps = rate * served * answer_tokens(wl, context)
+    return Stage(rate, "", {"slo_attainment": 1.0 if met else 0.0, "output_tps": tps}, met, "")
+
+
 def predicted(dep: DeploymentSpec, load: Load, search: Search) -> dict:
     """The model's answer to the same question: the same sweep (rates, stage length in the deployment's time,
     warm-up) played by the simulator for this deployment, workload and SLO; its $ per 1M output tokens."""
@@ -100,19 +134,8 @@ def predicted(dep: DeploymentSpec, load: Load, search: Search) -> dict:
         return {**none, "not_predicted": "not predicted: the model has no KV checksum cost"}
     if d is None:
         return {**none, "not_predicted": why}
-    wl = load_workload(load.workload)
-    horizon = (1 + WARMUP_SHARE) * load.duration_s * dep.time_scale
-    # a disaggregated twin or launch: its prefill and decode instances in virtual time
-    pd = pd_check.shape(dep)[0] if dep.pd is not None else dep.pd_shape()
-
-    def stage(rate: float) -> Stage:
-        n = max(1, math.ceil(rate * horizon))
-        p = pd_simulate.run(pd, wl, rate, n, min_seconds=horizon) if pd else simulate.run(d, wl, rate, n,
-                                                                                            min_seconds=horizon)
-        met = load.slo.met(p)  # the simulator gives percentiles, not each request: within the SLO, all count
-        return Stage(rate, "", {"slo_attainment": 1.0 if met else 0.0, "output_tps": p.output_tok_s}, met, "")
-
-    best = sweep(stage, replace(search, start=load.sweep.start, max_stages=MODEL_STAGES)).best
+    best = sweep(lambda rate: predicted_stage(dep, load, rate),
+                 replace(search, start=load.sweep.start, max_stages=MODEL_STAGES)).best
     tps = best.summary["output_tps"] if best else 0.0
     rps = best.rate if best else 0.0
     band = interval.predicted_range(d.model.id, d.gpu.id, d.weights, "output_tok_s", rps) if rps else None

@@ -28,7 +28,17 @@ from bench.campaign.launch import Launched, LaunchFailed, tail
 from bench.campaign.pd_launch import PDLaunched
 from bench.campaign.predict import WARMUP_SHARE
 from bench.campaign.spec import Campaign, DeploymentSpec, Load, cell_key
-from bench.campaign.stage import COUNTS, Stage, drain_s, judge, longest_answer, meets, shown, stage_counts
+from bench.campaign.stage import (
+    COUNTS,
+    Stage,
+    drain_s,
+    judge,
+    longest_answer,
+    meets,
+    shown,
+    stage_counts,
+    window_output_tps,
+)
 from bench.errors import BadInput
 from bench.model import catalog, mean_interval, usd_per_million
 from bench.store import Store
@@ -244,7 +254,7 @@ def _result(dep: DeploymentSpec, load: Load, found: list[Found]) -> dict:
     scale = dep.time_scale
     price = catalog.gpu(dep.gpu).price_per_gpu_hour if dep.model else None
     rates = [f.best.rate if f.best else 0.0 for f in found]
-    tps = [(f.best.summary.get("output_tps") or 0.0) / scale if f.best else 0.0 for f in found]
+    tps = [window_output_tps(f.best.summary, load.duration_s) / scale if f.best else 0.0 for f in found]
     usd = [usd_per_million(price, dep.gpus, t) for t in tps if price and t]
     goodput = [f.best.goodput if f.best else 0.0 for f in found]
     rate_i, usd_i, good_i = mean_interval(rates), mean_interval(usd) if usd else None, mean_interval(goodput)

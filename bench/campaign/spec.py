@@ -215,6 +215,8 @@ def _slo(problems: Problems, where: str, value: object, default: Slo) -> Slo:
 
 
 def _choice(problems: Problems, where: str, value: object, choices: tuple) -> str:
+    if value is False and "off" in choices:  # YAML reads a bare `off` as false
+        value = "off"
     if value not in choices:
         problems.add(where, f"{value!r} is not one of {', '.join(choices)}")
     return str(value)
@@ -270,11 +272,13 @@ def _disaggregated(problems: Problems, where: str, raw: object, common: dict) ->
     ok = _catalog(problems, where, model, gpu)
     kv = _choice(problems, f"{where}.kv_dtype", raw.get("kv_dtype", "fp8_e4m3"), KV_DTYPES)
     weights = _choice(problems, f"{where}.weights", raw.get("weights", "native"), WEIGHTS)
+    checksum = _choice(problems, f"{where}.kv_checksum", raw.get("kv_checksum", "off"), CHECKSUMS)
     pd = parse_pd(problems, where, raw or None, gpu if ok else "h200")
     if not ok or pd is None:
         return None
     gpus = pd.prefill.count * pd.prefill.tp + pd.decode.count * pd.decode.tp
-    return DeploymentSpec(**common, pd=pd, model=model, gpu=gpu, gpus=gpus, kv_dtype=kv, weights=weights)
+    return DeploymentSpec(**common, pd=pd, model=model, gpu=gpu, gpus=gpus, kv_dtype=kv, weights=weights,
+                          kv_checksum=checksum)
 
 
 def _twin(problems: Problems, where: str, raw: dict, common: dict) -> DeploymentSpec | None:

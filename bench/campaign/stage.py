@@ -35,6 +35,14 @@ class Stage:
         return self.rate * (self.summary.get("slo_attainment") or 0.0)
 
 
+def window_output_tps(summary: dict, window_s: float) -> float:
+    """The output tokens/s a stage sustained: the answers of its measured requests (those sent in its window that
+    completed, the drain included) per second of the window they were sent in. At a load the deployment keeps up
+    with this is the offered rate times the mean answer, whatever the stage's length; the summary's own output_tps
+    divides by the span up to the last answer, which in a stage shorter than an answer's latency is mostly drain."""
+    return (summary.get("output_tokens") or 0.0) / window_s if window_s > 0 else 0.0
+
+
 def drain_s(slo: Slo, longest_answer: int | None) -> float | None:
     """How long the stage waits, after its last arrival, for the requests still running: the SLO's bound for a
     full answer (e2e, or TTFT plus TPOT for each token of the workload's longest answer); None: no bound."""

@@ -95,13 +95,17 @@ class Shape:
     context: int | None = None
     prefill_dp_attention: bool = True  # False: the prefill instance's attention is tensor-parallel (long prompts)
     two_batch_overlap: bool = True  # SGLang --enable-two-batch-overlap: the all-to-all hides under the compute
+    mem_fraction: tuple[float | None, float | None] = (None, None)  # (prefill, decode) --mem-fraction-static
+    max_running: tuple[int | None, int | None] = (None, None)  # (prefill, decode) --max-running-requests
 
     def deployment(self, role: str) -> Deployment:
         g = self.prefill_gpus if role == "prefill" else self.decode_gpus
         dp = 1 if role == "prefill" and not self.prefill_dp_attention else g
         m, gpu = catalog.model(self.model), catalog.gpu(self.gpu)
+        k = 0 if role == "prefill" else 1
         return Deployment(m, gpu, g, dp, self.kv_dtype, self.weights, self.context,
-                          mem_fraction=pd_mem_fraction(self.model, self.gpu), ep=g)
+                          mem_fraction=self.mem_fraction[k] or pd_mem_fraction(self.model, self.gpu), ep=g,
+                          max_running=self.max_running[k])
 
     def redundant(self, role: str) -> int:
         g = self.prefill_gpus if role == "prefill" else self.decode_gpus

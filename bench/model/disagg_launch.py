@@ -1,6 +1,7 @@
 """SGLang 0.5.23 launch commands for a disaggregated plan: every node of every prefill and decode instance, and the
-router (sglang-router's `launch_router --pd-disaggregation`). Plain `python -m sglang.launch_server`: capbench's
-engine patches are not checked under --disaggregation-mode, so they are not put in front.
+router (sglang-router's `launch_router --pd-disaggregation`). Plain `python -m sglang.launch_server`, or, given
+patch flags (bench/model/launch.py patch_flags: KV checksums, FP8 KV scales), `capbench sglang-launch [patch flags]
+-- <the same arguments>`, as a colocated plan's commands are.
 
 Hosts are placeholders the user replaces: PREFILL<i>_NODE0 is the first node of prefill instance i (its
 --dist-init-addr and the URL the router reaches it at), likewise DECODE<j>_NODE0."""
@@ -56,11 +57,16 @@ def _host(role: str, instance: int) -> str:
     return f"{role.upper()}{instance}_NODE0"
 
 
+def launcher(patches: list[str] | None) -> list[str]:
+    """What starts SGLang: capbench's patched launcher when there are patch flags, else SGLang's own module."""
+    return ["capbench", "sglang-launch", *patches, "--"] if patches else ["python", "-m", "sglang.launch_server"]
+
+
 def instance_commands(shape: Shape, role: str, instance: int, batch_per_rank: int = 0,
-                      transfer: str = "mooncake") -> list[Launch]:
+                      transfer: str = "mooncake", patches: list[str] | None = None) -> list[Launch]:
     dep = shape.deployment(role)
     nodes = max(1, dep.tp // catalog.gpu(shape.gpu).gpus_per_node)
-    base = ["python", "-m", "sglang.launch_server", *server_args(shape, role, batch_per_rank, transfer)]
+    base = [*launcher(patches), *server_args(shape, role, batch_per_rank, transfer)]
     if nodes == 1:
         return [Launch(role, instance, 0, " ".join(base))]
     return [Launch(role, instance, rank, " ".join([*base, "--nnodes", str(nodes), "--node-rank", str(rank),
@@ -77,12 +83,13 @@ def router_command(prefill_instances: int, decode_instances: int) -> str:
     return " ".join([*args, "--host", "0.0.0.0", "--port", str(ROUTER_PORT)])
 
 
-def commands(answer: Answer, transfer: str = "mooncake") -> list[Launch]:
-    """Every prefill node, every decode node, then the router, for the instance counts the target load needs."""
+def commands(answer: Answer, transfer: str = "mooncake", patches: list[str] | None = None) -> list[Launch]:
+    """Every prefill node, every decode node, then the router, for the instance counts the target load needs;
+    with patch flags, each server through capbench's patched launcher."""
     out: list[Launch] = []
     for i in range(answer.prefill_instances):
-        out += instance_commands(answer.shape, "prefill", i, transfer=transfer)
+        out += instance_commands(answer.shape, "prefill", i, transfer=transfer, patches=patches)
     for j in range(answer.decode_instances):
-        out += instance_commands(answer.shape, "decode", j, answer.batch_per_rank, transfer)
+        out += instance_commands(answer.shape, "decode", j, answer.batch_per_rank, transfer, patches)
     out.append(Launch("router", 0, 0, router_command(answer.prefill_instances, answer.decode_instances)))
     return out

@@ -111,3 +111,64 @@ def test_a_campaigns_disaggregated_launches_parse():
     assert args.pd_disaggregation and args.port == 8080
     assert args.prefill_urls == [("http://g0:30000", 8998), ("http://g2:30000", 8998)]
     assert args.decode_urls == ["http://g4:30000"]
+
+
+def wrapped_parse(argv: list[str]) -> argparse.Namespace:
+    """A `capbench sglang-launch [patch flags] -- <server args>` line: the server command the launcher builds (its
+    patches' own flags added), parsed by SGLang's ServerArgs."""
+    from engine_patches.launch import PatchOptions, build_command
+
+    assert argv[:2] == ["capbench", "sglang-launch"] and "--" in argv
+    patch, server = argv[2:argv.index("--")], argv[argv.index("--") + 1:]
+    flags = dict(zip(patch[::2], patch[1::2], strict=True))
+    assert set(flags) <= {"--kv-checksum", "--kv-scales"}
+    built, _ = build_command(PatchOptions(flags["--kv-checksum"], kv_scales=flags.get("--kv-scales")), server)
+    return sglang_parse(["python", "-m", "sglang.launch_server", *built[3:]])
+
+
+def test_with_patch_flags_the_plans_servers_go_through_the_patched_launcher():
+    from bench.model.launch import patch_flags
+    from engine_patches.kv_checksum.patch import BACKEND
+
+    shape = disagg.Shape("kimi-k2-thinking", "h200", 16, 8, "bf16")
+    a = disagg.evaluate(shape, disagg.Lengths(2000, 0, 300, 2300), Slo(ttft_s=5, tpot_s=0.1), 10.0)
+    launches = disagg_launch.commands(a, patches=patch_flags("bf16", "verify"))
+    for x in launches[:-1]:
+        argv = shlex.split(x.command)
+        assert argv[:5] == ["capbench", "sglang-launch", "--kv-checksum", "verify", "--"]
+        ns = wrapped_parse(argv)
+        assert ns.disaggregation_mode == x.role and ns.radix_cache_backend == BACKEND
+        assert ns.tp_size == (16 if x.role == "prefill" else 8) and ns.nnodes == (2 if x.role == "prefill" else 1)
+    assert shlex.split(launches[-1].command)[:3] == ["python", "-m", "sglang_router.launch_router"]
+
+
+def test_a_campaign_that_asks_for_patches_launches_its_pd_servers_through_them(tmp_path):
+    """kv_checksum / kv_scales on a `disaggregated:` deployment: every prefill and decode node through `capbench
+    sglang-launch` (the launcher's dry run accepts the line as given), the router as it was; without (a bare YAML
+    `off`), SGLang's own."""
+    import subprocess
+    import sys
+
+    from bench.campaign import parse_campaign
+    from bench.campaign.pd_launch import plan
+    from engine_patches.kv_checksum.patch import BACKEND
+
+    scales = tmp_path / "scales.json"
+    scales.write_text("{}")
+    text = ("name: pd\ndeployments:\n  - name: kimi\n    disaggregated:\n      model: kimi-k2-thinking\n"
+            f"      kv_checksum: strict\n      kv_scales: {scales}\n"
+            "      prefill: {tp: 8, dp: 8, ep: 8}\n      decode: {tp: 8, dp: 8, ep: 8}\n      router: {}\n"
+            "loads:\n  - {name: a, workload: chat, profile: poisson, rate: 1}\n")
+    parts = plan(parse_campaign(text, inline_templates=True).deployments[0])
+    for p in parts[:-1]:
+        assert p.argv[:2] == ["capbench", "sglang-launch"]
+        ns = wrapped_parse(p.argv)
+        assert ns.disaggregation_mode == p.role and ns.radix_cache_backend == BACKEND
+        assert ns.quantization_param_path == str(scales) and ns.kv_cache_dtype == "fp8_e4m3"
+    assert parts[-1].argv[:3] == ["python", "-m", "sglang_router.launch_router"]
+    dry = subprocess.run([sys.executable, "-c", "from bench.cli import main; main()", *parts[1].argv[1:2],
+                          "--dry-run", *parts[1].argv[2:]], capture_output=True, text=True, timeout=60)
+    assert dry.returncode == 0 and "--disaggregation-mode decode" in dry.stdout, dry.stderr
+    plain = plan(parse_campaign(text.replace("kv_checksum: strict", "kv_checksum: off").replace(
+        f"      kv_scales: {scales}\n", ""), inline_templates=True).deployments[0])
+    assert all(p.argv[:3] == ["python", "-m", "sglang.launch_server"] for p in plain[:-1])

@@ -2,7 +2,8 @@
 (`python -m sglang.launch_server --disaggregation-mode prefill|decode ...` or `python -m sglang_router.launch_router
 --pd-disaggregation ...`), it serves on the command's --port: /health, /get_server_info (the mode, tp and KV dtype
 the command asks for, or --say-mode's: a server that is not the one launched), /v1/models and streaming
-/v1/chat/completions. The router waits for its workers' /health, then sends each request to a prefill server (one
+/v1/chat/completions; the router also /workers as sglang-router 0.3.2 lists them (--say-decode: a router that names
+another decode server). The router waits for its workers' /health, then sends each request to a prefill server (one
 token) and streams the answer from a decode server. --mode fail exits at start, --mode die --die-after seconds
 after its first request; --hold FILE waits while FILE exists. Every process writes its pid to --pids; every
 request served appends '<mode> <port>' to --served."""
@@ -26,6 +27,7 @@ p.add_argument("--mode", choices=("ok", "fail", "die"), default="ok")
 p.add_argument("--delay", type=float, default=0.2)
 p.add_argument("--die-after", type=float, default=3.0)
 p.add_argument("--say-mode", default=None)
+p.add_argument("--say-decode", default=None, help="the router lists this URL as its decode worker instead")
 p.add_argument("--hold", default=None, help="start serving only once this file is gone")
 p.add_argument("command", nargs=argparse.REMAINDER)
 a = p.parse_args()
@@ -82,6 +84,12 @@ class Handler(BaseHTTPRequestHandler):
             self._json({"model_path": args["--model-path"], "tp_size": int(args["--tp"]),
                         "kv_cache_dtype": args["--kv-cache-dtype"], "disaggregation_mode": a.say_mode or mode,
                         "max_total_num_tokens": 100000})
+        elif self.path == "/workers" and router:
+            listed = [(u, "prefill") for u in prefill] + [(u, "decode") for u in ([a.say_decode] if a.say_decode
+                                                                                 else decode)]
+            self._json({"workers": [{"id": str(k), "url": u, "worker_type": t, "is_healthy": True, "load": 0,
+                                     "connection_mode": "http"} for k, (u, t) in enumerate(listed)],
+                        "total": len(listed)})
         elif self.path == "/v1/models":
             model = args.get("--model-path") or "fake"
             self._json({"object": "list", "data": [{"id": model, "root": model, "object": "model"}]})

@@ -3,7 +3,8 @@ in for each role behind node templates (tests/bench/campaign/fake_pd.py): the ce
 with every role started and stopped (router, then decode, then prefill; no process left); a decode server that
 dies at start fails the cell within 10 s naming it, one that dies mid-run fails it naming it too; SIGKILL of the
 campaign mid-launch then --resume leaves no process behind; a prefill server that says it is a decode server fails
-the cell with both identities. Each campaign is a subprocess (2-4 s of imports on this machine): 5-15 s a test."""
+the cell with both identities, a router that routes to other servers than those launched fails it naming both lists.
+Each campaign is a subprocess (2-4 s of imports on this machine): 5-15 s a test."""
 
 import signal
 import subprocess
@@ -18,7 +19,8 @@ from tests.bench.campaign.test_campaign_run import CLI, ROOT, _cells, _dead
 FAKE = Path(__file__).with_name("fake_pd.py")
 
 
-def _campaign(tmp: Path, prefill_node: str = "n1", decode_node: str = "n1", **node_args: str) -> Path:
+def _campaign(tmp: Path, prefill_node: str = "n1", decode_node: str = "n1", router_node: str = "n1",
+              **node_args: str) -> Path:
     """One disaggregated deployment (1 prefill, 1 decode, the router) on fake nodes: n1 a healthy one, and one per
     node_args entry whose fake gets those arguments (`bad="--mode fail"`)."""
     (tmp / "pids").touch()
@@ -30,7 +32,7 @@ def _campaign(tmp: Path, prefill_node: str = "n1", decode_node: str = "n1", **no
                  "deployments:\n  - name: glm-pd\n    disaggregated:\n      model: glm-4.6\n      kv_dtype: bf16\n"
                  "      nodes:\n" + lines +
                  f"      prefill: {{tp: 8, node: {prefill_node}}}\n      decode: {{tp: 8, node: {decode_node}}}\n"
-                 "      router: {node: n1}\n"
+                 f"      router: {{node: {router_node}}}\n"
                  "loads:\n  - {name: a, workload: chat, profile: poisson, rate: 4}\n")
     return f
 
@@ -130,3 +132,14 @@ def test_a_decode_server_that_dies_mid_run_fails_the_cell_naming_it(tmp_path):
     assert "the decode[0] server's launched process exited with code 3" in error, error
     assert "the server died" in log
     assert _dead(tmp_path / "pids") == []
+
+
+def test_a_router_that_routes_to_other_servers_than_those_launched_fails_the_cell(tmp_path):
+    f = _campaign(tmp_path, router_node="stray", stray="--say-decode http://127.0.0.1:9")
+    f.write_text(f.read_text().replace("health_timeout: 30", "health_timeout: 2"))  # how long its list may lag
+    out = _run(f, tmp_path / "c.duckdb")
+    assert out.returncode == 1, out.stderr[-3000:]
+    status, error, _ = _cells(tmp_path / "c.duckdb")["glm-pd/a"]
+    assert status == "failed" and "the router at http://127.0.0.1:" in error, error
+    assert "routes to prefill http://127.0.0.1:" in error and "decode http://127.0.0.1:9; launched prefill" in error
+    assert not (tmp_path / "served").exists() and _dead(tmp_path / "pids") == []

@@ -8,11 +8,12 @@ import subprocess
 import pytest
 
 from bench.campaign import parse_campaign
+from bench.campaign.pd_check import shape
 from bench.campaign.predict import fit_problems, modelled, predicted
 from bench.campaign.run import _search
 from bench.campaign.templates import Template
 from bench.errors import BadInput
-from bench.model import disagg, load_workload, pd_simulate
+from bench.model import disagg, load_workload, pd_simulate, usd_per_million
 from bench.sweep import sweep
 from tests.bench.campaign.test_predict import CLI
 
@@ -112,9 +113,24 @@ def test_the_predicted_column_is_the_pd_simulators_sweep():
 
     want = sweep(stage, replace(_search(load), max_stages=40)).best
     assert got["predicted_rps"] == pytest.approx(want.rate) and got["predicted_rps"] > 0
+    # a second prefill instance takes half of the prefill-heavy load: at least as high a rate within the SLO
     two = _parse(_file(ROLES.replace("prefill: {tp", "prefill: {count: 2, tp")))
-    assert predicted(two.deployments[0], load, _search(load))["not_predicted"].startswith(
-        "not predicted: the PD simulator plays one prefill and one decode instance (2 and 1 here)")
+    got2 = predicted(two.deployments[0], load, _search(load))
+    assert "not_predicted" not in got2 and got2["predicted_rps"] >= got["predicted_rps"]
+    assert got2["predicted_usd_per_m"] == pytest.approx(
+        usd_per_million(disagg.catalog.gpu("h200").price_per_gpu_hour, 24, got2["predicted_output_tps"]))
+
+
+def test_the_static_memory_fraction_and_max_running_requests_are_modelled_per_role():
+    flags = "flags: [--mem-fraction-static, '0.7', --max-running-requests, '64'], "
+    c = _parse(_file(ROLES.replace("decode: {tp", "decode: {" + flags + "tp")))
+    s, why = shape(c.deployments[0])
+    assert why == "" and s.mem_fraction == (None, 0.7) and s.max_running == (None, 64)
+    default = disagg.Shape("kimi-k2-thinking", "h200", 8, 8, "fp8_e4m3", eplb=False, two_batch_overlap=False)
+    assert disagg.decode_pool(s).tokens_per_rank < disagg.decode_pool(default).tokens_per_rank
+    assert disagg.decode_pool(s).max_running_per_rank == 64 // 8
+    odd = _parse(_file(ROLES.replace("decode: {tp", "decode: {flags: [--chunked-prefill-size, '4096'], tp")))
+    assert shape(odd.deployments[0]) == (None, "not predicted: the PD model does not model --chunked-prefill-size")
 
 
 def test_the_built_in_example_checks_and_is_predicted():
