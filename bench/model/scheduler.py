@@ -139,9 +139,12 @@ class Scheduler:
                  mixed_chunk: bool = False) -> None:
         self.perf, self.pool, self.max_running, self.chunk = perf, pool_tokens, max_running, chunk
         self.mixed_chunk = mixed_chunk
+        # DP attention: SGLang divides chunked_prefill_size by the DP size (each rank schedules its own requests),
+        # so one request prefills at most chunk // dp tokens a step while the step's total stays `chunk`
+        self.rank_chunk = max(1, chunk // max(1, getattr(perf, "dp", 1)))
         self.cache = PrefixCache(block_size)
         self.waiting: deque[Request] = deque()
-        self.prefilling: list[Request] = []  # admitted, prompt not yet done (at most one is part-way)
+        self.prefilling: list[Request] = []  # admitted, prompt not yet done (part-way: one, or with DP attention one a rank)
         self.decoding: dict[Request, None] = {}  # ordered by admission: a replay is the same in every process
         self.heap: list[tuple[int, int, Request]] = []  # (decode step it finishes at, tie, request)
         self.steps = 0  # decode steps so far: a decoding request's output is gen_base + accept * (steps - d0)
@@ -249,7 +252,7 @@ class Scheduler:
         """The prefill batch: the chunked request first, then new ones while KV and the chunk budget allow."""
         batch = []
         for req in self.prefilling:
-            n = min(budget, req.extend_len - req.prefilled)
+            n = min(budget, self.rank_chunk, req.extend_len - req.prefilled)
             if n <= 0:
                 break
             batch.append((req, n))
@@ -285,7 +288,7 @@ class Scheduler:
                 self.stats["cached_tokens"] += req.cached_tokens
             req.prefilled, req.extend_len, req.state = 0, extend, "prefill"
             self.prefilling.append(req)
-            n = min(budget, extend)
+            n = min(budget, self.rank_chunk, extend)
             batch.append((req, n))
             budget -= n
         return batch

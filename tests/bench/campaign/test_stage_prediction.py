@@ -13,7 +13,7 @@ from bench.campaign.stage import window_output_tps
 from bench.model import load_workload, simulate
 
 TOLERANCE = 0.05  # the served share's sampling noise; the mean answer is one figure for every stage
-RATE = 1.0  # req/s: within pd-demo's SLO for both deployments
+RATE = 0.5  # req/s: within pd-demo's SLO for both deployments (the colocated DP-attention one misses it at 1.0)
 
 
 @pytest.mark.parametrize("name", ["colocated", "disaggregated"])
