@@ -25,7 +25,6 @@ from pathlib import Path
 
 import numpy as np
 
-from bench import bootstrap
 from bench.campaign import guard, own, predict, record
 from bench.campaign.launch import Launched, LaunchFailed, tail
 from bench.campaign.predict import WARMUP_SHARE
@@ -43,7 +42,7 @@ from bench.campaign.stage import (
     stage_counts,
 )
 from bench.errors import BadInput
-from bench.model import Interval, catalog, mean_interval, usd_per_million
+from bench.model import Interval, bootstrap, catalog, mean_interval, usd_per_million
 from bench.store import Store
 from bench.sweep import Found, Search, sweep
 
@@ -290,7 +289,7 @@ def _result(dep: DeploymentSpec, load: Load, found: list[Found]) -> dict:
 
 def _with_bootstrap(found: list[Found], load: Load, dep: DeploymentSpec, *figures: Interval | None
                     ) -> tuple[Interval | None, ...]:
-    """The rate, goodput and $ per 1M intervals from the bootstrap over the stages' requests (bench/bootstrap.py):
+    """The rate, goodput and $ per 1M intervals from the bootstrap over the stages' requests (bench/model/bootstrap.py):
     with one repeat, the bootstrap's; with more, the wider of it and the t interval over the repeats. Also the
     draws of the rate's bracket ends, kept with the cell for the gains between cells."""
     samples = [[s.sample for s in f.stages if s.sample is not None] for f in found]

@@ -13,8 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from bench.bootstrap import StageSample, stage_sample
-from bench.model import Slo
+from bench.model import Slo, StageSample, stage_sample
 from bench.store import Store
 
 RUN_ERRORS_OK = 0.01  # a stage with a larger share of failed requests misses the SLO
@@ -30,7 +29,7 @@ class Stage:
     summary: dict
     meets: bool
     why: str  # what missed, or ""
-    sample: StageSample | None = None  # its requests, for the bootstrap (bench/bootstrap.py)
+    sample: StageSample | None = None  # its requests, for the bootstrap (bench/model/bootstrap.py)
 
     @property
     def goodput(self) -> float:

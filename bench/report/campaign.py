@@ -14,8 +14,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench.bootstrap import cell_gain
-from bench.model import gain_words
+from bench.model import cell_gain, gain_words
 from bench.store import Store, replacing
 
 
@@ -79,9 +78,17 @@ def _gains(cells: list[dict]) -> list[dict]:
         out.append({"deployment": dep, "baseline": base["deployment"], "load": load, "what": _what_differs(c, base),
                     "measured_gain": measured, "predicted_gain": predicted,
                     "gain_interval": [g.low, g.high] if g else [None, None], "gain_method": g.method if g else "",
-                    "verdict": gain_words(g) + (f" ({g.method})" if g and g.low is not None else ""),
+                    "verdict": gain_words(g),
                     "error": measured / predicted - 1 if measured and predicted else None})
     return out
+
+
+def gain_said(g: dict) -> str:
+    """What a gain's interval lets one say, and how the interval was found (the report, the demo and its benchmark
+    say it so)."""
+    lo, hi = (g.get("gain_interval") or [None, None])[:2]
+    how = f" ({g['gain_method']})" if lo is not None and hi is not None and g.get("gain_method") else ""
+    return g.get("verdict", "") + how
 
 
 def _f(v: float | None, spec: str = ".3g", suffix: str = "") -> str:
@@ -121,7 +128,7 @@ def campaign_sections(m: Matrix, detail: bool = False) -> list[tuple[str, list[s
               c.get("saturation") or _first_line(c.get("error"))]
              for c in m.cells]
     gains = [[g["deployment"], g["baseline"], g["load"], g["what"],
-              _fi(g["measured_gain"], g.get("gain_interval"), ".2f", "x"), g.get("verdict", ""),
+              _fi(g["measured_gain"], g.get("gain_interval"), ".2f", "x"), gain_said(g),
               _f(g["predicted_gain"], ".2f", "x"), _f(g["error"] and g["error"] * 100, "+.0f", " %")]
              for g in m.gains]
     out = [

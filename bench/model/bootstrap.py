@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from bench.model import Interval, gain_interval
+from bench.model.confidence import Interval, gain_interval
 
 LEVEL = 90
 DRAWS = 1000
@@ -68,7 +68,8 @@ def _judge(s: StageSample, percentile: int, errors_ok: float, rng: np.random.Gen
     n = len(s.judged)
     if n == 0:
         return np.zeros(draws, bool), np.zeros(draws), np.zeros(draws)
-    w = rng.multinomial(n, np.full(n, 1 / n), size=draws).astype(float)  # (draws, n): times each request is drawn
+    picks = rng.integers(0, n, size=(draws, n)) + np.arange(draws)[:, None] * n
+    w = np.bincount(picks.ravel(), minlength=draws * n).reshape(draws, n).astype(float)  # times each is drawn
     judged = w @ s.judged
     errored = n - judged
     over = w @ s.over  # (draws, bounds)
