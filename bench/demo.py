@@ -68,9 +68,12 @@ def _x(v: float | None) -> str:
 
 
 def gain_line(g: dict) -> str:
-    """One gain as the demo and its benchmark print it: measured with its 90 % interval and what that says."""
+    """One gain as the demo and its benchmark print it: measured with its 90 % interval, what that says and how the
+    interval was found."""
+    from bench.report import gain_said
+
     lo, hi = g.get("gain_interval") or [None, None]
-    interval = f" [{lo:.2f}-{hi:.2f}] (90 %)" if lo is not None and hi is not None else ""
+    interval = f" [{lo:.2f}-{hi:.2f}]" if lo is not None and hi is not None else ""
     return (f"{g['deployment']} vs {g['baseline']}, {g['load']}: measured {_x(g['measured_gain'])}{interval} at "
-            f"saturation, {g.get('verdict', '')}; predicted {_x(g['predicted_gain'])}"
+            f"saturation, {gain_said(g)}; predicted {_x(g['predicted_gain'])}"
             + (f" ({g['error']:+.0%})" if g["error"] is not None else ""))

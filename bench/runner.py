@@ -25,10 +25,11 @@ import gevent
 from locust.env import Environment
 from locust.exception import RPCError
 
+from bench import load_sweep
 from bench.checks import check_target
 from bench.collector import Collector
 from bench.errors import BadInput
-from bench.live import Live, print_summary, print_sweep
+from bench.live import Live, print_summary
 from bench.model import Slo
 from bench.store import HELD_DB_WAIT_S, Recorder, Store, queries
 from bench.twin import Target
@@ -140,39 +141,9 @@ def run(opts: RunOptions) -> list[RunResult]:
         store = Store(opts.db, lock_timeout_s=HELD_DB_WAIT_S)
         if prof.type != "sweep":
             return [_run_one(store, opts, prof, wl, model)]
-        return _sweep(store, opts, prof, wl, model)
+        return load_sweep.run_sweep(store, opts, prof, wl, model, _run_one)
     finally:
         target.close()
-
-
-def _sweep(store: Store, opts: RunOptions, prof: profiles.Profile, wl, model: str) -> list[RunResult]:
-    stage_s = float(prof.params.get("stage_duration", 30))
-    sweep_id = f"sweep-{int(time.time())}"
-    base = profiles.Profile("sweep-1user", "users", {"users": 1, "duration": stage_s})
-    results = [_run_one(store, opts, base, wl, model, {"sweep_id": sweep_id, "stage": 0, "offered_rps": None})]
-    s0 = results[0].summary
-    if results[0].status != "completed" or not s0.get("throughput_rps"):
-        return results
-    base_e2e = s0.get("e2e_p50") or 0.0
-    rows: list[tuple[float | None, dict]] = [(None, s0)]
-    for k, rate in enumerate(prof.sweep_rates(s0["throughput_rps"]), 1):
-        stage = profiles.Profile(f"sweep-{rate:g}rps", prof.params.get("arrival", "poisson"),
-                                 {"rate": rate, "duration": stage_s})
-        res = _run_one(store, opts, stage, wl, model, {"sweep_id": sweep_id, "stage": k, "offered_rps": rate},
-                       warmup_s=0.0)
-        results.append(res)
-        s = res.summary
-        # throughput: answers done within the stage plus one normal service time, per second of stage
-        with store.connect() as con:
-            done = queries.finished_within(con, res.run_id, stage_s + base_e2e) / stage_s
-        why = profiles.saturated(rate, done, s.get("e2e_p50"), base_e2e, 1 - (s.get("success_rate") or 0.0),
-                                 prof.params)
-        rows.append((rate, {**s, "throughput_rps": done, "saturated": bool(why)}))
-        if res.status != "completed" or why:
-            print(f"sweep stops at {rate:g} req/s: {why or res.status}")
-            break
-    print_sweep(rows, float(prof.params.get("min_slo_attainment", 0.9)))
-    return results
 
 
 def _run_one(store: Store, opts: RunOptions, prof: profiles.Profile, wl: workloads.Workload, model: str,

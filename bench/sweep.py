@@ -1,11 +1,12 @@
-"""The sweep to saturation: the one search for the highest rate within the SLO (a campaign's sweep, and its model's
-answer to the same sweep, use it).
+"""The sweep to saturation: the one search for the highest rate within the SLO (a campaign's sweep, its model's
+answer to the same sweep, and `capbench run --profile sweep` (bench/load_sweep.py) use it).
 
 Offer rates start, start x factor, ... while each stage meets the SLO and goodput (offered rate x share within the
 SLO) keeps rising by min_gain; if even the first rate misses, go down by the factor until one holds. Then bisect
 (geometric mean) between the last rate within the SLO and the first past it until that bracket is at most
 `resolution` wide (5 %: a gain between two deployments then moves in steps of at most 5 %, not the factor's 25 %),
-or `refine` bisections were made. The figure is the last rate within the SLO; the bracket says how fine it is.
+or `refine` bisections were made. A ladder (a list of rates) replaces start x factor^k on the way up. The figure
+is the last rate within the SLO; the bracket says how fine it is.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ class Search:
     refine: int = 6  # most bisections
     min_gain: float = 0.05
     resolution: float = 0.05  # bisect until the first rate past the SLO is within this of the last within it
+    ladder: tuple[float, ...] = ()  # rates to climb instead of start x factor^k (capbench run's `rates`/`factors`)
 
 
 @dataclass
@@ -53,14 +55,14 @@ def sweep(stage: Callable[[float], StagePoint], search: Search) -> Found:
     best: StagePoint | None = None
     bad: float | None = None
     why = "search limit"
-    rate = search.start
+    rate = search.ladder[0] if search.ladder else search.start
     while len(stages) < search.max_stages:
         s = stage(rate)
         stages.append(s)
         if not s.meets:
             bad, why = rate, f"SLO broke at {rate:.3g} req/s ({s.why})"
-            if best is not None:
-                break
+            if best is not None or search.ladder:
+                break  # a ladder's first rung already misses: nothing below it was asked for
             rate /= search.factor  # even the first rate misses: go down until one holds
             continue
         if best is not None and s.goodput < best.goodput * (1 + search.min_gain):
@@ -69,7 +71,12 @@ def sweep(stage: Callable[[float], StagePoint], search: Search) -> Found:
         best = s
         if bad is not None:
             break  # came down from a miss to a rate that holds
-        rate *= search.factor
+        if search.ladder:
+            if len(stages) >= len(search.ladder):
+                break
+            rate = search.ladder[len(stages)]
+        else:
+            rate *= search.factor
     made = 0
     while (best is not None and bad is not None and bad > best.rate * (1 + search.resolution)
            and made < search.refine):

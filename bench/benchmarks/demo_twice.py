@@ -37,8 +37,9 @@ def main() -> None:
             if (g["deployment"], g["load"]) in first]
     for a_, b in both:
         o = _overlap(a_, b)
-        print(f"  {b['deployment']}, {b['load']}: "
-              f"{'no intervals to compare (one run each)' if o is None else 'overlap' if o else 'DO NOT overlap'}")
+        said = f"no intervals to compare ({b.get('verdict') or 'none'})" if o is None else \
+            "overlap" if o else "DO NOT overlap"
+        print(f"  {b['deployment']}, {b['load']}: {said}")
     narrow = sum(1 for out in runs for g in out["gains"] if _half(g) is not None and _half(g) <= GOAL_HALF_WIDTH)
     total = sum(len(out["gains"]) for out in runs)
     times = ", ".join(f"{o['elapsed_s']:.0f} s" for o in runs)

@@ -23,6 +23,8 @@ from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
+
 from bench.campaign import guard, own, predict, record
 from bench.campaign.launch import Launched, LaunchFailed, tail
 from bench.campaign.pd_launch import PDLaunched
@@ -30,17 +32,19 @@ from bench.campaign.predict import WARMUP_SHARE
 from bench.campaign.spec import Campaign, DeploymentSpec, Load, cell_key
 from bench.campaign.stage import (
     COUNTS,
+    RUN_ERRORS_OK,
     Stage,
     drain_s,
     judge,
     longest_answer,
     meets,
+    requests_sample,
     shown,
     stage_counts,
     window_output_tps,
 )
 from bench.errors import BadInput
-from bench.model import catalog, mean_interval, usd_per_million
+from bench.model import Interval, bootstrap, catalog, mean_interval, usd_per_million
 from bench.store import Store
 from bench.sweep import Found, Search, sweep
 
@@ -194,17 +198,20 @@ def _cell(store: Store, cid: str, dep: DeploymentSpec, load: Load, server: Launc
                                       # what the server was offered, as a sweep stage of `capbench run` stores it
                                       "offered_rps": None if rate is None else rate * scale,
                                       **({"twin": dep.twin} if dep.twin else {})})
-        with _telemetry("off" if dep.kind == "twin" else None):  # a twin models GPUs this host does not have
-            res = run_load(opts)[-1]
+        try:
+            with _telemetry("off" if dep.kind == "twin" else None):  # a twin models GPUs this host does not have
+                res = run_load(opts)[-1]
+        except BadInput:  # e.g. the model's name unreadable: a server that just died says so within a second
+            _went_down(server, f"{dep.name} went down during {key}")
+            raise
         stop.check()
         if res.status != "completed":
             raise KeyboardInterrupt
-        why = server.alive()
-        if why is not None:
-            raise LaunchFailed(f"{dep.name} went down during {key}: {why}", tail(server.log))
+        _went_down(server, f"{dep.name} went down during {key}", wait_s=0.0)
         summary = {**res.summary, **judge(store, res.run_id, slo)}
         ok, miss = meets(summary, slo, scale)
-        s = Stage(rate or 0.0, res.run_id, summary, ok, miss)
+        s = Stage(rate or 0.0, res.run_id, summary, ok, miss,
+                  requests_sample(store, res.run_id, slo, rate or 0.0, window_output_tps(summary, load.duration_s)))
         say(f"{key}: {'' if rate is None else f'{rate:.3g} req/s: '}goodput {s.goodput:.3g} req/s, "
             f"{'within the SLO' if ok else miss}; {stage_counts(summary)}")
         return s
@@ -248,6 +255,18 @@ def _telemetry(value: str | None) -> Iterator[None]:
             os.environ["CAPBENCH_GPU_TELEMETRY"] = before
 
 
+def _went_down(server: Launched | PDLaunched, what: str, wait_s: float = 1.0) -> None:
+    """Raise LaunchFailed, with the server's log, if its launched process has gone (waiting up to wait_s for it)."""
+    end = time.monotonic() + wait_s
+    while True:
+        why = server.alive()
+        if why is not None:
+            raise LaunchFailed(f"{what}: {why}", tail(server.log))
+        if time.monotonic() >= end:
+            return
+        time.sleep(0.1)
+
+
 def _result(dep: DeploymentSpec, load: Load, found: list[Found]) -> dict:
     """What the report reads: rates and tokens/s in the deployment's own time (a twin's divided by its scale); with
     repeats, each figure is their mean with its 90 % interval (bench/model/confidence.py)."""
@@ -258,6 +277,7 @@ def _result(dep: DeploymentSpec, load: Load, found: list[Found]) -> dict:
     usd = [usd_per_million(price, dep.gpus, t) for t in tps if price and t]
     goodput = [f.best.goodput if f.best else 0.0 for f in found]
     rate_i, usd_i, good_i = mean_interval(rates), mean_interval(usd) if usd else None, mean_interval(goodput)
+    rate_i, good_i, usd_i, draws = _with_bootstrap(found, load, dep, rate_i, good_i, usd_i)
     middle = sorted(found, key=lambda f: f.best.rate if f.best else 0.0)[len(found) // 2]
     brackets = [f.bracket for f in found if f.bracket is not None]
     return {
@@ -266,7 +286,7 @@ def _result(dep: DeploymentSpec, load: Load, found: list[Found]) -> dict:
         "measured_output_tps": sum(tps) / len(tps),
         "measured_usd_per_m": usd_i.value if usd_i else None,
         "measured_usd_per_m_interval": [usd_i.low, usd_i.high] if usd_i else [None, None],
-        "interval_method": rate_i.method, "repeats": len(found), "repeats_rps": rates,
+        "interval_method": rate_i.method, "repeats": len(found), "repeats_rps": rates, **draws,
         "bracket": max(brackets) if brackets else None,
         "best_run": middle.best.run_id if middle.best else None,
         "stages": sum(len(f.stages) for f in found), "saturation": middle.why,
@@ -283,3 +303,25 @@ def _result(dep: DeploymentSpec, load: Load, found: list[Found]) -> dict:
                               for r in (dep.pd.prefill, dep.pd.decode)}} if dep.pd else {}),
         "finished_at": time.time(),
     }
+
+
+def _with_bootstrap(found: list[Found], load: Load, dep: DeploymentSpec, *figures: Interval | None
+                    ) -> tuple[Interval | None, ...]:
+    """The rate, goodput and $ per 1M intervals from the bootstrap over the stages' requests (bench/model/bootstrap.py):
+    with one repeat, the bootstrap's; with more, the wider of it and the t interval over the repeats. Also the
+    draws of the rate's bracket ends, kept with the cell for the gains between cells."""
+    samples = [[s.sample for s in f.stages if s.sample is not None] for f in found]
+    if not all(samples):
+        return (*figures, {})
+    d = bootstrap.mean_draws([bootstrap.sweep_draws(ss, load.slo.percentile, RUN_ERRORS_OK, seed=k)
+                              for k, ss in enumerate(samples)])
+    price = catalog.gpu(dep.gpu).price_per_gpu_hour if dep.model else None
+    tps = d.output_tps / dep.time_scale
+    usd = price / 3600 * dep.gpus / tps[tps > 0] * 1e6 if price else np.zeros(0)
+    ends = (bootstrap.interval(d.low, d.high), bootstrap.interval(d.goodput),
+            bootstrap.interval(usd) if len(usd) else None)
+    how = bootstrap.method(d.requests)
+    out = tuple(i if i is None or e is None else bootstrap.wider(i, e, how) for i, e in zip(figures, ends, strict=True))
+    keep = {"boot_low": [float(f"{v:.4g}") for v in d.low], "boot_high": [float(f"{v:.4g}") for v in d.high],
+            "boot_requests": d.requests}
+    return (*out, keep)

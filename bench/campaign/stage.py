@@ -11,7 +11,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from bench.model import Slo
+import numpy as np
+
+from bench.model import Slo, StageSample, stage_sample
 from bench.store import Store
 
 RUN_ERRORS_OK = 0.01  # a stage with a larger share of failed requests misses the SLO
@@ -27,6 +29,7 @@ class Stage:
     summary: dict
     meets: bool
     why: str  # what missed, or ""
+    sample: StageSample | None = None  # its requests, for the bootstrap (bench/model/bootstrap.py)
 
     @property
     def goodput(self) -> float:
@@ -82,6 +85,19 @@ def judge(store: Store, run_id: str, slo: Slo) -> dict:
     for name, value in (("ttft", ttft), ("tpot", tpot), ("e2e", e2e)):
         out[f"{name}_p{p}"] = value
     return out
+
+
+def requests_sample(store: Store, run_id: str, slo: Slo, rate: float, output_tps: float) -> StageSample:
+    """The stage's requests as judge() counts them, for the bootstrap over requests."""
+    cut = ", ".join("?" * len(CUT_OFF_KINDS))
+    with store.connect() as con:
+        rows = con.execute(
+            f"SELECT status = 'ok', status <> 'ok' AND coalesce(error_kind, '') IN ({cut}), ttft_s, "
+            "coalesce(tpot_s, 0), e2e_s, coalesce(completion_tokens, 0) FROM requests "
+            "WHERE run_id = ? AND phase = 'measured'", [*CUT_OFF_KINDS, run_id]).fetchall()
+    a = np.array(rows, dtype=float).reshape(-1, 6)
+    return stage_sample(rate, a[:, 0] > 0, a[:, 1] > 0, a[:, 2:5], (slo.ttft_s, slo.tpot_s, slo.e2e_s), a[:, 5],
+                        output_tps)
 
 
 def meets(summary: dict, slo: Slo, scale: float = 1.0) -> tuple[bool, str]:

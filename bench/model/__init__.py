@@ -26,9 +26,11 @@ pd_versus  the plan's colocated answer beside the cheapest PD answer, and why on
 disagg_launch  SGLang --disaggregation-mode and router command lines for a PD answer
 validate_pd    the published PD / wide-EP runs replayed through disagg
 confidence 90 % intervals of measured figures from repeats, and of a gain between two deployments
+bootstrap  90 % intervals from one sweep: its stages' requests resampled, and a gain between two cells
 """
 
 from bench.model import (
+    bootstrap,
     calibration,
     capacity,
     catalog,
@@ -55,6 +57,7 @@ from bench.model import (
     validate_pd,
     workload,
 )
+from bench.model.bootstrap import StageSample, cell_gain, stage_sample
 from bench.model.calibration import Efficiency, load_efficiency
 from bench.model.capacity import Capacity, Deployment
 from bench.model.confidence import Interval, gain_interval, gain_words, mean_interval
@@ -77,4 +80,5 @@ __all__ = [
     "disagg", "disagg_launch", "interconnect", "pd_search", "pd_simulate", "pd_versus",
     "validate_pd",
     "confidence", "Interval", "gain_interval", "gain_words", "mean_interval",
+    "bootstrap", "StageSample", "cell_gain", "stage_sample",
 ]

@@ -38,6 +38,12 @@ class Interval:
             return None
         return max(self.high - self.value, self.value - self.low) / self.value
 
+    def stated(self, spec: str = ".3g", suffix: str = "") -> str:
+        """The figure, its interval and how it was found: "1.32x [1.21x-1.45x] (90 % bootstrap over 412 requests)"."""
+        if self.low is None or self.high is None:
+            return self.text(spec, suffix)
+        return f"{self.text(spec, suffix)} ({self.method})"
+
     def text(self, spec: str = ".3g", suffix: str = "") -> str:
         if self.low is None or self.high is None:
             return f"{self.value:{spec}}{suffix} (1 run: no interval)"
@@ -78,7 +84,8 @@ def gain_words(g: Interval | None) -> str:
     if g is None:
         return "no gain: a side has no rate within the SLO"
     if g.low is None or g.high is None:
-        return "one run each: not known how sure (add repeats)"
+        return "one run each: not known how sure (add repeats)" if g.method == "one run" else \
+            f"not known how sure ({g.method})"
     if g.low <= 1.0 <= g.high:
         return "not distinguishable from no gain"
     return "a gain" if g.low > 1.0 else "a loss"

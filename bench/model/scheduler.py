@@ -144,7 +144,7 @@ class Scheduler:
         self.rank_chunk = max(1, chunk // max(1, getattr(perf, "dp", 1)))
         self.cache = PrefixCache(block_size)
         self.waiting: deque[Request] = deque()
-        self.prefilling: list[Request] = []  # admitted, prompt not yet done (part-way: one, or with DP attention one a rank)
+        self.prefilling: list[Request] = []  # admitted, prompt not done (DP attention: one part-way a rank)
         self.decoding: dict[Request, None] = {}  # ordered by admission: a replay is the same in every process
         self.heap: list[tuple[int, int, Request]] = []  # (decode step it finishes at, tie, request)
         self.steps = 0  # decode steps so far: a decoding request's output is gen_base + accept * (steps - d0)

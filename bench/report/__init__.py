@@ -19,6 +19,7 @@ from bench.report.campaign import (
     campaign_matrix,
     campaign_sections,
     campaign_tables,
+    gain_said,
     latest_campaign,
     live_cell,
     write_campaign,
@@ -30,4 +31,4 @@ from bench.report.render import render, write
 __all__ = ["charts", "load", "plancharts", "terminal", "wording", "Report", "build", "compared", "gpu_bests",
            "newest_deployment", "predicted_table", "STEADY_REQUESTS", "measured_vs_predicted", "render", "write",
            "Matrix", "campaign_html", "campaign_matrix", "campaign_sections", "campaign_tables", "latest_campaign",
-           "write_campaign", "campaign_list", "live_cell", "pd"]
+           "write_campaign", "campaign_list", "live_cell", "pd", "gain_said"]

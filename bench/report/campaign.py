@@ -14,7 +14,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench.model import gain_interval, gain_words
+from bench.model import cell_gain, gain_words
 from bench.store import Store, replacing
 
 
@@ -72,9 +72,7 @@ def _gains(cells: list[dict]) -> list[dict]:
         base = done.get((c.get("baseline"), load))
         if not c.get("baseline") or base is None:
             continue
-        # with repeats, the gain is the ratio of geometric means, the centre of its interval
-        g = gain_interval(c.get("repeats_rps") or [c["measured_rps"]],
-                          base.get("repeats_rps") or [base["measured_rps"]])
+        g = cell_gain(c, base)  # with repeats, the ratio of geometric means
         measured = g.value if g else _ratio(c["measured_rps"], base["measured_rps"])
         predicted = _ratio(c.get("predicted_rps"), base.get("predicted_rps"))
         out.append({"deployment": dep, "baseline": base["deployment"], "load": load, "what": _what_differs(c, base),
@@ -85,6 +83,14 @@ def _gains(cells: list[dict]) -> list[dict]:
     return out
 
 
+def gain_said(g: dict) -> str:
+    """What a gain's interval lets one say, and how the interval was found (the report, the demo and its benchmark
+    say it so)."""
+    lo, hi = (g.get("gain_interval") or [None, None])[:2]
+    how = f" ({g['gain_method']})" if lo is not None and hi is not None and g.get("gain_method") else ""
+    return g.get("verdict", "") + how
+
+
 def _f(v: float | None, spec: str = ".3g", suffix: str = "") -> str:
     return "-" if v is None else f"{v:{spec}}{suffix}"
 
@@ -93,6 +99,13 @@ def _predicted(c: dict) -> str:
     """The model's rate with its 80 % interval (bench/model/interval.py), as the plan shows it."""
     lo, hi = c.get("predicted_rps_low"), c.get("predicted_rps_high")
     return _f(c.get("predicted_rps")) + (f" ({lo:.3g}-{hi:.3g})" if lo is not None and hi is not None else "")
+
+
+def _how(c: dict) -> str:
+    """How many repeats, and how the cell's intervals were found."""
+    n = str(c.get("repeats", "-"))
+    lo = (c.get("measured_rps_interval") or [None])[0]
+    return n if lo is None or not c.get("interval_method") else f"{n} ({c['interval_method']})"
 
 
 def _fi(v: float | None, interval: list | None, spec: str = ".3g", suffix: str = "") -> str:
@@ -110,19 +123,19 @@ def campaign_sections(m: Matrix, detail: bool = False) -> list[tuple[str, list[s
               + (" (lower bound)" if c.get("lower_bound") else ""),
               _predicted(c) if not c.get("not_predicted") else "not predicted",
               _fi(c.get("measured_usd_per_m"), c.get("measured_usd_per_m_interval"), ",.2f"),
-              _f(c.get("predicted_usd_per_m"), ",.2f"), str(c.get("repeats", "-")),
+              _f(c.get("predicted_usd_per_m"), ",.2f"), _how(c),
               _f(c.get("bracket") and c["bracket"] * 100, ".1f", " %"), str(c.get("stages", "-")),
               c.get("saturation") or _first_line(c.get("error"))]
              for c in m.cells]
     gains = [[g["deployment"], g["baseline"], g["load"], g["what"],
-              _fi(g["measured_gain"], g.get("gain_interval"), ".2f", "x"), g.get("verdict", ""),
+              _fi(g["measured_gain"], g.get("gain_interval"), ".2f", "x"), gain_said(g),
               _f(g["predicted_gain"], ".2f", "x"), _f(g["error"] and g["error"] * 100, "+.0f", " %")]
              for g in m.gains]
     out = [
         (f"Campaign {m.name} ({m.campaign_id}, {m.status}): highest rate within the SLO per cell "
          "(mean of the repeats [90 % interval]; bracket: how close the first rate past the SLO was)",
          ["cell", "status", "measured req/s", "predicted req/s (80 %)", "measured $/1M out", "predicted $/1M out",
-          "repeats", "bracket", "stages", "saturation / error"], cells),
+          "repeats (interval)", "bracket", "stages", "saturation / error"], cells),
         ("Against the baseline at saturation (gain: highest rate within the SLO / the baseline's [90 % interval]; "
          "below 1x for the checksum is its overhead)",
          ["deployment", "baseline", "load", "what differs", "measured gain", "what it says", "predicted gain",

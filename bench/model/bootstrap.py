@@ -1,0 +1,159 @@
+"""How sure one sweep is: a bootstrap over the requests of its stages (90 %, percentile method).
+
+Each stage's requests are resampled with replacement (DRAWS times, seeded) and the stage judged again as
+bench/campaign/stage.py judges it: the p-th percentile of each bound from the judged requests (a cut-off one past
+every bound), and at most RUN_ERRORS_OK of them errored. Per draw, the sweep's highest rate within the SLO is the
+highest rate that holds below the lowest one that misses, and the first rate past it is that lowest miss: the two
+bracket ends the figure can move between. The rate's interval runs from the 5th percentile of the lower end to the
+95th of the upper one, so it is never narrower than the bracket (the sweep did not look inside it): that is how a
+rate from one bracket gets an interval. The stages are judged on the SLO alone here; the sweep's own stop when goodput
+stops rising is not replayed. Goodput (rate x share within the SLO) and $ per 1M output tokens (at that stage's
+output tokens/s) are taken at each draw's highest rate within the SLO. A gain a/b draws both deployments'
+stages independently: lower end a_low / b_high, upper end a_high / b_low, again 5th and 95th percentiles.
+
+What it does not see: run-to-run differences that a request's resampling cannot show (a server's warm-up, a noisy
+host). With repeats, the interval is the wider of this one (each draw the mean over repeats) and the t interval
+over the repeats (bench/model/confidence.py).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from bench.model.confidence import Interval, gain_interval
+
+LEVEL = 90
+DRAWS = 1000
+FAR = 1e9  # a cut-off request's latency: past any bound (as bench/campaign/stage.py counts it)
+
+
+@dataclass(frozen=True)
+class StageSample:
+    """One stage's requests as its judgement needs them (one entry per request sent)."""
+    rate: float  # offered, requests/s of the modelled GPUs
+    judged: np.ndarray  # bool: ok or cut off (not errored)
+    within: np.ndarray  # bool: ok and within every bound
+    over: np.ndarray  # bool (requests, bounds): judged and past that bound (a cut-off one: past all)
+    out_tokens: np.ndarray  # output tokens (0 for a request without an answer)
+    output_tps: float  # the stage's measured output tokens/s (modelled GPUs)
+
+
+def stage_sample(rate: float, status_ok: np.ndarray, cut_off: np.ndarray, latencies: np.ndarray,
+                 bounds: tuple[float | None, ...], out_tokens: np.ndarray, output_tps: float) -> StageSample:
+    """`latencies`: (requests, bounds) as measured (NaN where none), in the order of `bounds` (None: no bound)."""
+    judged = status_ok | cut_off
+    lat = np.where(cut_off[:, None], FAR, np.nan_to_num(latencies, nan=0.0))
+    limit = np.array([FAR if b is None else b for b in bounds], dtype=float)
+    over = judged[:, None] & (lat > limit)
+    within = status_ok & ~over.any(axis=1)
+    return StageSample(rate, judged, within, over, np.nan_to_num(out_tokens.astype(float)), output_tps)
+
+
+@dataclass(frozen=True)
+class Draws:
+    """A sweep's figures in each bootstrap draw (arrays of DRAWS)."""
+    low: np.ndarray  # highest rate within the SLO (0: none held)
+    high: np.ndarray  # first rate past it (the low end when none missed: a lower bound)
+    goodput: np.ndarray
+    output_tps: np.ndarray  # at the highest rate within the SLO (0: none)
+    requests: int
+
+
+def _judge(s: StageSample, percentile: int, errors_ok: float, rng: np.random.Generator, draws: int
+           ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per draw: does the stage hold, its share within the SLO, its output tokens/s."""
+    n = len(s.judged)
+    if n == 0:
+        return np.zeros(draws, bool), np.zeros(draws), np.zeros(draws)
+    picks = rng.integers(0, n, size=(draws, n)) + np.arange(draws)[:, None] * n
+    w = np.bincount(picks.ravel(), minlength=draws * n).reshape(draws, n).astype(float)  # times each is drawn
+    judged = w @ s.judged
+    errored = n - judged
+    over = w @ s.over  # (draws, bounds)
+    # p-th percentile <= bound  <=>  at most m - ceil(m p) of the m judged requests are past it (quantile_disc)
+    allowed = judged - np.ceil(judged * percentile / 100 - 1e-9)
+    holds = (errored / n <= errors_ok) & (over <= allowed[:, None]).all(axis=1) & (judged > 0)
+    share = np.divide(w @ s.within, judged, out=np.zeros(draws), where=judged > 0)
+    mean_out = s.out_tokens.mean()
+    tps = s.output_tps * (w @ s.out_tokens) / n / mean_out if mean_out else np.zeros(draws)
+    return holds, share, tps
+
+
+def sweep_draws(stages: list[StageSample], percentile: int, errors_ok: float, seed: int = 0,
+                draws: int = DRAWS) -> Draws:
+    """The sweep's figures per draw, its stages (any order) resampled independently."""
+    rng = np.random.default_rng(seed)
+    order = sorted(range(len(stages)), key=lambda k: stages[k].rate)
+    rates = np.array([stages[k].rate for k in order])
+    judged = [_judge(stages[k], percentile, errors_ok, rng, draws) for k in order]
+    holds = np.stack([j[0] for j in judged], axis=1)  # (draws, stages), rates ascending
+    share = np.stack([j[1] for j in judged], axis=1)
+    tps = np.stack([j[2] for j in judged], axis=1)
+    missed = ~holds
+    first_miss = np.where(missed.any(axis=1), missed.argmax(axis=1), len(rates))  # index of the lowest miss
+    below = holds & (np.arange(len(rates))[None, :] < first_miss[:, None])
+    has = below.any(axis=1)
+    best = np.where(has, len(rates) - 1 - below[:, ::-1].argmax(axis=1), 0)  # highest hold below it
+    rows = np.arange(draws)
+    low = np.where(has, rates[best], 0.0)
+    high = np.where(first_miss < len(rates), rates[np.minimum(first_miss, len(rates) - 1)], low)
+    return Draws(low, high, np.where(has, low * share[rows, best], 0.0), np.where(has, tps[rows, best], 0.0),
+                 sum(len(s.judged) for s in stages))
+
+
+def mean_draws(repeats: list[Draws]) -> Draws:
+    """The mean over repeats, draw by draw (each repeat resampled on its own)."""
+    return Draws(*(np.mean([getattr(d, f) for d in repeats], axis=0) for f in ("low", "high", "goodput",
+                                                                                "output_tps")),
+                 sum(d.requests for d in repeats))
+
+
+def method(requests: int) -> str:
+    return f"{LEVEL} % bootstrap over {requests:,} requests"
+
+
+def interval(low_ends: np.ndarray, high_ends: np.ndarray | None = None) -> tuple[float, float]:
+    """5th percentile of the low ends, 95th of the high ends (the same draws for both when high_ends is None)."""
+    tail = (100 - LEVEL) / 2
+    high_ends = low_ends if high_ends is None else high_ends
+    return float(np.percentile(low_ends, tail)), float(np.percentile(high_ends, 100 - tail))
+
+
+def gain(a_low: np.ndarray, a_high: np.ndarray, b_low: np.ndarray, b_high: np.ndarray
+         ) -> tuple[float, float] | None:
+    """The interval of a / b from two deployments' draws (independent: each drew its own requests); None when the
+    baseline held no rate in more than the interval's tail of draws (no upper end)."""
+    tail = (100 - LEVEL) / 200
+    if np.mean(b_low <= 0) > tail:
+        return None
+    lows = np.divide(a_low, b_high, out=np.zeros(len(a_low)), where=b_high > 0)
+    highs = np.divide(a_high, b_low, out=np.full(len(a_high), math.inf), where=b_low > 0)
+    return interval(lows, highs)
+
+
+def cell_gain(cell: dict, base: dict) -> Interval | None:
+    """A campaign cell's gain over its baseline's (the highest rate within the SLO): the ratio of the measured
+    figures (with repeats, of their geometric means) and its interval: the bootstrap's when both cells kept their
+    draws, the wider of it and the t interval of the log ratio when there are repeats; None when either has no rate
+    within the SLO."""
+    t = gain_interval(cell.get("repeats_rps") or [cell["measured_rps"]],
+                      base.get("repeats_rps") or [base["measured_rps"]])
+    if t is None or not cell.get("boot_low") or not base.get("boot_low"):
+        return t
+    ends = gain(*(np.array(x[k], dtype=float) for x in (cell, base) for k in ("boot_low", "boot_high")))
+    how = (f"{LEVEL} % bootstrap over {cell.get('boot_requests', 0):,} and {base.get('boot_requests', 0):,} "
+           "requests, the brackets' ends included")
+    if ends is None:
+        return Interval(t.value, None, None, t.n, f"{how}: the baseline held no rate in too many draws")
+    return wider(t, ends, how)
+
+
+def wider(t: Interval, ends: tuple[float, float], how: str) -> Interval:
+    """The bootstrap's interval `ends` (found `how`) around t's value; with repeats, the wider of it and t's."""
+    lo, hi = min(ends[0], t.value), max(ends[1], t.value)
+    if t.low is None or t.high is None:
+        return Interval(t.value, lo, hi, t.n, how)
+    return Interval(t.value, min(lo, t.low), max(hi, t.high), t.n, f"the wider of {t.method} and {how}")
