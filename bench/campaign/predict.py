@@ -95,11 +95,14 @@ def predicted(dep: DeploymentSpec, load: Load, search: Search) -> dict:
     wl = load_workload(load.workload)
     horizon = (1 + WARMUP_SHARE) * load.duration_s * dep.time_scale
     pd = dep.pd_shape()  # a disaggregated twin: its prefill and decode instances in virtual time
+    q = load.slo.percentile
+    played: dict[float, dict] = {}
 
     def stage(rate: float) -> Stage:
         n = max(1, math.ceil(rate * horizon))
         p = pd_simulate.run(pd, wl, rate, n, min_seconds=horizon) if pd else simulate.run(d, wl, rate, n,
                                                                                             min_seconds=horizon)
+        played[rate] = {"rate": rate, "ttft": getattr(p, f"ttft_p{q}"), "tpot": getattr(p, f"tpot_p{q}")}
         met = load.slo.met(p)  # the simulator gives percentiles, not each request: within the SLO, all count
         return Stage(rate, "", {"slo_attainment": 1.0 if met else 0.0, "output_tps": p.output_tok_s}, met, "")
 
@@ -109,4 +112,29 @@ def predicted(dep: DeploymentSpec, load: Load, search: Search) -> dict:
     band = interval.predicted_range(d.model.id, d.gpu.id, d.weights, "output_tok_s", rps) if rps else None
     return {"predicted_rps": rps, "predicted_output_tps": tps,
             "predicted_rps_low": band[0] if band else None, "predicted_rps_high": band[1] if band else None,
-            "predicted_usd_per_m": usd_per_million(d.gpu.price_per_gpu_hour, dep.gpus, tps) if tps else None}
+            "predicted_usd_per_m": usd_per_million(d.gpu.price_per_gpu_hour, dep.gpus, tps) if tps else None,
+            "predicted_curve": latency_curve(d, list(played.values())), "percentile": q}
+
+
+def latency_curve(d: Deployment, played: list[dict]) -> list[dict]:
+    """The model's TTFT and TPOT (at the SLO's percentile, seconds of the deployment's GPUs) at each rate its sweep
+    played, each with its 80 % interval (bench/model/interval.py): the predicted curve the report draws beside the
+    measured stages."""
+    out = []
+    for p in sorted(played, key=lambda x: x["rate"]):
+        point = dict(p)
+        for name, figure in (("ttft", "ttft_ms"), ("tpot", "tpot_ms")):
+            value = p[name]
+            r = interval.predicted_range(d.model.id, d.gpu.id, d.weights, figure, value) if value else None
+            point[f"{name}_low"], point[f"{name}_high"] = r if r else (None, None)
+        out.append(point)
+    return out
+
+
+def mem_fraction(dep: DeploymentSpec) -> float | None:
+    """The static memory fraction the deployment runs with (its flag, its twin's, or SGLang's default for its GPU
+    and tp, as the model computes it); None without a catalog model."""
+    d, _ = modelled(dep)
+    if d is None:
+        return None
+    return memory.capacity(d, with_ratios=False).mem_fraction_static

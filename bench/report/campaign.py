@@ -130,8 +130,9 @@ def campaign_sections(m: Matrix, detail: bool = False) -> list[tuple[str, list[s
     ]
     if detail:
         out.insert(0, ("Conditions of each cell (rates and latencies in the modelled GPUs' time)",
-                       ["cell", "model", "GPUs", "tp/dp/ep", "KV cache", "weights", "checksum", "flags", "workload",
-                        "SLO", "twin"], [_conditions(c) for c in m.cells]))
+                       ["cell", "model", "GPUs", "tp/dp/ep", "KV cache", "experts (weights)", "checksum",
+                        "memory fraction", "flags", "workload", "SLO", "twin (time scale)"],
+                       [_conditions(c) for c in m.cells]))
         rows = [[c["cell"], str(p.get("repeat", 0) + 1), _f(p.get("rate")), "yes" if p.get("meets") else "no",
                  *(str(p.get(k, "-")) for k in ("sent", "completed", "missed", "cut_off", "errored")),
                  _f(p.get("ttft_p90")), _f(p.get("tpot_p90")), p.get("why") or ""]
@@ -146,7 +147,8 @@ def _conditions(c: dict) -> list[str]:
     par = c.get("parallel") or {}
     return [c["cell"], str(c.get("model") or "-"), f"{c.get('gpus', '-')}x {c.get('gpu', '-')}",
             f"{par.get('tp', c.get('gpus', '-'))}/{par.get('dp', 1)}/{par.get('ep', 1)}", str(c.get("kv_dtype", "-")),
-            str(c.get("weights", "-")), str(c.get("kv_checksum", "-")), " ".join(map(str, c.get("flags") or [])) or "-",
+            str(c.get("weights", "-")), str(c.get("kv_checksum", "-")), _f(c.get("mem_fraction")),
+            " ".join(map(str, c.get("flags") or [])) or "-",
             str(c.get("workload", "-")), str(c.get("slo", "-")),
             f"{c['twin']} (x{c.get('time_scale', 1):g} time)" if c.get("twin") else "-"]
 
@@ -182,6 +184,9 @@ def campaign_html(m: Matrix) -> str:
                      + "".join(f"<th>{html.escape(h)}</th>" for h in head) + "</tr>"
                      + "".join("<tr>" + "".join(f"<td>{html.escape(v)}</td>" for v in r) + "</tr>" for r in rows)
                      + "</table>")
+    from bench.report.curves import curves_html
+
+    parts.append(curves_html(m.cells))
     for c in m.cells:
         if c["status"] == "failed" and c.get("log"):
             parts.append(f"<h3>{html.escape(c['cell'])}: server log (last lines)</h3>"
