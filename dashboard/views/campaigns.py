@@ -11,7 +11,8 @@ import streamlit as st
 
 from bench.campaign import parse_campaign, pending, submit
 from bench.errors import BadInput
-from bench.report import campaign_list, campaign_matrix, campaign_sections, charts, live_cell
+from bench.report import campaign_html, campaign_list, campaign_matrix, campaign_sections, charts, live_cell
+from bench.report.curves import campaign_curves
 from bench.store import Store, StoreBusy
 from dashboard import common
 from dashboard.common import fmt
@@ -46,6 +47,17 @@ with st.expander("Queue a campaign", expanded=False):
             st.success(f"queued {spec.name}: {len(spec.cells())} cells; `capbench serve`'s runner takes it next")
         except BadInput as e:
             st.error(str(e))
+
+
+@st.cache_data(max_entries=8, show_spinner="drawing the report")
+def _report_html(path: str, cid: str, stamp: tuple) -> str:
+    """A finished campaign's HTML report (the same function as `capbench report --campaign`), drawn once per
+    `stamp` (its status and its cells' last finish: a resumed campaign draws again)."""
+    return campaign_html(campaign_matrix(path, cid))
+
+
+def _stamp(matrix) -> tuple:  # noqa: ANN001
+    return matrix.status, max((c.get("finished_at") or 0 for c in matrix.cells), default=0)
 
 
 def _campaigns() -> list[dict]:
@@ -98,6 +110,12 @@ def matrix_section() -> None:
     labels = {c["campaign_id"]: f"{c['name']} ({c['campaign_id']}, {c['status']})" for c in camps}
     cid = st.selectbox("Campaign", list(labels), format_func=labels.get, key="campaign")
     matrix = campaign_matrix(db, cid)
+    if matrix.status not in ("queued", "running"):
+        st.download_button("Download the campaign report (HTML, stands alone)",
+                           _report_html(str(db), cid, _stamp(matrix)),
+                           file_name=f"{matrix.name}-{cid}.html", mime="text/html", on_click="ignore",
+                           help="The page `capbench report --campaign ID` writes: conditions, stage counts, "
+                                "latency against load with the model's curve, gains with their intervals.")
     for title, head, rows in campaign_sections(matrix, detail=True):
         st.markdown(f"**{title}**")
         st.dataframe(pd.DataFrame(rows, columns=head), hide_index=True, width="stretch")
@@ -108,6 +126,8 @@ def matrix_section() -> None:
                            if (value := c.get(f"{what}_rps")) is not None])
         st.altair_chart(charts.compare_bars(df, "Highest rate within the SLO (req/s of the modelled GPUs)"),
                         width="stretch")
+    for title, chart in campaign_curves(matrix.cells):
+        st.altair_chart(chart, width="stretch", key=f"curve-{cid}-{title}")
     for c in matrix.cells:
         if c["status"] == "failed":
             with st.expander(f"{c['cell']}: failed"):
