@@ -25,6 +25,7 @@ import httpx
 
 from bench.campaign import own
 from bench.campaign.spec import DeploymentSpec
+from bench.campaign.templates import CONTAINER_PYTHON, runtime
 from bench.errors import BadInput
 from bench.model import launch as sglang_args
 from bench.store import Store
@@ -53,8 +54,18 @@ def tail(path: Path | None, n: int = LOG_TAIL) -> str:
     return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
 
 
-def launch_command(dep: DeploymentSpec, port: int, host: str = "127.0.0.1") -> list[str]:
-    """`capbench sglang-launch [patch flags] -- <sglang.launch_server arguments>` for an sglang deployment."""
+def needs_patches(dep: DeploymentSpec) -> bool:
+    """Whether the launch needs capbench's SGLang patches or its launcher: a KV checksum, FP8 KV scales, expert
+    weights other than the checkpoint's own, or a secret flag given as env:NAME (filled in by the launcher)."""
+    s = dep.sglang
+    return (dep.kv_checksum != "off" or bool(s.get("kv_scales")) or dep.weights != "native"
+            or any("env:" in str(f) for f in s.get("flags", [])))
+
+
+def launch_command(dep: DeploymentSpec, port: int, host: str = "127.0.0.1", python: str | None = None) -> list[str]:
+    """`capbench sglang-launch [patch flags] -- <sglang.launch_server arguments>` for an sglang deployment; with a
+    named interpreter (`python:`), `PYTHON -m sglang.launch_server <arguments>` where no patch is needed, else
+    `PYTHON -m bench.cli sglang-launch ...` (capbench installed beside that SGLang)."""
     s = dep.sglang
     patch = ["--kv-checksum", dep.kv_checksum]
     if s.get("kv_scales"):
@@ -66,7 +77,10 @@ def launch_command(dep: DeploymentSpec, port: int, host: str = "127.0.0.1") -> l
     for key, flag in (("dp", "--dp"), ("ep", "--ep")):
         if s.get(key):
             server += [flag, str(s[key])]
-    return ["capbench", "sglang-launch", *patch, "--", *server, *s.get("flags", [])]
+    if python and not needs_patches(dep):
+        return [python, "-m", "sglang.launch_server", *server, *s.get("flags", [])]
+    launcher = [python, "-m", "bench.cli"] if python else ["capbench"]
+    return [*launcher, "sglang-launch", *patch, "--", *server, *s.get("flags", [])]
 
 
 class Launched:
@@ -97,14 +111,16 @@ class Launched:
             return
         host = dep.template.host if dep.template else "127.0.0.1"
         port = int(dep.sglang.get("port") or (free_port() if host in ("127.0.0.1", "localhost") else 30000))
-        cmd = launch_command(dep, port, "0.0.0.0" if dep.template else "127.0.0.1")
+        python, image = runtime(dep)
+        cmd = launch_command(dep, port, "0.0.0.0" if dep.template else "127.0.0.1", python)
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.log = self.log_dir / f"{dep.name}-{int(time.time())}.log"
         env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
                **(own.mark(self.store.path, self.cid) if self.store is not None else {})}
         with self.log.open("w") as out:
             if dep.template:
-                fill = {"command": shlex.join(cmd), "port": port, "host": host}
+                fill = {"command": shlex.join(cmd), "port": port, "host": host,
+                        "python": shlex.quote(python or CONTAINER_PYTHON), "image": shlex.quote(image or "")}
                 started = dep.template.start.format(**fill)
                 self.stop_command = dep.template.stop.format(**fill) if dep.template.stop else None
                 out.write(f"$ {started}\n")
