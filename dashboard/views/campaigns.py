@@ -11,8 +11,15 @@ import streamlit as st
 
 from bench.campaign import parse_campaign, pending, submit
 from bench.errors import BadInput
-from bench.report import campaign_html, campaign_list, campaign_matrix, campaign_sections, charts, live_cell
-from bench.report.curves import campaign_curves
+from bench.report import (
+    campaign_curves,
+    campaign_html,
+    campaign_list,
+    campaign_matrix,
+    campaign_sections,
+    charts,
+    live_cell,
+)
 from bench.store import Store, StoreBusy
 from dashboard import common
 from dashboard.common import fmt
