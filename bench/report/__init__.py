@@ -22,6 +22,7 @@ from bench.report.campaign import (
     campaign_tables,
     latest_campaign,
     live_cell,
+    run_stage,
     write_campaign,
 )
 from bench.report.content import Report, build, compared, gpu_bests, newest_deployment, predicted_table
@@ -32,4 +33,4 @@ from bench.report.render import render, write
 __all__ = ["charts", "load", "plancharts", "terminal", "wording", "Report", "build", "compared", "gpu_bests",
            "newest_deployment", "predicted_table", "STEADY_REQUESTS", "measured_vs_predicted", "render", "write",
            "Matrix", "campaign_html", "campaign_matrix", "campaign_sections", "campaign_tables", "latest_campaign",
-           "write_campaign", "campaign_list", "live_cell", "pd", "campaign_curves"]
+           "write_campaign", "campaign_list", "live_cell", "pd", "campaign_curves", "run_stage"]

@@ -217,6 +217,19 @@ def campaign_list(con) -> list[dict]:
     return [dict(zip(keys, r, strict=True)) for r in rows]
 
 
+def run_stage(con, run_id: str) -> dict | None:
+    """The campaign stage a run was (its cell, campaign, and the stage as the cell's result recorded it: rate, within
+    the SLO or why not, sent / completed / missed / cut off / errored), or None for a run outside a campaign."""
+    row = con.execute("SELECT json_extract_string(config, '$.campaign'), json_extract_string(config, '$.cell') "
+                      "FROM runs WHERE run_id = ?", [run_id]).fetchone()
+    if row is None or row[0] is None:
+        return None
+    found = con.execute("SELECT result FROM campaign_cells WHERE campaign_id = ? AND cell = ?", list(row)).fetchone()
+    points = (json.loads(found[0]) if found and found[0] else {}).get("points") or []
+    point = next((p for p in points if p.get("run_id") == run_id), None)
+    return {"campaign": row[0], "cell": row[1], "point": point}
+
+
 def live_cell(con, campaign_id: str, window_s: float = 10.0) -> dict | None:
     """The cell running now and its newest run over the last `window_s` seconds of requests: requests so far,
     requests finished per second, TTFT and TPOT p50/p90 (the run's own clock; a twin's are its time)."""
