@@ -231,8 +231,9 @@ def run_stage(con, run_id: str) -> dict | None:
 
 
 def live_cell(con, campaign_id: str, window_s: float = 10.0) -> dict | None:
-    """The cell running now and its newest run over the last `window_s` seconds of requests: requests so far,
-    requests finished per second, TTFT and TPOT p50/p90 (the run's own clock; a twin's are its time)."""
+    """The cell running now and its newest run over the last `window_s` seconds of requests (of the run's own clock):
+    requests so far, requests finished per second, TTFT and TPOT p50/p90, all in the modelled GPUs' time (a twin's
+    rates divided by its time scale, its latencies multiplied), like the offered rate beside them."""
     cell = con.execute("SELECT cell, started_at FROM campaign_cells WHERE campaign_id = ? AND status = 'running' "
                        "ORDER BY started_at DESC LIMIT 1", [campaign_id]).fetchone()
     if cell is None:
@@ -252,7 +253,13 @@ def live_cell(con, campaign_id: str, window_s: float = 10.0) -> dict | None:
                quantile_cont(tpot_s, 0.9)
         FROM (SELECT *, max(finished_at) OVER () AS max_t FROM requests WHERE run_id = ?)""",
                                               [window_s, window_s, run[0]]).fetchone()
-    offered = float(run[2]) / run[3] if run[2] not in (None, "null") else None  # in the modelled GPUs' time
-    out.update(run_id=run[0], label=run[1], offered_rps=offered, requests=n, rate_rps=rate, ttft_p50=t50,
-               ttft_p90=t90, tpot_p50=p50, tpot_p90=p90)
+    k = float(run[3])  # a twin's time scale: every figure below in the modelled GPUs' time, as the offered rate
+    offered = float(run[2]) / k if run[2] not in (None, "null") else None
+
+    def times(v: float | None) -> float | None:
+        return None if v is None else v * k
+
+    out.update(run_id=run[0], label=run[1], offered_rps=offered, requests=n, rate_rps=None if rate is None else
+               rate / k, ttft_p50=times(t50), ttft_p90=times(t90), tpot_p50=times(p50), tpot_p90=times(p90),
+               time_scale=k)
     return out

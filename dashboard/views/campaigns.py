@@ -20,7 +20,7 @@ from bench.report import (
     charts,
     live_cell,
 )
-from bench.store import Store, StoreBusy
+from bench.store import Store, StoreBusy, runinfo
 from dashboard import common
 from dashboard.common import fmt
 
@@ -95,6 +95,9 @@ def queue_and_live() -> None:
         st.caption("No cell is running.")
         return
     st.markdown(f"**{cell['cell']}** of {running[0]['name']}: {cell['label'] or 'starting the deployment'}")
+    if cell.get("time_scale", 1) != 1:
+        st.caption(f"A {runinfo.clock(cell['time_scale'], True)}: rates / {cell['time_scale']:g}, latencies x "
+                   f"{cell['time_scale']:g}; the last 10 s are of the wall clock.")
     cols = st.columns(5)
     cols[0].metric("requests", f"{cell['requests']:,}")
     cols[1].metric("finished / s (last 10 s)", fmt(cell["rate_rps"], ".2f"))

@@ -78,3 +78,17 @@ def test_compare_says_whose_time_and_models_the_twins_own_pool(twin_db):
              for f in (None, 0.62)]
     assert side["KV pool tokens (model)"].tolist() == pools and pools[1] < pools[0]
     assert any("not a measurement" in c.value for c in at.caption)
+
+
+def test_the_running_cell_of_a_twin_is_in_the_modelled_time(twin_db):
+    db, _, twin, cid = twin_db
+    from bench.report import live_cell
+
+    store = Store(db)
+    record.start_cell(store, cid, "bf16/lc", "bf16", "lc")  # running again: its newest run is the twin's
+    with store.connect() as con:
+        cell = live_cell(con, cid, window_s=1e6)
+        raw = con.execute("SELECT quantile_cont(ttft_s, 0.5), count(*) / 1e6 FROM requests WHERE run_id = ?",
+                          [twin]).fetchone()
+    assert cell["run_id"] == twin and cell["time_scale"] == 10
+    assert cell["ttft_p50"] == pytest.approx(raw[0] * 10) and cell["rate_rps"] == pytest.approx(raw[1] / 10)
