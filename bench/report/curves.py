@@ -20,7 +20,7 @@ from bench.model import parse_slo
 from bench.report.charts import to_svg
 
 FIGURES = (("TTFT", "ttft", "s", 1.0), ("TPOT", "tpot", "ms", 1e3))  # name, result key, unit, from seconds
-VERDICTS = ("within the SLO", "missed the SLO", "cut off (past every bound)")
+VERDICTS = ("stage within the SLO", "stage missed the SLO", "cut off (past every bound)")
 COLUMNS = ["load", "figure", "deployment", "source", "rate", "value", "low", "high", "verdict", "detail"]
 
 

@@ -49,7 +49,7 @@ def test_rows_and_charts_per_load_and_figure():
     assert set(df.figure) == {"TTFT p50 (s)", "TPOT p50 (ms)"}
     measured = df[(df.source == "measured") & (df.figure == "TTFT p50 (s)")]
     assert sorted(measured.verdict.value_counts().items()) == [
-        ("cut off (past every bound)", 2), ("missed the SLO", 2), ("within the SLO", 4)]
+        ("cut off (past every bound)", 2), ("stage missed the SLO", 2), ("stage within the SLO", 4)]
     tpot = df[(df.source == "predicted") & (df.figure == "TPOT p50 (ms)")]
     assert tpot.value.tolist()[0] == 40.0 and tpot.low.tolist()[0] == 30.0  # seconds -> ms, band with it
     titles = [t for t, _ in campaign_curves(cells)]
