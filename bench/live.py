@@ -84,7 +84,9 @@ def _ms(v: float | None) -> str:
 
 
 def summary_table(s: dict) -> Table:
-    t = Table(title=f"run {s['run_id']} ({s['status']})", show_header=False)
+    k = s.get("time_scale") or 1.0
+    t = Table(title=f"run {s['run_id']} ({s['status']})" + (f"\n{runinfo.clock(k, True)}" if k != 1 else ""),
+              show_header=False)
     rate = s.get("achieved_rate_rps")
     t.add_row("requests (measured / warm-up)", f"{s['measured']} / {s['warmup']}")
     t.add_row("ok / errors", f"{s['ok']} / {s['errors']}"
@@ -105,7 +107,13 @@ def summary_table(s: dict) -> Table:
 LAG_WARN_S = 0.010
 
 
-def print_summary(s: dict, to_stderr: bool = False) -> None:
+def print_summary(s: dict, to_stderr: bool = False, store=None, slo=None) -> None:  # noqa: ANN001
+    """The run's summary table; against a twin (given the store), in the modelled GPUs' time as the live panel,
+    the dashboard and the reports show it (runinfo.summary), labelled so."""
+    if store is not None:
+        with store.connect() as con:
+            if runinfo.time_scale(con, s["run_id"]) != 1:
+                s = {**s, **runinfo.summary(con, s["run_id"], slo)}
     console = Console(stderr=to_stderr)
     console.print(summary_table(s))
     if "sent" in s:

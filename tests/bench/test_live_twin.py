@@ -34,3 +34,22 @@ def test_a_twin_panel_is_in_the_modelled_gpus_time():
 def test_a_gpu_panel_is_as_measured():
     text = _panel({"model": "kimi-k2-thinking"})
     assert "100.0 req/s sent vs 20.0 req/s" in text and "100.0 / 100.0 ms" in text and "twin" not in text
+
+
+def test_the_summary_after_a_twin_run_is_in_the_modelled_time(tmp_path, capsys):
+    from bench.live import print_summary
+    from bench.store import BatchedWriter, Store, queries
+    from tests.rundb import _requests
+
+    store = Store(tmp_path / "t.duckdb")
+    run_id = store.start_run(label="t", target="twin:x", profile="poisson",
+                             config={"twin": "twin:glm-4.6@h200x8,time_scale=10"})
+    with BatchedWriter(store, run_id, flush_interval_s=60) as w:
+        _requests(w, np.random.default_rng(1), store.run(run_id)["started_at"], 4.0, 0.003, 0.03)
+    store.finish_run(run_id)
+    with store.connect() as con:
+        raw = queries.summary(con, run_id, None)
+    print_summary(raw, store=store)
+    out = capsys.readouterr().out
+    assert "twin x10, figures in the time of the modelled GPUs" in out
+    assert f"{raw['ttft_p50'] * 1e4:.1f} ms" in out and f"{raw['achieved_rate_rps'] / 10:.2f} req/s" in out
