@@ -135,11 +135,12 @@ def campaign_sections(m: Matrix, detail: bool = False) -> list[tuple[str, list[s
                        [_conditions(c) for c in m.cells]))
         rows = [[c["cell"], str(p.get("repeat", 0) + 1), _f(p.get("rate")), "yes" if p.get("meets") else "no",
                  *(str(p.get(k, "-")) for k in ("sent", "completed", "missed", "cut_off", "errored")),
-                 _f(p.get("ttft_p90")), _f(p.get("tpot_p90")), p.get("why") or ""]
+                 _f(p.get("ttft", p.get("ttft_p90"))), _f(p.get("tpot", p.get("tpot_p90"))),
+                 f"p{c.get('percentile') or 90}", p.get("why") or ""]
                 for c in m.cells for p in c.get("points") or []]
         out.append(("Every stage: every request sent is judged (cut off by the stage's end: a miss)",
                     ["cell", "repeat", "req/s", "within the SLO", "sent", "completed", "missed", "of which cut off",
-                     "errored", "TTFT p90 s", "TPOT p90 s", "why not"], rows))
+                     "errored", "TTFT s", "TPOT s", "at (the SLO's percentile)", "why not"], rows))
     return out
 
 

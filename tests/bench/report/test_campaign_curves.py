@@ -65,6 +65,7 @@ def test_the_html_report_draws_them_inline_with_the_slo_and_the_conditions():
     assert "bf16" in svgs[0] and "fp8" in svgs[0] and "within the SLO" in svgs[0]
     assert "http" not in page.replace("http://www.w3.org", "")  # stands alone: nothing fetched
     assert "<script" not in page
+    assert "<td>2</td><td>0.03</td><td>p50</td>" in page  # a stage's TTFT and TPOT at the SLO's percentile
     for word in ("memory fraction", "experts (weights)", "tp/dp/ep", "twin (time scale)", "0.68", "8x h200",
                  "campaign-long-context", "(x10 time)"):
         assert word in page, word
