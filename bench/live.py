@@ -9,14 +9,22 @@ from rich.console import Console
 from rich.live import Live as RichLive
 from rich.table import Table
 
+from bench.store import runinfo
+
 WINDOW_S = 5.0  # the achieved rate is the rate of the last few seconds
 
 
 class Live:
-    """Elapsed, requests, achieved vs target rate, TTFT p50/p95, errors; refreshed by the run loop."""
+    """Elapsed, requests, achieved vs target rate, TTFT p50/p95, errors; refreshed by the run loop. Against a twin
+    k times faster than the GPUs it models, rates are divided by k and latencies multiplied by k, as every page and
+    report shows a twin run (runinfo.summary), and the title says so: never the twin's own time beside a model's."""
 
     def __init__(self, enabled: bool, profile, config: dict, collector, env, sent_total):
         self.enabled, self.profile, self.config, self.collector, self.env = enabled, profile, config, collector, env
+        c = runinfo.run_config(config)
+        self.scale = float(c["time_scale"] or 1.0) if c["twin"] else 1.0
+        gpus = f"{c['tp']}x {str(c['gpu']).upper()}" if c["tp"] and c["gpu"] else "the modelled GPUs"
+        self.clock = runinfo.clock(self.scale, True, gpus) if c["twin"] else ""
         self.sent_total = sent_total  # requests sent so far (all workers)
         self.errors = 0
         self.ttft: list[float] = []
@@ -51,17 +59,19 @@ class Live:
         t0, warmup = self.config["t0"], self.config.get("warmup_s", 0.0)
         elapsed = max(0.0, now - t0)
         (t_a, n_a), (t_b, n_b) = self.sent[0], self.sent[-1]
-        achieved = (n_b - n_a) / (t_b - t_a) if t_b > t_a else 0.0
+        k = self.scale
+        achieved = (n_b - n_a) / (t_b - t_a) / k if t_b > t_a else 0.0
         if elapsed > self.config.get("duration_s", 0):
             target = "schedule done, draining"
         elif self.profile.open_loop and self.profile.type != "trace":
-            target = f"{float(self.profile.rate(np.array([max(0.0, elapsed - warmup)]))[0]):.1f} req/s"
+            target = f"{float(self.profile.rate(np.array([max(0.0, elapsed - warmup)]))[0]) / k:.1f} req/s"
         else:
             target = f"{self.env.runner.user_count} users" if not self.profile.open_loop else "trace"
-        p50, p95 = (np.percentile(self.ttft, [50, 95]) if self.ttft else (None, None))
-        t = Table(title=f"capbench run: {self.profile.name} ({'warm-up' if elapsed < warmup else 'measured'})",
-                  show_header=False)
-        t.add_row("elapsed", f"{elapsed:.0f} / {self.config.get('duration_s', 0):.0f} s")
+        p50, p95 = (np.percentile(self.ttft, [50, 95]) * k if self.ttft else (None, None))
+        t = Table(title=f"capbench run: {self.profile.name} ({'warm-up' if elapsed < warmup else 'measured'})"
+                  + (f"\n{self.clock}" if self.clock else ""), show_header=False)
+        t.add_row("elapsed (wall clock)" if self.clock else "elapsed",
+                  f"{elapsed:.0f} / {self.config.get('duration_s', 0):.0f} s")
         t.add_row("requests", f"{self.collector.records}")
         t.add_row("achieved vs target", f"{achieved:.1f} req/s sent vs {target}")
         t.add_row("TTFT p50 / p95", "-" if p50 is None else f"{p50 * 1000:.1f} / {p95 * 1000:.1f} ms")
@@ -74,7 +84,9 @@ def _ms(v: float | None) -> str:
 
 
 def summary_table(s: dict) -> Table:
-    t = Table(title=f"run {s['run_id']} ({s['status']})", show_header=False)
+    k = s.get("time_scale") or 1.0
+    t = Table(title=f"run {s['run_id']} ({s['status']})" + (f"\n{runinfo.clock(k, True)}" if k != 1 else ""),
+              show_header=False)
     rate = s.get("achieved_rate_rps")
     t.add_row("requests (measured / warm-up)", f"{s['measured']} / {s['warmup']}")
     t.add_row("ok / errors", f"{s['ok']} / {s['errors']}"
@@ -95,7 +107,13 @@ def summary_table(s: dict) -> Table:
 LAG_WARN_S = 0.010
 
 
-def print_summary(s: dict, to_stderr: bool = False) -> None:
+def print_summary(s: dict, to_stderr: bool = False, store=None, slo=None) -> None:  # noqa: ANN001
+    """The run's summary table; against a twin (given the store), in the modelled GPUs' time as the live panel,
+    the dashboard and the reports show it (runinfo.summary), labelled so."""
+    if store is not None:
+        with store.connect() as con:
+            if runinfo.time_scale(con, s["run_id"]) != 1:
+                s = {**s, **runinfo.summary(con, s["run_id"], slo)}
     console = Console(stderr=to_stderr)
     console.print(summary_table(s))
     if "sent" in s:

@@ -192,7 +192,7 @@ def _run_one(store: Store, opts: RunOptions, prof: profiles.Profile, wl: workloa
     summary.update(sent=sent, stored=written.get("requests", 0), succeeded=succeeded)
     stats = env.runner.stats.total
     if not opts.quiet:
-        print_summary(summary)
+        print_summary(summary, store=store, slo=opts.slo)
     return RunResult(run_id, status, summary, stats.num_requests, stats.num_failures, collector.records,
                      written.get("requests", 0), sent)
 

@@ -12,6 +12,7 @@ no shell command of its own; without that file it runs twins and URLs only.
 from __future__ import annotations
 
 import math
+import re
 import string
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -22,7 +23,11 @@ from bench.errors import BadInput
 
 MAX_BYTES = 256 * 1024  # a campaign is a page of YAML; anything larger is not one
 MAX_DEPTH = 24  # nesting levels: a campaign needs five
-PLACEHOLDERS = ("command", "port", "host")
+PLACEHOLDERS = ("command", "port", "host", "python", "image")
+# the SGLang interpreter (a path or a name on PATH) and a container image: filled into a template's shell command,
+# so only these characters; the interpreter may not start with "-" (an option to the shell's command)
+INTERPRETER = re.compile(r"^[A-Za-z0-9_./+][A-Za-z0-9_./+-]{0,299}$")
+IMAGE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/:@+-]{0,299}$")
 # campaign key -> the highest value accepted (the lowest is checked where the key is read: positive, an int, ...)
 HIGHEST = {"duration": 1e6, "health_timeout": 7 * 86400, "rate": 1e6, "users": 100_000, "start": 1e6, "factor": 100,
            "max_stages": 1000, "refine": 30, "min_gain": 10, "port": 65535, "tp": 4096, "dp": 4096, "ep": 4096,
@@ -124,7 +129,7 @@ def check_url(url: str) -> str | None:
 
 
 def check_template_text(text: str) -> str | None:
-    """What is wrong with a template command, or None: placeholders are {command}, {port}, {host} only."""
+    """What is wrong with a template command, or None: placeholders are PLACEHOLDERS only."""
     try:
         fields = [f for _, f, _, _ in string.Formatter().parse(text) if f is not None]
     except ValueError as e:
@@ -132,6 +137,16 @@ def check_template_text(text: str) -> str | None:
     unknown = sorted({f or "{}" for f in fields if f not in PLACEHOLDERS})
     if unknown:
         return f"unknown placeholder(s) {', '.join(unknown)} (known: {', '.join(PLACEHOLDERS)})"
+    return None
+
+
+def check_runtime(key: str, value: object) -> str | None:
+    """What is wrong with a `python:` (the SGLang interpreter) or `image:` (a container image) value, or None."""
+    pattern, what = (INTERPRETER, "a path or name of a Python interpreter, e.g. /opt/sglang/.venv/bin/python") \
+        if key == "python" else (IMAGE, "a container image, e.g. lmsysorg/sglang:v0.5.3-cu129")
+    if not isinstance(value, str) or not pattern.match(value):
+        return f"{what} is required (letters, digits, . _ / + - {'' if key == 'python' else ': @ '}only), " \
+               f"got {str(value)[:80]!r}"
     return None
 
 

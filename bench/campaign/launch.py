@@ -25,7 +25,7 @@ import httpx
 
 from bench.campaign import own
 from bench.campaign.spec import DeploymentSpec
-from bench.campaign.templates import Template
+from bench.campaign.templates import CONTAINER_PYTHON, Template, runtime
 from bench.errors import BadInput
 from bench.model import launch as sglang_args
 from bench.store import Store
@@ -61,8 +61,18 @@ def sglang_launch(server: list[str], kv_checksum: str = "off", kv_scales: str | 
     return ["capbench", "sglang-launch", *patch, "--", *server]
 
 
-def launch_command(dep: DeploymentSpec, port: int, host: str = "127.0.0.1") -> list[str]:
-    """`capbench sglang-launch [patch flags] -- <sglang.launch_server arguments>` for an sglang deployment."""
+def needs_patches(dep: DeploymentSpec) -> bool:
+    """Whether the launch needs capbench's SGLang patches or its launcher: a KV checksum, FP8 KV scales, expert
+    weights other than the checkpoint's own, or a secret flag given as env:NAME (filled in by the launcher)."""
+    s = dep.sglang
+    return (dep.kv_checksum != "off" or bool(s.get("kv_scales")) or dep.weights != "native"
+            or any("env:" in str(f) for f in s.get("flags", [])))
+
+
+def launch_command(dep: DeploymentSpec, port: int, host: str = "127.0.0.1", python: str | None = None) -> list[str]:
+    """`capbench sglang-launch [patch flags] -- <sglang.launch_server arguments>` for an sglang deployment; with a
+    named interpreter (`python:`), `PYTHON -m sglang.launch_server <arguments>` where no patch is needed, else
+    `PYTHON -m bench.cli sglang-launch ...` (capbench installed beside that SGLang)."""
     s = dep.sglang
     path = s.get("model_path") or sglang_args.model_path(dep.model, dep.weights, dep.gpus)[0]
     server = ["--model-path", str(path), "--tp", str(dep.gpus), "--kv-cache-dtype",
@@ -71,7 +81,10 @@ def launch_command(dep: DeploymentSpec, port: int, host: str = "127.0.0.1") -> l
     for key, flag in (("dp", "--dp"), ("ep", "--ep")):
         if s.get(key):
             server += [flag, str(s[key])]
-    return sglang_launch([*server, *s.get("flags", [])], dep.kv_checksum, s.get("kv_scales"))
+    if python and not needs_patches(dep):
+        return [python, "-m", "sglang.launch_server", *server, *s.get("flags", [])]
+    cmd = sglang_launch([*server, *s.get("flags", [])], dep.kv_checksum, s.get("kv_scales"))
+    return [python, "-m", "bench.cli", *cmd[1:]] if python else cmd
 
 
 class Launched:
@@ -102,9 +115,11 @@ class Launched:
             return
         host = dep.template.host if dep.template else "127.0.0.1"
         port = int(dep.sglang.get("port") or (free_port() if host in ("127.0.0.1", "localhost") else 30000))
-        cmd = launch_command(dep, port, "0.0.0.0" if dep.template else "127.0.0.1")
+        python, image = runtime(dep)
+        cmd = launch_command(dep, port, "0.0.0.0" if dep.template else "127.0.0.1", python)
+        fill = {"python": shlex.quote(python or CONTAINER_PYTHON), "image": shlex.quote(image or "")}
         self.proc, self.log, self.stop_command = spawn(dep.name, cmd, dep.template, port, host, self.log_dir,
-                                                       self.store, self.cid)
+                                                       self.store, self.cid, fill)
         self.url = f"http://{host}:{port}"
         self.expected = {"model": cmd[cmd.index("--model-path") + 1], "tp": dep.gpus, "kv_dtype": dep.kv_dtype}
         self.wait_healthy(interrupted)
@@ -159,7 +174,7 @@ class Launched:
 
 
 def spawn(name: str, cmd: list[str], template: Template | None, port: int, host: str, log_dir: Path,
-          store: Store | None, cid: str) -> tuple[subprocess.Popen, Path, str | None]:
+          store: Store | None, cid: str, fill: dict | None = None) -> tuple[subprocess.Popen, Path, str | None]:
     """Starts `cmd` (through the template if any) in a process group of its own, its output to a new log named
     after `name`, and records the group in the DB before anything waits on it. Returns (process, log, the
     template's stop command filled in)."""
@@ -170,7 +185,10 @@ def spawn(name: str, cmd: list[str], template: Template | None, port: int, host:
     stop_command = None
     with log.open("w") as out:
         if template:
-            fill = {"command": shlex.join(cmd), "port": port, "host": host}
+            # a template's own python / image (PD nodes name no deployment-level ones)
+            fill = {"python": shlex.quote(template.python or CONTAINER_PYTHON),
+                    "image": shlex.quote(template.image or ""), **(fill or {}),
+                    "command": shlex.join(cmd), "port": port, "host": host}
             started = template.start.format(**fill)
             stop_command = template.stop.format(**fill) if template.stop else None
             out.write(f"$ {started}\n")

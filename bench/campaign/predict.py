@@ -120,7 +120,9 @@ def predicted_stage(dep: DeploymentSpec, load: Load, rate: float) -> Stage:
     served = 1 - p.rejected / n  # run() offers n requests: rate x horizon
     met = load.slo.met(p)  # the simulator gives percentiles, not each request: within the SLO, all count
     tps = rate * served * answer_tokens(wl, context)
-    return Stage(rate, "", {"slo_attainment": 1.0 if met else 0.0, "output_tps": tps}, met, "")
+    q = load.slo.percentile  # the latencies at the SLO's percentile: the predicted curve the report draws
+    return Stage(rate, "", {"slo_attainment": 1.0 if met else 0.0, "output_tps": tps,
+                            "ttft": getattr(p, f"ttft_p{q}"), "tpot": getattr(p, f"tpot_p{q}")}, met, "")
 
 
 def predicted(dep: DeploymentSpec, load: Load, search: Search) -> dict:
@@ -134,11 +136,42 @@ def predicted(dep: DeploymentSpec, load: Load, search: Search) -> dict:
         return {**none, "not_predicted": "not predicted: the model has no KV checksum cost"}
     if d is None:
         return {**none, "not_predicted": why}
-    best = sweep(lambda rate: predicted_stage(dep, load, rate),
-                 replace(search, start=load.sweep.start, max_stages=MODEL_STAGES)).best
+    played: dict[float, dict] = {}
+
+    def stage(rate: float) -> Stage:
+        st = predicted_stage(dep, load, rate)
+        played[rate] = {"rate": rate, "ttft": st.summary["ttft"], "tpot": st.summary["tpot"]}
+        return st
+
+    best = sweep(stage, replace(search, start=load.sweep.start, max_stages=MODEL_STAGES)).best
     tps = best.summary["output_tps"] if best else 0.0
     rps = best.rate if best else 0.0
     band = interval.predicted_range(d.model.id, d.gpu.id, d.weights, "output_tok_s", rps) if rps else None
     return {"predicted_rps": rps, "predicted_output_tps": tps,
             "predicted_rps_low": band[0] if band else None, "predicted_rps_high": band[1] if band else None,
-            "predicted_usd_per_m": usd_per_million(d.gpu.price_per_gpu_hour, dep.gpus, tps) if tps else None}
+            "predicted_usd_per_m": usd_per_million(d.gpu.price_per_gpu_hour, dep.gpus, tps) if tps else None,
+            "predicted_curve": latency_curve(d, list(played.values())), "percentile": load.slo.percentile}
+
+
+def latency_curve(d: Deployment, played: list[dict]) -> list[dict]:
+    """The model's TTFT and TPOT (at the SLO's percentile, seconds of the deployment's GPUs) at each rate its sweep
+    played, each with its 80 % interval (bench/model/interval.py): the predicted curve the report draws beside the
+    measured stages."""
+    out = []
+    for p in sorted(played, key=lambda x: x["rate"]):
+        point = dict(p)
+        for name, figure in (("ttft", "ttft_ms"), ("tpot", "tpot_ms")):
+            value = p[name]
+            r = interval.predicted_range(d.model.id, d.gpu.id, d.weights, figure, value) if value else None
+            point[f"{name}_low"], point[f"{name}_high"] = r if r else (None, None)
+        out.append(point)
+    return out
+
+
+def mem_fraction(dep: DeploymentSpec) -> float | None:
+    """The static memory fraction the deployment runs with (its flag, its twin's, or SGLang's default for its GPU
+    and tp, as the model computes it); None without a catalog model."""
+    d, _ = modelled(dep)
+    if d is None:
+        return None
+    return memory.capacity(d, with_ratios=False).mem_fraction_static

@@ -162,6 +162,7 @@ def serve_queue(db: Path, host: str, port: int, templates_file: str | None = Non
     if port_taken(host, port):
         raise BadInput(f"--port {port}: {host}:{port} is already in use (another dashboard?); nothing was started")
     Store(db)  # create and migrate before the dashboard opens it read-only
+    queue_dir(db).mkdir(parents=True, exist_ok=True)  # the folder the operator is told to copy campaign files into
     app_py = Path(__file__).resolve().parents[2] / "dashboard" / "app.py"
     env = {**os.environ, "CAPBENCH_DB": str(db.expanduser().resolve())}
     if templates_file:

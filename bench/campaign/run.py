@@ -294,6 +294,9 @@ def _result(dep: DeploymentSpec, load: Load, found: list[Found]) -> dict:
         "points": [{"repeat": k, "rate": s.rate, "run_id": s.run_id, "meets": s.meets, "why": s.why,
                     "goodput_rps": s.goodput, "ttft_p90": shown(s.summary.get("ttft_p90"), scale),
                     "tpot_p90": shown(s.summary.get("tpot_p90"), scale),
+                    # at the SLO's percentile, what the latency-against-load charts draw
+                    "ttft": shown(s.summary.get(f"ttft_p{load.slo.percentile}"), scale),
+                    "tpot": shown(s.summary.get(f"tpot_p{load.slo.percentile}"), scale),
                     **{c: s.summary.get(c) for c in COUNTS}} for k, f in enumerate(found) for s in f.stages],
         "slo": load.slo.text(), "time_scale": scale, "model": dep.model, "gpu": dep.gpu, "gpus": dep.gpus,
         "kv_dtype": dep.kv_dtype, "weights": dep.weights, "kv_checksum": dep.kv_checksum, "baseline": dep.baseline,
@@ -301,6 +304,7 @@ def _result(dep: DeploymentSpec, load: Load, found: list[Found]) -> dict:
         "parallel": {"tp": dep.gpus, "dp": dep.sglang.get("dp", 1), "ep": dep.sglang.get("ep", 1)},
         **({"disaggregated": {r.role: {"count": r.count, "tp": r.tp, "dp": r.dp, "ep": r.ep}
                               for r in (dep.pd.prefill, dep.pd.decode)}} if dep.pd else {}),
+        "mem_fraction": predict.mem_fraction(dep), "percentile": load.slo.percentile,
         "finished_at": time.time(),
     }
 

@@ -15,17 +15,18 @@ from pathlib import Path
 from bench.campaign import guard
 from bench.campaign.keys import with_repeats, with_stop_grace, workload_path
 from bench.campaign.pd_spec import PDSpec, parse_pd, resolve
-from bench.campaign.templates import Template, launch_by, parse_template
+from bench.campaign.templates import Template, check_runtime_use, launch_by, parse_template, runtime_keys
 from bench.errors import BadInput
 from bench.model import Deployment, Slo, catalog, disagg, parse_slo
 
 KINDS = ("twin", "sglang", "url", "disaggregated")
 DEPLOYMENT_KEYS = {"name", "baseline", "health_timeout", "stop_grace", "model", "gpu", "gpus", *KINDS}
 SGLANG_KEYS = {"model", "model_path", "gpu", "tp", "dp", "ep", "kv_dtype", "weights", "kv_scales", "kv_checksum",
-               "port", "flags", "template"}
+               "port", "flags", "template", "python", "image"}
 LOAD_KEYS = {"name", "workload", "profile", "rate", "users", "slo", "sweep", "duration", "repeats"}
 SWEEP_KEYS = {"start", "factor", "max_stages", "refine", "min_gain", "from_model", "resolution"}
-TOP_KEYS = {"name", "description", "slo", "duration", "health_timeout", "stop_grace", "deployments", "loads"}
+TOP_KEYS = {"name", "description", "slo", "duration", "health_timeout", "stop_grace", "deployments", "loads",
+            "python", "image"}
 KV_DTYPES = ("bf16", "fp8_e4m3", "fp8_e5m2")
 WEIGHTS = ("native", "bf16", "fp8", "int4-g32", "int4-g128")
 CHECKSUMS = ("off", "verify", "strict")
@@ -168,9 +169,13 @@ def parse_campaign(text: str | bytes, source: str = "campaign", templates: dict[
     for i, d in enumerate(deps):
         if d.baseline and d.baseline not in {x.name for x in deps}:
             problems.add(f"deployments[{i}].baseline", f"no deployment named {d.baseline!r}")
+    everywhere = runtime_keys(problems, "", raw)  # campaign-wide python / image: each sglang deployment's default
+    deps = [replace(d, sglang={**everywhere, **d.sglang}) if d.kind == "sglang" else d for d in deps]
     deps = [launch_by(problems, f"deployments[{i}]", d, templates or {}, inline_templates) if d.pd is None else
             replace(d, pd=resolve(problems, f"deployments[{i}].disaggregated", d.pd, templates or {},
                                   inline_templates)) for i, d in enumerate(deps)]
+    for i, d in enumerate(deps):
+        check_runtime_use(problems, f"deployments[{i}]", d)
     if problems:
         raise BadInput(f"{source}: {len(problems)} problem(s) in the campaign file\n" + "\n".join(problems))
     return Campaign(name, str(raw.get("description") or ""), deps, loads, text,
@@ -321,6 +326,7 @@ def _sglang(problems: Problems, where: str, raw: object, common: dict) -> Deploy
             problems.add(f"{where}.flags", f"{flag.split('=')[0]} is set by the campaign's own keys; use those")
     for wrong in guard.check_flags([str(f) for f in flags]):
         problems.add(f"{where}.flags", wrong)
+    runtime_keys(problems, where, raw)
     template = None
     if isinstance(raw.get("template"), str):
         template = Template("", name=raw["template"])  # the operator's, resolved by name in launch_by

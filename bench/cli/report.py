@@ -30,6 +30,8 @@ def report(
                             "meets it when those percentiles do."),
     price: float = typer.Option(None, help="$ per GPU-hour (default: the catalog's indicative price)."),
     gpus: str = typer.Option(None, help="Comma-separated GPU ids to search (default: every GPU in the catalog)."),
+    campaign: str = typer.Option(None, help="Instead: the campaign report (HTML) of this campaign id in --db, or "
+                                 "'latest' (what the Campaigns page of `capbench serve` offers for download)."),
 ) -> None:
     """A self-contained capacity report: question, configurations, capacity, measured vs predicted,
     recommendation with monthly cost and savings, SGLang launch commands."""
@@ -41,6 +43,9 @@ def report(
     from bench import report as rep
     from bench.model import Question, parse_slo
 
+    if campaign:
+        _campaign_report(campaign, db, out, fmt)
+        return
     if (input_len is None) != (output_len is None):
         raise BadInput("give both --input-len and --output-len, or neither")
     run_ids = [r.strip() for r in runs.split(",") if r.strip()] if runs else None
@@ -61,6 +66,22 @@ def report(
         r = rep.build(q, db, run_ids, progress=lambda: bar.advance(task), workers=os.cpu_count() or 1)
     path = rep.write(r, out, fmt)
     print(f"wrote {path} ({'measured: ' + str(len(r.runs)) + ' run(s)' if r.measured else 'nothing measured'})")
+
+
+def _campaign_report(campaign: str, db: str, out: str, fmt: str) -> None:
+    from pathlib import Path
+
+    from bench import report as rep
+
+    if fmt != "html":
+        raise BadInput("a campaign report is HTML only (--format html)")
+    if not Path(db).is_file():
+        raise BadInput(f"--db {db}: no such results DB")
+    cid = rep.latest_campaign(db) if campaign == "latest" else campaign
+    if cid is None:
+        raise BadInput(f"no campaign in {db}")
+    path = rep.write_campaign(rep.campaign_matrix(db, cid), out)
+    print(f"wrote {path} (campaign {cid})")
 
 
 def dashboard(

@@ -9,6 +9,7 @@ wording    what the report and the Planner say: savings with their risk, why it 
 predicted  a measured run beside the performance model's replay of it
 terminal   rich tables for the CLI
 campaign   a campaign's matrix: highest rate within the SLO per cell, gains against the baseline
+curves     a campaign's latency against load: measured stages beside the model's curve, the SLO drawn
 """
 
 from bench.report import charts, load, pd, plancharts, terminal, wording
@@ -22,13 +23,15 @@ from bench.report.campaign import (
     gain_said,
     latest_campaign,
     live_cell,
+    run_stage,
     write_campaign,
 )
 from bench.report.content import Report, build, compared, gpu_bests, newest_deployment, predicted_table
+from bench.report.curves import campaign_curves
 from bench.report.predicted import STEADY_REQUESTS, measured_vs_predicted
 from bench.report.render import render, write
 
 __all__ = ["charts", "load", "plancharts", "terminal", "wording", "Report", "build", "compared", "gpu_bests",
            "newest_deployment", "predicted_table", "STEADY_REQUESTS", "measured_vs_predicted", "render", "write",
            "Matrix", "campaign_html", "campaign_matrix", "campaign_sections", "campaign_tables", "latest_campaign",
-           "write_campaign", "campaign_list", "live_cell", "pd", "gain_said"]
+           "write_campaign", "campaign_list", "live_cell", "pd", "gain_said", "campaign_curves", "run_stage"]

@@ -143,15 +143,17 @@ def campaign_sections(m: Matrix, detail: bool = False) -> list[tuple[str, list[s
     ]
     if detail:
         out.insert(0, ("Conditions of each cell (rates and latencies in the modelled GPUs' time)",
-                       ["cell", "model", "GPUs", "tp/dp/ep", "KV cache", "weights", "checksum", "flags", "workload",
-                        "SLO", "twin"], [_conditions(c) for c in m.cells]))
+                       ["cell", "model", "GPUs", "tp/dp/ep", "KV cache", "experts (weights)", "checksum",
+                        "memory fraction", "flags", "workload", "SLO", "twin (time scale)"],
+                       [_conditions(c) for c in m.cells]))
         rows = [[c["cell"], str(p.get("repeat", 0) + 1), _f(p.get("rate")), "yes" if p.get("meets") else "no",
                  *(str(p.get(k, "-")) for k in ("sent", "completed", "missed", "cut_off", "errored")),
-                 _f(p.get("ttft_p90")), _f(p.get("tpot_p90")), p.get("why") or ""]
+                 _f(p.get("ttft", p.get("ttft_p90"))), _f(p.get("tpot", p.get("tpot_p90"))),
+                 f"p{c.get('percentile') or 90}", p.get("why") or ""]
                 for c in m.cells for p in c.get("points") or []]
         out.append(("Every stage: every request sent is judged (cut off by the stage's end: a miss)",
                     ["cell", "repeat", "req/s", "within the SLO", "sent", "completed", "missed", "of which cut off",
-                     "errored", "TTFT p90 s", "TPOT p90 s", "why not"], rows))
+                     "errored", "TTFT s", "TPOT s", "at (the SLO's percentile)", "why not"], rows))
     return out
 
 
@@ -159,7 +161,8 @@ def _conditions(c: dict) -> list[str]:
     par = c.get("parallel") or {}
     return [c["cell"], str(c.get("model") or "-"), f"{c.get('gpus', '-')}x {c.get('gpu', '-')}",
             f"{par.get('tp', c.get('gpus', '-'))}/{par.get('dp', 1)}/{par.get('ep', 1)}", str(c.get("kv_dtype", "-")),
-            str(c.get("weights", "-")), str(c.get("kv_checksum", "-")), " ".join(map(str, c.get("flags") or [])) or "-",
+            str(c.get("weights", "-")), str(c.get("kv_checksum", "-")), _f(c.get("mem_fraction")),
+            " ".join(map(str, c.get("flags") or [])) or "-",
             str(c.get("workload", "-")), str(c.get("slo", "-")),
             f"{c['twin']} (x{c.get('time_scale', 1):g} time)" if c.get("twin") else "-"]
 
@@ -195,6 +198,9 @@ def campaign_html(m: Matrix) -> str:
                      + "".join(f"<th>{html.escape(h)}</th>" for h in head) + "</tr>"
                      + "".join("<tr>" + "".join(f"<td>{html.escape(v)}</td>" for v in r) + "</tr>" for r in rows)
                      + "</table>")
+    from bench.report.curves import curves_html
+
+    parts.append(curves_html(m.cells))
     for c in m.cells:
         if c["status"] == "failed" and c.get("log"):
             parts.append(f"<h3>{html.escape(c['cell'])}: server log (last lines)</h3>"
@@ -225,9 +231,23 @@ def campaign_list(con) -> list[dict]:
     return [dict(zip(keys, r, strict=True)) for r in rows]
 
 
+def run_stage(con, run_id: str) -> dict | None:
+    """The campaign stage a run was (its cell, campaign, and the stage as the cell's result recorded it: rate, within
+    the SLO or why not, sent / completed / missed / cut off / errored), or None for a run outside a campaign."""
+    row = con.execute("SELECT json_extract_string(config, '$.campaign'), json_extract_string(config, '$.cell') "
+                      "FROM runs WHERE run_id = ?", [run_id]).fetchone()
+    if row is None or row[0] is None:
+        return None
+    found = con.execute("SELECT result FROM campaign_cells WHERE campaign_id = ? AND cell = ?", list(row)).fetchone()
+    points = (json.loads(found[0]) if found and found[0] else {}).get("points") or []
+    point = next((p for p in points if p.get("run_id") == run_id), None)
+    return {"campaign": row[0], "cell": row[1], "point": point}
+
+
 def live_cell(con, campaign_id: str, window_s: float = 10.0) -> dict | None:
-    """The cell running now and its newest run over the last `window_s` seconds of requests: requests so far,
-    requests finished per second, TTFT and TPOT p50/p90 (the run's own clock; a twin's are its time)."""
+    """The cell running now and its newest run over the last `window_s` seconds of requests (of the run's own clock):
+    requests so far, requests finished per second, TTFT and TPOT p50/p90, all in the modelled GPUs' time (a twin's
+    rates divided by its time scale, its latencies multiplied), like the offered rate beside them."""
     cell = con.execute("SELECT cell, started_at FROM campaign_cells WHERE campaign_id = ? AND status = 'running' "
                        "ORDER BY started_at DESC LIMIT 1", [campaign_id]).fetchone()
     if cell is None:
@@ -247,7 +267,13 @@ def live_cell(con, campaign_id: str, window_s: float = 10.0) -> dict | None:
                quantile_cont(tpot_s, 0.9)
         FROM (SELECT *, max(finished_at) OVER () AS max_t FROM requests WHERE run_id = ?)""",
                                               [window_s, window_s, run[0]]).fetchone()
-    offered = float(run[2]) / run[3] if run[2] not in (None, "null") else None  # in the modelled GPUs' time
-    out.update(run_id=run[0], label=run[1], offered_rps=offered, requests=n, rate_rps=rate, ttft_p50=t50,
-               ttft_p90=t90, tpot_p50=p50, tpot_p90=p90)
+    k = float(run[3])  # a twin's time scale: every figure below in the modelled GPUs' time, as the offered rate
+    offered = float(run[2]) / k if run[2] not in (None, "null") else None
+
+    def times(v: float | None) -> float | None:
+        return None if v is None else v * k
+
+    out.update(run_id=run[0], label=run[1], offered_rps=offered, requests=n, rate_rps=None if rate is None else
+               rate / k, ttft_p50=times(t50), ttft_p90=times(t90), tpot_p50=times(p50), tpot_p90=times(p90),
+               time_scale=k)
     return out

@@ -50,14 +50,14 @@ def run_config(config: str | dict | None) -> dict:
            "rate": c.get("rate", params.get("rate", profile.get("rate"))),
            "kv_checksum": c.get("kv_checksum") or "off", "time_scale": c.get("time_scale") or 1.0,
            "workload": (c.get("workload") or {}).get("name") if isinstance(c.get("workload"), dict)
-           else c.get("workload"), "twin": False}
+           else c.get("workload"), "twin": False, "mem_fraction": None}
     spec = c.get("twin") or (c.get("target") if str(c.get("target", "")).startswith("twin:") else None)
     if isinstance(spec, str) and spec:
         try:
             s = parse_spec(spec)
             dep = s.deployment()
             out.update(model=s.model, gpu=s.gpu, tp=s.tp, dp=dep.dp, kv_dtype=dep.kv_dtype, weights=dep.weights,
-                       time_scale=s.value("time_scale", float, 1.0), twin=True)
+                       time_scale=s.value("time_scale", float, 1.0), twin=True, mem_fraction=dep.mem_fraction)
             out["kv_checksum"] = s.options.get("kv_checksum") or out["kv_checksum"]
         except BadInput:
             pass
@@ -166,13 +166,28 @@ def series(con: duckdb.DuckDBPyConnection, run_id: str, resolution_s: float = 1.
     return df
 
 
+# server metrics that are rates over the server's own clock: a twin's are k times the modelled GPUs'
+RATE_METRICS = ("sglang:gen_throughput",)
+
+
 def server_series(con: duckdb.DuckDBPyConnection, run_id: str, metric: str,
                   resolution_s: float = 1.0) -> pd.DataFrame:
-    """queries.server_series with elapsed_s in the modelled GPUs' time (values as the server reported them)."""
+    """queries.server_series with elapsed_s in the modelled GPUs' time, and a twin's rate metrics (RATE_METRICS)
+    divided by its time scale; other values (counts, shares, bytes) as the server reported them."""
     k = time_scale(con, run_id)
     df = queries.server_series(con, run_id, metric, resolution_s / k)
     df["elapsed_s"] = df["elapsed_s"] * k
+    if metric in RATE_METRICS:
+        df["value"] = df["value"] / k
     return df
+
+
+def clock(time_scale: float, twin: bool, gpus: str = "the modelled GPUs") -> str:
+    """Whose time a run's figures are in, as the pages and the live panel say it: a twin's are converted to the
+    modelled GPUs' time (rates / k, latencies x k), never shown in its own time beside a model's figures."""
+    if twin:
+        return f"twin x{time_scale:g}, figures in the time of {gpus}"
+    return f"{gpus} (measured)"
 
 
 def distribution(con: duckdb.DuckDBPyConnection, run_id: str, metric: str) -> pd.DataFrame:

@@ -11,8 +11,16 @@ import streamlit as st
 
 from bench.campaign import parse_campaign, pending, submit
 from bench.errors import BadInput
-from bench.report import campaign_list, campaign_matrix, campaign_sections, charts, live_cell
-from bench.store import Store, StoreBusy
+from bench.report import (
+    campaign_curves,
+    campaign_html,
+    campaign_list,
+    campaign_matrix,
+    campaign_sections,
+    charts,
+    live_cell,
+)
+from bench.store import Store, StoreBusy, runinfo
 from dashboard import common
 from dashboard.common import fmt
 
@@ -48,6 +56,17 @@ with st.expander("Queue a campaign", expanded=False):
             st.error(str(e))
 
 
+@st.cache_data(max_entries=8, show_spinner="drawing the report")
+def _report_html(path: str, cid: str, stamp: tuple) -> str:
+    """A finished campaign's HTML report (the same function as `capbench report --campaign`), drawn once per
+    `stamp` (its status and its cells' last finish: a resumed campaign draws again)."""
+    return campaign_html(campaign_matrix(path, cid))
+
+
+def _stamp(matrix) -> tuple:  # noqa: ANN001
+    return matrix.status, max((c.get("finished_at") or 0 for c in matrix.cells), default=0)
+
+
 def _campaigns() -> list[dict]:
     try:
         Store(db, read_only=True)
@@ -76,6 +95,9 @@ def queue_and_live() -> None:
         st.caption("No cell is running.")
         return
     st.markdown(f"**{cell['cell']}** of {running[0]['name']}: {cell['label'] or 'starting the deployment'}")
+    if cell.get("time_scale", 1) != 1:
+        st.caption(f"A {runinfo.clock(cell['time_scale'], True)}: rates / {cell['time_scale']:g}, latencies x "
+                   f"{cell['time_scale']:g}; the last 10 s are of the wall clock.")
     cols = st.columns(5)
     cols[0].metric("requests", f"{cell['requests']:,}")
     cols[1].metric("finished / s (last 10 s)", fmt(cell["rate_rps"], ".2f"))
@@ -98,6 +120,12 @@ def matrix_section() -> None:
     labels = {c["campaign_id"]: f"{c['name']} ({c['campaign_id']}, {c['status']})" for c in camps}
     cid = st.selectbox("Campaign", list(labels), format_func=labels.get, key="campaign")
     matrix = campaign_matrix(db, cid)
+    if matrix.status not in ("queued", "running"):
+        st.download_button("Download the campaign report (HTML, stands alone)",
+                           _report_html(str(db), cid, _stamp(matrix)),
+                           file_name=f"{matrix.name}-{cid}.html", mime="text/html", on_click="ignore",
+                           help="The page `capbench report --campaign ID` writes: conditions, stage counts, "
+                                "latency against load with the model's curve, gains with their intervals.")
     for title, head, rows in campaign_sections(matrix, detail=True):
         st.markdown(f"**{title}**")
         st.dataframe(pd.DataFrame(rows, columns=head), hide_index=True, width="stretch")
@@ -108,6 +136,8 @@ def matrix_section() -> None:
                            if (value := c.get(f"{what}_rps")) is not None])
         st.altair_chart(charts.compare_bars(df, "Highest rate within the SLO (req/s of the modelled GPUs)"),
                         width="stretch")
+    for title, chart in campaign_curves(matrix.cells):
+        st.altair_chart(chart, width="stretch", key=f"curve-{cid}-{title}")
     for c in matrix.cells:
         if c["status"] == "failed":
             with st.expander(f"{c['cell']}: failed"):

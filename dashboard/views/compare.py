@@ -52,11 +52,16 @@ if any(sums[r]["time_scale"] != 1 for r in chosen):
                "/ k, its latencies x k, the SLO judged on that time).")
 
 
+POOL = "KV pool tokens (model)"
+
+
 def capacity_of(run_id: str) -> dict:
+    """SGLang's memory arithmetic for the run's deployment (a twin's at its own memory fraction): a model figure."""
     c = configs.loc[run_id]
     try:
+        frac = float(c.mem_fraction) if "mem_fraction" in c and pd.notna(c.mem_fraction) else None
         dep = capacity.Deployment(catalog.model(c.model), catalog.gpu(c.gpu), int(c.tp),
-                                  kv_dtype=c.kv_dtype or "bf16", weights=c.weights or "native")
+                                  kv_dtype=c.kv_dtype or "bf16", weights=c.weights or "native", mem_fraction=frac)
         cap = capacity.capacity(dep, with_ratios=False)
         return {"kv_pool_tokens": cap.kv_pool_tokens, "weights_gb": cap.weight_bytes_per_gpu / 1e9}
     except (BadInput, TypeError, ValueError):
@@ -83,21 +88,26 @@ for r in chosen:
     s, c, cap = sums[r], configs.loc[r], capacity_of(r)
     tp = int(c.tp) if pd.notna(c.tp) else None
     cost = price * tp / 3600 / s["output_tps"] * 1e6 if tp and s["output_tps"] else None
-    rows.append({"run": shorts[r], "identity": c.identity,
-                 "KV pool tokens": cap["kv_pool_tokens"], "output tokens/s": s["output_tps"],
+    gpus = f"{tp}x {str(c.gpu).upper()}" if tp and pd.notna(c.gpu) else "the modelled GPUs"
+    rows.append({"run": shorts[r], "identity": c.identity, "figures from": runinfo.clock(s["time_scale"],
+                                                                                       bool(c.twin), gpus),
+                 POOL: cap["kv_pool_tokens"], "output tokens/s": s["output_tps"],
                  "goodput req/s": s["goodput_rps"], "achieved req/s": s["achieved_rate_rps"],
                  "TTFT p50 ms": _ms(s["ttft_p50"]), "TPOT p50 ms": _ms(s["tpot_p50"]), "E2E p99 ms": _ms(s["e2e_p99"]),
                  "$ per 1M output tokens": cost})
 side = pd.DataFrame(rows)
 base = side.iloc[0]
 gains = side[["run"]].copy()
-for col in ("KV pool tokens", "output tokens/s", "goodput req/s", "TPOT p50 ms", "$ per 1M output tokens"):
+for col in (POOL, "output tokens/s", "goodput req/s", "TPOT p50 ms", "$ per 1M output tokens"):
     gains[f"{col} vs first"] = side[col] / base[col] if base[col] else None
 st.subheader("Side by side")
 st.dataframe(side, hide_index=True, key="side_table")
+st.caption(f"{POOL}: SGLang's memory arithmetic for the run's deployment (a twin's at its own memory fraction), "
+           "not a measurement. Every other figure is measured; a twin's converted to the time of the GPUs it models "
+           "(\"figures from\").")
 st.dataframe(gains, hide_index=True, key="gains_table")
 
-figures = side.melt(id_vars=["run"], value_vars=["KV pool tokens", "output tokens/s", "goodput req/s",
+figures = side.melt(id_vars=["run"], value_vars=[POOL, "output tokens/s", "goodput req/s",
                                                  "$ per 1M output tokens"], var_name="figure").dropna()
 common.chart(st, charts.compare_bars(figures, "Capacity, throughput and cost"))
 pct = pd.concat([runinfo.percentile_rows(sums[r]).assign(run=shorts[r]) for r in chosen])

@@ -8,7 +8,8 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from bench.report import charts, load, plancharts
+from bench.campaign import stage_counts
+from bench.report import charts, load, plancharts, run_stage
 from bench.store import identity, queries, runinfo
 from dashboard import common
 from dashboard.common import TS_HEIGHT, fmt
@@ -66,6 +67,18 @@ m[3].metric("TPOT p50 (ms)", fmt(s["tpot_p50"] * 1e3 if s["tpot_p50"] is not Non
 m[4].metric("Dispatch lag max (ms)", fmt(s["dispatch_lag_max"] * 1e3 if s["dispatch_lag_max"] is not None else None))
 if s["errors_by_kind"]:
     st.caption("Errors: " + ", ".join(f"{k} {v}" for k, v in s["errors_by_kind"].items()))
+stage = common.read(run_stage, run_id)
+if stage is not None:  # a campaign's sweep stage: every request it sent judged (bench/campaign/stage.py)
+    p = stage["point"] or {}
+    st.markdown("**Campaign stage** " + common.md_text(f"of {stage['cell']} ({stage['campaign']}): " + (
+        stage_counts(p) + (f"; {p['rate']:.3g} req/s offered, " + ("within the SLO" if p.get("meets") else
+                                                                   f"missed the SLO: {p.get('why')}")
+                           if p.get("rate") is not None else "")
+        if p else "the cell has not recorded this stage (still running, or failed)")))
+    if p:
+        m = st.columns(5)
+        for col, key in zip(m, ("sent", "completed", "missed", "cut_off", "errored"), strict=True):
+            col.metric(f"Stage: {key.replace('_', ' ')}", fmt(p.get(key), ",d"))
 
 curve = load.sweep_runs(runs, run_id)
 if len(curve) > 1:  # a sweep, or other runs of this deployment and workload at other rates: the load curve
@@ -125,8 +138,14 @@ if not gpu.empty:
                         height=TS_HEIGHT)
 else:
     st.caption("No GPU samples in this run (no NVML on the machine that ran it).")
+if s["time_scale"] != 1 and server:
+    st.caption(f"Server metrics of a {runinfo.clock(s['time_scale'], True)}: on the same time axis; rates "
+               f"({', '.join(runinfo.RATE_METRICS)}) divided by {s['time_scale']:g} like every rate here, the other "
+               "values (counts, shares, GB) as the twin reported them.")
 for name, df in server.items():
     if name in ("sglang:num_running_reqs", "sglang:num_queue_reqs"):
         continue
-    common.chart(st, charts.timeseries(df, "value", name, domain, y_title=name.removeprefix("sglang:"), step=res),
+    title = name + (f" (twin x{s['time_scale']:g}, per modelled second)" if s["time_scale"] != 1
+                    and name in runinfo.RATE_METRICS else "")
+    common.chart(st, charts.timeseries(df, "value", title, domain, y_title=name.removeprefix("sglang:"), step=res),
                     height=TS_HEIGHT)

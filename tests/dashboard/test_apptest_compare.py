@@ -35,7 +35,8 @@ def test_compare_shows_the_chosen_runs_and_their_gains(db):
     gains = table_with(at, "output tokens/s vs first")
     assert abs(gains["output tokens/s vs first"].iloc[1] - s[1]["output_tps"] / s[0]["output_tps"]) < 1e-9
     # FP8 KV doubles Kimi's KV pool
-    assert abs(gains["KV pool tokens vs first"].iloc[1] - 2.0) < 0.01
+    assert abs(gains["KV pool tokens (model) vs first"].iloc[1] - 2.0) < 0.01
+    assert side["figures from"].tolist() == ["8x H200 (measured)"] * 2
     # $/1M tokens follows the price input
     cost = side["$ per 1M output tokens"].iloc[0]
     at.number_input(key="compare_price").set_value(3.79 * 2).run()

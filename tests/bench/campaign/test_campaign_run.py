@@ -135,3 +135,22 @@ def test_ctrl_c_stops_the_servers_and_resume_skips_completed_cells(tmp_path):
         campaigns = con.execute("SELECT count(*), max(status) FROM campaigns").fetchone()
     assert per_cell["ok/a"] == 1 and per_cell["twin/b"] == 1  # ok/a was not run again; ok/b's aborted run is kept
     assert campaigns == (1, "completed") and _dead(pids) == []
+
+
+def test_a_template_places_the_named_interpreter_and_image(tmp_path):
+    """`python:` and `image:` reach the template's {python} and {image}; the checksum deployment needs capbench's
+    patches, so the command is `PYTHON -m bench.cli sglang-launch --kv-checksum verify -- ...`."""
+    pids, seen = tmp_path / "pids", tmp_path / "seen"
+    pids.write_text("")
+    dep = (f"{{name: boxed, health_timeout: 60, sglang: {{model: glm-4.6, tp: 8, kv_checksum: verify, "
+           f"python: /opt/sglang/bin/python, image: 'lmsysorg/sglang:v0.5.3-cu129', template: {{start: "
+           f"'echo {{python}} {{image}} > {seen}; {sys.executable} {FAKE} --port {{port}} --pids {pids} -- "
+           "{command}'}}}")
+    f = _write(tmp_path, [dep], "  - {name: a, workload: chat, profile: poisson, rate: 1}\n")
+    out = subprocess.run([*CLI, str(f), "--db", str(tmp_path / "c.duckdb")], capture_output=True, text=True,
+                         timeout=300, cwd=ROOT)
+    assert out.returncode == 0 and "Traceback" not in out.stderr, out.stderr[-3000:]
+    assert seen.read_text().split() == ["/opt/sglang/bin/python", "lmsysorg/sglang:v0.5.3-cu129"]
+    log = next((tmp_path / "campaign-logs").rglob("*.log")).read_text()
+    assert "launch command: -- /opt/sglang/bin/python -m bench.cli sglang-launch --kv-checksum verify --" in log
+    assert _dead(pids) == []
