@@ -156,8 +156,9 @@ def _sweep(store: Store, opts: RunOptions, prof: profiles.Profile, wl, model: st
     base_e2e = s0.get("e2e_p50") or 0.0
     rows: list[tuple[float | None, dict]] = [(None, s0)]
     for k, rate in enumerate(prof.sweep_rates(s0["throughput_rps"]), 1):
+        cap = {"max_concurrency": prof.params["max_concurrency"]} if prof.params.get("max_concurrency") else {}
         stage = profiles.Profile(f"sweep-{rate:g}rps", prof.params.get("arrival", "poisson"),
-                                 {"rate": rate, "duration": stage_s})
+                                 {"rate": rate, "duration": stage_s, **cap})
         res = _run_one(store, opts, stage, wl, model, {"sweep_id": sweep_id, "stage": k, "offered_rps": rate},
                        warmup_s=0.0)
         results.append(res)
@@ -191,6 +192,11 @@ def _run_one(store: Store, opts: RunOptions, prof: profiles.Profile, wl: workloa
         total = len(offsets)
         last_offset = float(offsets[-1]) if total else 0.0
         pool = opts.max_inflight or int(min(4096, max(32, prof.peak_rate() * 20)))
+        cap = params.get("max_concurrency")
+        if cap is not None:
+            if cap < n_workers:
+                raise BadInput(f"max_concurrency {cap} is below the {n_workers} load processes it is split over")
+            pool = max(pool, cap + 32)  # users past the cap wait for a slot: the pool must outnumber it
         config.update(duration_s=last_offset, connections=pool // n_workers + 1)
     else:
         stages = [(int(s["users"]), float(s["duration"])) for s in params.get("stages") or []] or \

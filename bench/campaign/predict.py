@@ -15,7 +15,7 @@ from bench.campaign import pd_check
 from bench.campaign.spec import Campaign, DeploymentSpec, Load
 from bench.campaign.stage import Stage
 from bench.errors import BadInput
-from bench.model import Deployment, interval, load_workload, pd_simulate, simulate, usd_per_million
+from bench.model import Deployment, interval, load_workload, pd_simulate, simulate, usd_per_million, within_slo
 from bench.model import capacity as memory
 from bench.sweep import Search, sweep
 
@@ -91,7 +91,8 @@ def check_fits(campaign: Campaign, source: str) -> None:
 
 def predicted(dep: DeploymentSpec, load: Load, search: Search) -> dict:
     """The model's answer to the same question: the same sweep (rates, stage length in the deployment's time,
-    warm-up) played by the simulator for this deployment, workload and SLO; its $ per 1M output tokens."""
+    warm-up, the load's concurrency cap) played by the simulator for this deployment, workload and SLO; its $ per 1M
+    output tokens."""
     d, why = modelled(dep)
     none = {"predicted_rps": None, "predicted_usd_per_m": None}
     if load.profile != "sweep":
@@ -105,11 +106,16 @@ def predicted(dep: DeploymentSpec, load: Load, search: Search) -> dict:
     # a disaggregated twin or launch: its prefill and decode instances in virtual time
     pd = pd_check.shape(dep)[0] if dep.pd is not None else dep.pd_shape()
 
+    cap = load.max_concurrency
+    if pd and cap:
+        return {**none, "not_predicted": "not predicted: the disaggregated model takes no concurrency cap"}
+
     def stage(rate: float) -> Stage:
         n = max(1, math.ceil(rate * horizon))
-        p = pd_simulate.run(pd, wl, rate, n, min_seconds=horizon) if pd else simulate.run(d, wl, rate, n,
-                                                                                            min_seconds=horizon)
-        met = load.slo.met(p)  # the simulator gives percentiles, not each request: within the SLO, all count
+        p = pd_simulate.run(pd, wl, rate, n, min_seconds=horizon) if pd else simulate.run(
+            d, wl, rate, n, min_seconds=horizon, concurrency=cap)
+        # the simulator gives percentiles, not each request: within the SLO (a capped client's wait counted), all count
+        met = within_slo(p, load.slo, cap)
         return Stage(rate, "", {"slo_attainment": 1.0 if met else 0.0, "output_tps": p.output_tok_s}, met, "")
 
     best = sweep(stage, replace(search, start=load.sweep.start, max_stages=MODEL_STAGES)).best

@@ -23,7 +23,7 @@ KINDS = ("twin", "sglang", "url", "disaggregated")
 DEPLOYMENT_KEYS = {"name", "baseline", "health_timeout", "stop_grace", "model", "gpu", "gpus", *KINDS}
 SGLANG_KEYS = {"model", "model_path", "gpu", "tp", "dp", "ep", "kv_dtype", "weights", "kv_scales", "kv_checksum",
                "port", "flags", "template"}
-LOAD_KEYS = {"name", "workload", "profile", "rate", "users", "slo", "sweep", "duration", "repeats"}
+LOAD_KEYS = {"name", "workload", "profile", "rate", "users", "slo", "sweep", "duration", "repeats", "max_concurrency"}
 SWEEP_KEYS = {"start", "factor", "max_stages", "refine", "min_gain", "from_model", "resolution"}
 TOP_KEYS = {"name", "description", "slo", "duration", "health_timeout", "stop_grace", "deployments", "loads"}
 KV_DTYPES = ("bf16", "fp8_e4m3", "fp8_e5m2")
@@ -54,6 +54,7 @@ class Load:
     users: int | None = None
     sweep: Sweep | None = None
     repeats: int = 1  # the whole sweep (or load point) this many times, seeds 0..N-1: its figures get intervals
+    max_concurrency: int | None = None  # open loop: at most this many in flight, arrivals wait in the client
 
 
 @dataclass(frozen=True)
@@ -382,4 +383,10 @@ def _load(problems: Problems, where: str, raw: object, slo: Slo, duration: float
         if None in values.values():
             return None
         sweep = Sweep(**values)
-    return Load(name, workload, profile, load_slo, secs, rate, users, sweep)
+    cap = raw.get("max_concurrency")
+    if cap is not None and profile == "users":
+        problems.add(f"{where}.max_concurrency", "a users load holds its users in flight already: drop one")
+        cap = None
+    elif cap is not None:
+        cap = _number(problems, f"{where}.max_concurrency", cap, int)
+    return Load(name, workload, profile, load_slo, secs, rate, users, sweep, max_concurrency=cap)
