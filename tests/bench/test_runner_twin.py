@@ -79,6 +79,8 @@ def test_capped_run_holds_the_cap_and_stores_the_wait(tmp_db, tmp_path):
         assert sum(1 for o in stored if o["sent_at"] <= r["sent_at"] < o["finished_at"]) <= 2
         assert r["ttft_s"] + r["slot_wait_s"] == pytest.approx(r["first_token_at"] - r["scheduled_at"], abs=1e-6)
     assert sum(r["slot_wait_s"] > 0.005 for r in stored) >= 10  # the queue formed in the client...
+    waits = sorted(r["slot_wait_s"] for r in stored)
+    assert res.summary["slot_wait_p99"] == pytest.approx(float(np.quantile(waits, 0.99)), rel=1e-6)
     con = duckdb.connect(str(tmp_db), read_only=True)
     running = con.execute("SELECT max(value) FROM server_samples WHERE run_id = ? AND "
                           "metric = 'sglang:num_running_reqs'", [res.run_id]).fetchone()[0]
