@@ -19,13 +19,14 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from urllib.parse import urlparse
 
 import gevent
 from gevent import GreenletExit
-from gevent.lock import Semaphore
+from gevent.event import Event
 from geventhttpclient._parser import HTTPParseError
 from geventhttpclient.client import HTTPClientPool
 from geventhttpclient.response import HTTPConnectionClosed
@@ -122,11 +123,45 @@ class Plan:
         return self.workload.request(i, row)
 
 
-def _slots(cap: int | None, workers: int, index: int) -> Semaphore | None:
+class Slots:
+    """At most n requests in flight; an arrival that finds none free waits, and slots go to the waiters in arrival
+    order. A freed slot is handed to the first waiter directly: gevent's Semaphore lets whoever asks next take a slot
+    freed before its waiter wakes (a later arrival would jump the queue); asyncio's, which bench_serving uses, does
+    not."""
+
+    def __init__(self, n: int):
+        self.free = n
+        self.waiting: deque[Event] = deque()
+
+    def take(self) -> bool:
+        """Take a slot, waiting in line if none is free; True when one was free at once."""
+        if self.free > 0 and not self.waiting:
+            self.free -= 1
+            return True
+        turn = Event()
+        self.waiting.append(turn)
+        try:
+            turn.wait()
+        except BaseException:  # killed while waiting: leave the line, or hand on the slot it was just given
+            if turn.is_set():
+                self.give()
+            else:
+                self.waiting.remove(turn)
+            raise
+        return False
+
+    def give(self) -> None:
+        if self.waiting:
+            self.waiting.popleft().set()
+        else:
+            self.free += 1
+
+
+def _slots(cap: int | None, workers: int, index: int) -> Slots | None:
     """This process's share of the run's concurrency cap (the cap split evenly over the worker processes)."""
     if not cap:
         return None
-    return Semaphore(max(1, int(cap) // workers + (1 if index < int(cap) % workers else 0)))
+    return Slots(max(1, int(cap) // workers + (1 if index < int(cap) % workers else 0)))
 
 
 def plan_of(environment) -> Plan:
@@ -303,10 +338,12 @@ class OpenLoopUser(OpenAIUser):
         if plan.slots is None:
             self.send(spec, i, due)
             return
-        free = not plan.slots.locked()  # a free slot: any lateness is the client's (dispatch lag), not a wait
-        with plan.slots:  # arrivals past the cap queue here in arrival order, as on bench_serving's semaphore
+        at_once = plan.slots.take()  # a free slot: any lateness is the client's (dispatch lag), not a wait
+        try:
             if not plan.stopping:
-                self.send(spec, i, due, due if free else time.time())
+                self.send(spec, i, due, due if at_once else time.time())
+        finally:
+            plan.slots.give()
 
 
 SPIN_S = 0.001  # libev rounds a timer's wait up to whole milliseconds: the last one is spent yielding instead

@@ -188,3 +188,33 @@ def test_concurrency_cap_queues_arrivals_in_the_client_as_bench_serving_does(stu
         assert r["sent_at"] - r["scheduled_at"] == pytest.approx(r["slot_wait_s"] + r["dispatch_lag_s"], abs=1e-6)
         assert r["ttft_s"] < 0.15 and r["e2e_s"] < 0.4  # the answer alone, not the wait
         assert r["dispatch_lag_s"] < 0.05
+
+
+def test_slots_go_to_the_waiters_in_arrival_order():
+    """A slot freed while others wait goes to the first of them, never to whoever asks next (gevent's own Semaphore
+    would let the releasing greenlet take it straight back)."""
+    import gevent
+
+    from loadgen.users import Slots
+
+    slots, order = Slots(1), []
+    assert slots.take()
+
+    def wait(name: str) -> None:
+        slots.take()
+        order.append(name)
+        slots.give()
+
+    waiters = [gevent.spawn(wait, n) for n in ("second", "third")]
+    gevent.sleep(0)
+    slots.give()
+    assert not slots.take()  # the holder asks again at once: it queues behind the two
+    order.append("first again")
+    slots.give()
+    gevent.joinall(waiters, timeout=1)
+    assert order == ["second", "third", "first again"] and slots.free == 1 and not slots.waiting
+    killed = gevent.spawn(slots.take)
+    assert slots.take() and slots.free == 0  # the one free slot
+    gevent.sleep(0)
+    killed.kill()
+    assert not slots.waiting  # a waiter killed in line leaves it
