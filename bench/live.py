@@ -119,6 +119,10 @@ def print_summary(s: dict, to_stderr: bool = False, store=None, slo=None) -> Non
     if "sent" in s:
         lost = s["sent"] - s["stored"]
         console.print(f"requests: {s['sent']} sent, {s['stored']} stored" + (f", {lost} LOST" if lost > 0 else ""))
+    if s.get("slot_wait_p50") is not None:
+        console.print(f"waited for a slot under the concurrency cap: p50 {_ms(s['slot_wait_p50'])}, p90 "
+                      f"{_ms(s['slot_wait_p90'])}, p99 {_ms(s['slot_wait_p99'])} (not in TTFT/E2E, as in "
+                      "bench_serving; counted in SLO met)")
     lag = s.get("dispatch_lag_p99")
     if lag is not None and lag > LAG_WARN_S:
         console.print(f"note: dispatch lag p99 {lag * 1000:.1f} ms: the client fell behind its schedule (latencies "

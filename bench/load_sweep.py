@@ -53,8 +53,9 @@ def run_sweep(store: Store, opts: RunOptions, prof: profiles.Profile, wl: Worklo
 
     def stage(rate: float) -> _Point:
         k = len(results)
+        cap = {"max_concurrency": p["max_concurrency"]} if p.get("max_concurrency") else {}
         shape = profiles.Profile(f"sweep-{rate:.4g}rps", p.get("arrival", "poisson"),
-                                 {"rate": rate, "duration": stage_s})
+                                 {"rate": rate, "duration": stage_s, **cap})
         res = run_one(store, opts, shape, wl, model, {"sweep_id": sweep_id, "stage": k, "offered_rps": rate},
                        warmup_s=0.0)
         results.append(res)

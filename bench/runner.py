@@ -162,6 +162,11 @@ def _run_one(store: Store, opts: RunOptions, prof: profiles.Profile, wl: workloa
         total = len(offsets)
         last_offset = float(offsets[-1]) if total else 0.0
         pool = opts.max_inflight or int(min(4096, max(32, prof.peak_rate() * 20)))
+        cap = params.get("max_concurrency")
+        if cap is not None:
+            if cap < n_workers:
+                raise BadInput(f"max_concurrency {cap} is below the {n_workers} load processes it is split over")
+            pool = max(pool, cap + 32)  # users past the cap wait for a slot: the pool must outnumber it
         config.update(duration_s=last_offset, connections=pool // n_workers + 1)
     else:
         stages = [(int(s["users"]), float(s["duration"])) for s in params.get("stages") or []] or \

@@ -29,17 +29,20 @@ TYPES = ("users", *OPEN_TYPES, "sweep")
 MAX_SCHEDULE = 5_000_000  # arrival times held in memory for one run (tens of MB); more is refused up front
 PARAMS = {  # what each type reads: anything else is a typo, said so rather than ignored
     "users": {"users", "duration", "spawn_rate", "think_s", "stages"},
-    "constant": {"rate", "duration"},
-    "poisson": {"rate", "duration"},
-    "gamma": {"rate", "duration", "burstiness"},
-    "ramp": {"start_rate", "end_rate", "duration", "arrival"},
-    "steps": {"rates", "step_duration", "arrival"},
-    "spike": {"rate", "spike_rate", "spike_at", "spike_duration", "duration", "arrival"},
-    "diurnal": {"min_rate", "max_rate", "period", "duration", "arrival"},
+    "constant": {"rate", "duration", "max_concurrency"},
+    "poisson": {"rate", "duration", "max_concurrency"},
+    "gamma": {"rate", "duration", "burstiness", "max_concurrency"},
+    "ramp": {"start_rate", "end_rate", "duration", "arrival", "max_concurrency"},
+    "steps": {"rates", "step_duration", "arrival", "max_concurrency"},
+    "spike": {"rate", "spike_rate", "spike_at", "spike_duration", "duration", "arrival", "max_concurrency"},
+    "diurnal": {"min_rate", "max_rate", "period", "duration", "arrival", "max_concurrency"},
     "sweep": {"stage_duration", "arrival", "rates", "factors", "max_rate", "min_achieved_ratio", "max_latency_ratio",
-              "max_error_rate", "min_slo_attainment", "burstiness"},
-    "trace": {"path", "speedup", "max_requests"},
+              "max_error_rate", "min_slo_attainment", "burstiness", "max_concurrency"},
+    "trace": {"path", "speedup", "max_requests", "max_concurrency"},
 }
+# max_concurrency (open loop): at most N requests in flight; an arrival that finds N waits in the client for a free
+# slot, as sglang.bench_serving's --max-concurrency semaphore does. Its latencies count from the slot, as
+# bench_serving's do; the wait is recorded beside them (slot_wait_s) and counts in the SLO a campaign judges.
 
 
 class ProfileError(ValueError):
@@ -272,6 +275,9 @@ def _check(prof: Profile) -> None:
         v = prof.params.get(key)
         if v is not None and not isinstance(v, int | float):
             raise ProfileError(f"profile {prof.name}: {key} must be a non-negative number, not {v!r}")
+    cap = prof.params.get("max_concurrency")
+    if cap is not None and not (isinstance(cap, int) and cap >= 1):
+        raise ProfileError(f"profile {prof.name}: max_concurrency must be a whole number >= 1, not {cap!r}")
     for key in ("speedup", "burstiness", "period", "step_duration", "stage_duration"):
         v = prof.params.get(key)
         if v is not None and not (isinstance(v, int | float) and v > 0):

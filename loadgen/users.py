@@ -6,7 +6,9 @@ Every request ends in exactly one result record, fired through Locust's own `eve
 Timing, one clock: timestamps are `time.time()` (epoch seconds, the clock the store and the twin use); durations
 are `perf_counter()` deltas added to the send timestamp. Latencies (ttft_s, e2e_s) count from `scheduled_at`,
 the time the request was due, so a client that falls behind shows up as latency; `dispatch_lag_s = sent_at -
-scheduled_at` says by how much. The first token is the first chunk that carries content, reasoning or a tool call.
+scheduled_at` says by how much. Under a concurrency cap (max_concurrency) they count from when the request got its
+slot, as sglang.bench_serving's do, and `slot_wait_s` is the wait for it. The first token is the first chunk that
+carries content, reasoning or a tool call.
 
 Requests go straight to geventhttpclient's HTTPClient of the user's pool, not through FastHttpSession: it would
 retry, fire its own event when the headers arrive, and hide the stream.
@@ -17,12 +19,14 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from urllib.parse import urlparse
 
 import gevent
 from gevent import GreenletExit
+from gevent.event import Event
 from geventhttpclient._parser import HTTPParseError
 from geventhttpclient.client import HTTPClientPool
 from geventhttpclient.response import HTTPConnectionClosed
@@ -83,6 +87,7 @@ class Plan:
             if prof.type == "trace":
                 self.trace_rows = prof.trace_rows()
         self.cursor = 0
+        self.slots = _slots(prof.params.get("max_concurrency"), self.workers, self.worker_index)
         target = urlparse(c["target"])
         self.prefix = target.path.rstrip("/").removesuffix("/v1")
         self.host = f"{target.scheme}://{target.netloc}"
@@ -118,6 +123,47 @@ class Plan:
         return self.workload.request(i, row)
 
 
+class Slots:
+    """At most n requests in flight; an arrival that finds none free waits, and slots go to the waiters in arrival
+    order. A freed slot is handed to the first waiter directly: gevent's Semaphore lets whoever asks next take a slot
+    freed before its waiter wakes (a later arrival would jump the queue); asyncio's, which bench_serving uses, does
+    not."""
+
+    def __init__(self, n: int):
+        self.free = n
+        self.waiting: deque[Event] = deque()
+
+    def take(self) -> bool:
+        """Take a slot, waiting in line if none is free; True when one was free at once."""
+        if self.free > 0 and not self.waiting:
+            self.free -= 1
+            return True
+        turn = Event()
+        self.waiting.append(turn)
+        try:
+            turn.wait()
+        except BaseException:  # killed while waiting: leave the line, or hand on the slot it was just given
+            if turn.is_set():
+                self.give()
+            else:
+                self.waiting.remove(turn)
+            raise
+        return False
+
+    def give(self) -> None:
+        if self.waiting:
+            self.waiting.popleft().set()
+        else:
+            self.free += 1
+
+
+def _slots(cap: int | None, workers: int, index: int) -> Slots | None:
+    """This process's share of the run's concurrency cap (the cap split evenly over the worker processes)."""
+    if not cap:
+        return None
+    return Slots(max(1, int(cap) // workers + (1 if index < int(cap) % workers else 0)))
+
+
 def plan_of(environment) -> Plan:
     """The process's plan for the current run (rebuilt when the run's config changes)."""
     raw = getattr(environment.parsed_options, CONFIG_OPTION, None)
@@ -142,8 +188,11 @@ class OpenAIUser(FastHttpUser):
     def on_start(self) -> None:
         self.plan = plan_of(self.environment)
 
-    def send(self, spec: workloads.RequestSpec, index: int, scheduled_at: float | None) -> dict:
-        """Send one request and fire its record; returns the record."""
+    def send(self, spec: workloads.RequestSpec, index: int, scheduled_at: float | None,
+             slot_at: float | None = None) -> dict:
+        """Send one request and fire its record; returns the record. slot_at: when a capped run's request got its
+        slot; its latencies count from then (bench_serving's clock starts inside its semaphore), and the wait
+        before it is slot_wait_s."""
         plan = self.plan
         body = {"model": plan.model, **spec.body}
         if plan.stream:
@@ -154,8 +203,9 @@ class OpenAIUser(FastHttpUser):
         sent_at = time.time()
         start = time.perf_counter()
         due = sent_at if scheduled_at is None else scheduled_at
+        wait = None if slot_at is None else max(0.0, slot_at - due)
         rec = {"request_id": str(index), "kind": spec.kind, "scheduled_at": due, "sent_at": sent_at,
-               "dispatch_lag_s": sent_at - due,
+               "dispatch_lag_s": sent_at - due - (wait or 0.0), "slot_wait_s": wait,
                "phase": "warmup" if due < plan.t0 + plan.warmup_s else "measured",
                "first_token_at": None, "ttft_s": None, "itl_s": [], "status": "ok", "error_kind": None,
                "error": None, "prompt_tokens": None, "completion_tokens": None, "cached_tokens": None,
@@ -211,7 +261,7 @@ class OpenAIUser(FastHttpUser):
     def _finish(self, rec: dict, stream: Stream, exc: RequestFailed | None, spec: workloads.RequestSpec) -> dict:
         if exc is None and stream.error is not None:
             exc = stream.error
-        sent_at, due = rec["sent_at"], rec["scheduled_at"]
+        sent_at, due = rec["sent_at"], rec["scheduled_at"] + (rec["slot_wait_s"] or 0.0)
         finished_at = sent_at + (time.perf_counter() - stream.start)
         rec["finished_at"] = finished_at
         rec["e2e_s"] = finished_at - due
@@ -285,7 +335,15 @@ class OpenLoopUser(OpenAIUser):
         wait_until(due)
         if plan.stopping:
             return
-        self.send(spec, i, due)
+        if plan.slots is None:
+            self.send(spec, i, due)
+            return
+        at_once = plan.slots.take()  # a free slot: any lateness is the client's (dispatch lag), not a wait
+        try:
+            if not plan.stopping:
+                self.send(spec, i, due, due if at_once else time.time())
+        finally:
+            plan.slots.give()
 
 
 SPIN_S = 0.001  # libev rounds a timer's wait up to whole milliseconds: the last one is spent yielding instead

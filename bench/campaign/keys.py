@@ -50,6 +50,23 @@ def with_repeats(problems: Problems, raw: dict, loads: list) -> list:
     return out
 
 
+def with_caps(problems: Problems, raw: dict, loads: list) -> list:
+    """Each open-loop load's `max_concurrency`: at most this many requests in flight, arrivals wait in the client."""
+    out = []
+    for i, (x, r) in enumerate(zip(loads, raw.get("loads") or [], strict=False)):
+        n = r.get("max_concurrency") if isinstance(r, dict) else None
+        if x is not None and n is not None:
+            where = f"loads[{i}].max_concurrency"
+            if x.profile == "users":
+                problems.add(where, "a users load holds its users in flight already: drop one")
+            elif isinstance(n, bool) or not isinstance(n, int) or n < 1:
+                problems.add(where, f"must be positive, a whole number, got {n!r}")
+            else:
+                x = replace(x, max_concurrency=n)
+        out.append(x)
+    return out
+
+
 def _grace(problems: Problems, where: str, value: object) -> float:
     try:
         v = float(value)

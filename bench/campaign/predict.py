@@ -15,7 +15,17 @@ from bench.campaign import pd_check
 from bench.campaign.spec import Campaign, DeploymentSpec, Load
 from bench.campaign.stage import Stage
 from bench.errors import BadInput
-from bench.model import Deployment, Workload, interval, load_workload, pd_simulate, simulate, usd_per_million, workload
+from bench.model import (
+    Deployment,
+    Workload,
+    interval,
+    load_workload,
+    pd_simulate,
+    simulate,
+    usd_per_million,
+    within_slo,
+    workload,
+)
 from bench.model import capacity as memory
 from bench.sweep import Search, sweep
 
@@ -115,10 +125,11 @@ def predicted_stage(dep: DeploymentSpec, load: Load, rate: float) -> Stage:
         p = pd_simulate.run(pd, wl, rate, n, min_seconds=horizon, instances=counts)
         context = pd.deployment("decode").context_len
     else:
-        p = simulate.run(d, wl, rate, n, min_seconds=horizon)
+        p = simulate.run(d, wl, rate, n, min_seconds=horizon, concurrency=load.max_concurrency)
         context = d.context_len
     served = 1 - p.rejected / n  # run() offers n requests: rate x horizon
-    met = load.slo.met(p)  # the simulator gives percentiles, not each request: within the SLO, all count
+    # the simulator gives percentiles, not each request: within the SLO (a capped client's wait counted), all count
+    met = within_slo(p, load.slo, load.max_concurrency)
     tps = rate * served * answer_tokens(wl, context)
     q = load.slo.percentile  # the latencies at the SLO's percentile: the predicted curve the report draws
     return Stage(rate, "", {"slo_attainment": 1.0 if met else 0.0, "output_tps": tps,
@@ -127,7 +138,8 @@ def predicted_stage(dep: DeploymentSpec, load: Load, rate: float) -> Stage:
 
 def predicted(dep: DeploymentSpec, load: Load, search: Search) -> dict:
     """The model's answer to the same question: the same sweep (rates, stage length in the deployment's time,
-    warm-up) played by the simulator for this deployment, workload and SLO; its $ per 1M output tokens."""
+    warm-up, the load's concurrency cap) played by the simulator for this deployment, workload and SLO; its $ per 1M
+    output tokens."""
     d, why = modelled(dep)
     none = {"predicted_rps": None, "predicted_usd_per_m": None}
     if load.profile != "sweep":
@@ -136,6 +148,8 @@ def predicted(dep: DeploymentSpec, load: Load, search: Search) -> dict:
         return {**none, "not_predicted": "not predicted: the model has no KV checksum cost"}
     if d is None:
         return {**none, "not_predicted": why}
+    if load.max_concurrency and (dep.pd is not None or dep.pd_shape() is not None):
+        return {**none, "not_predicted": "not predicted: the disaggregated model takes no concurrency cap"}
     played: dict[float, dict] = {}
 
     def stage(rate: float) -> Stage:

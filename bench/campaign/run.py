@@ -184,7 +184,8 @@ def _cell(store: Store, cid: str, dep: DeploymentSpec, load: Load, server: Launc
         # prefix cache from the stage before (a warm cache the model's fresh requests never have)
         stages_run[0] += 1
         if rate is not None:
-            profile, over = "poisson", {"rate": rate * scale, "duration": load.duration_s}
+            profile, over = "poisson", {"rate": rate * scale, "duration": load.duration_s,
+                                        "max_concurrency": load.max_concurrency}
             warmup = WARMUP_SHARE * load.duration_s
         else:
             profile, over = "users", {"users": users, "duration": load.duration_s}

@@ -5,6 +5,8 @@ When the stage's sending ends, the requests still running are waited for up to t
 share within the SLO, and in the percentiles (a latency past any bound). Requests that failed otherwise (HTTP
 errors, timeouts) are errors: more than RUN_ERRORS_OK of them and the stage misses the SLO whatever its latencies.
 A stage states sent / completed / missed / errored wherever its figures appear (stage_counts is the one wording).
+Behind a concurrency cap, a request's wait in the client for a slot (slot_wait_s) counts in its TTFT and E2E here:
+its user waited, as the model's capped predictions count it (bench.model.rate.within_slo).
 """
 
 from __future__ import annotations
@@ -63,15 +65,16 @@ def judge(store: Store, run_id: str, slo: Slo) -> dict:
     is_cut = f"(status <> 'ok' AND coalesce(error_kind, '') IN ({cut}))"
     bounds = (slo.ttft_s or FAR, slo.tpot_s or FAR, slo.e2e_s or FAR)
     q = slo.percentile / 100
+    ttft, e2e = "(ttft_s + coalesce(slot_wait_s, 0))", "(e2e_s + coalesce(slot_wait_s, 0))"
     with store.connect() as con:
         row = con.execute(
             f"SELECT count(*), count(*) FILTER (WHERE status = 'ok'), "
-            "count(*) FILTER (WHERE status = 'ok' AND ttft_s <= ? AND coalesce(tpot_s, 0) <= ? AND e2e_s <= ?), "
+            f"count(*) FILTER (WHERE status = 'ok' AND {ttft} <= ? AND coalesce(tpot_s, 0) <= ? AND {e2e} <= ?), "
             f"count(*) FILTER (WHERE {is_cut}), "
-            f"quantile_disc(CASE WHEN {is_cut} AND first_token_at IS NULL THEN ? ELSE ttft_s END, ?) "
+            f"quantile_disc(CASE WHEN {is_cut} AND first_token_at IS NULL THEN ? ELSE {ttft} END, ?) "
             f"FILTER (WHERE status = 'ok' OR {is_cut}), "
             f"quantile_disc(CASE WHEN {is_cut} THEN ? ELSE tpot_s END, ?) FILTER (WHERE status = 'ok' OR {is_cut}), "
-            f"quantile_disc(CASE WHEN {is_cut} THEN ? ELSE e2e_s END, ?) FILTER (WHERE status = 'ok' OR {is_cut}) "
+            f"quantile_disc(CASE WHEN {is_cut} THEN ? ELSE {e2e} END, ?) FILTER (WHERE status = 'ok' OR {is_cut}) "
             "FROM requests WHERE run_id = ? AND phase = 'measured'",
             [*bounds, *CUT_OFF_KINDS, *CUT_OFF_KINDS, FAR, q, *CUT_OFF_KINDS, *CUT_OFF_KINDS, FAR, q,
              *CUT_OFF_KINDS, *CUT_OFF_KINDS, FAR, q, *CUT_OFF_KINDS, run_id]).fetchone()

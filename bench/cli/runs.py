@@ -21,6 +21,8 @@ def run(
     rate: float = typer.Option(None, help="Requests/s (open-loop profiles)."),
     users: int = typer.Option(None, help="Concurrent users (closed loop: profile users)."),
     duration: float = typer.Option(None, help="Seconds of measured load."),
+    max_concurrency: int = typer.Option(None, help="Open loop: at most N requests in flight; arrivals past it wait "
+                                        "in the client for a slot (bench_serving's --max-concurrency)."),
     param: list[str] = typer.Option(None, help="Any other profile parameter, KEY=VALUE (repeatable), "
                                     "e.g. --param burstiness=0.5."),
     workload: str = typer.Option(None, help="Workload name (data/workloads), YAML path, or ShareGPT JSON "
@@ -51,7 +53,7 @@ def run(
     from bench import runner
     from bench.model import parse_slo
 
-    overrides = {"rate": rate, "users": users, "duration": duration}
+    overrides = {"rate": rate, "users": users, "duration": duration, "max_concurrency": max_concurrency}
     for kv in param or []:
         key, _, value = kv.partition("=")
         if not key or not value:

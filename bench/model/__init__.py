@@ -64,7 +64,7 @@ from bench.model.confidence import Interval, gain_interval, gain_words, mean_int
 from bench.model.option import HOURS_PER_MONTH, Config, Option
 from bench.model.perfmodel import PerfModel, usd_per_million
 from bench.model.plan import Plan, Question, make_plan, workload_names
-from bench.model.rate import Prediction, search_rate
+from bench.model.rate import Prediction, search_rate, within_slo
 from bench.model.scheduler import Request, Scheduler
 from bench.model.simulate import Point, Sweep
 from bench.model.slo import Slo, parse_slo
@@ -75,7 +75,8 @@ __all__ = [
     "calibration", "capacity", "catalog", "corpus", "curve", "fit", "interval", "launch", "perfmodel", "plan", "rate",
     "scheduler", "simulate", "slo", "spec", "validate", "workload", "Efficiency", "load_efficiency",
     "Capacity", "Deployment", "HOURS_PER_MONTH", "Config", "Option", "PerfModel", "Plan", "Question", "make_plan",
-    "workload_names", "Prediction", "search_rate", "Request", "Scheduler", "Point", "Sweep", "Slo", "parse_slo",
+    "workload_names", "Prediction", "search_rate", "within_slo",
+    "Request", "Scheduler", "Point", "Sweep", "Slo", "parse_slo",
     "Spec", "parse_spec", "Workload", "fixed_workload", "load_workload", "usd_per_million",
     "disagg", "disagg_launch", "interconnect", "pd_search", "pd_simulate", "pd_versus",
     "validate_pd",

@@ -70,6 +70,12 @@ def waited(p: simulate.Point, slo: Slo) -> simulate.Point:
     return replace(p, **{f"ttft_p{q}": getattr(p, f"ttft_p{q}") + wait, f"e2e_p{q}": getattr(p, f"e2e_p{q}") + wait})
 
 
+def within_slo(p: simulate.Point, slo: Slo, cap: int | None = None) -> bool:
+    """A simulated point (as simulate.run returns it) within the SLO; behind a capped client, as its users see it:
+    the wait for a slot in TTFT and E2E (waited()), and the client's queue held."""
+    return slo.met(p) if cap is None else slo.met(waited(p, slo)) and _queue_held(p, slo)
+
+
 def _queue_held(p: simulate.Point, slo: Slo) -> bool:
     """An SLO that bounds neither TTFT nor E2E still needs the client's queue held: its wait under the median
     E2E (a queue that grows without end is never within an SLO)."""
@@ -103,11 +109,13 @@ def _search(dep: Deployment, wl: Workload, slo: Slo, eff: Efficiency, n: int, ho
             start: float | None, tick: Callable[[], None], cap: int | None = None) -> Prediction:
     def at(rate: float) -> simulate.Point:
         tick()
-        p = simulate.run(dep, wl, rate, n, eff=eff, min_seconds=horizon, concurrency=cap)
-        return p if cap is None else waited(p, slo)
+        return simulate.run(dep, wl, rate, n, eff=eff, min_seconds=horizon, concurrency=cap)
 
     def met(p: simulate.Point) -> bool:
-        return slo.met(p) and (cap is None or _queue_held(p, slo))
+        return within_slo(p, slo, cap)
+
+    def seen(p: simulate.Point | None) -> simulate.Point | None:  # the figures reported: as the users see them
+        return p if p is None or cap is None else waited(p, slo)
 
     rate = start or max(simulate.run(dep, wl, math.inf, BURST, eff=eff).achieved_rps, 0.01)
     lo, best, hi, miss = 0.0, None, None, None
@@ -122,7 +130,7 @@ def _search(dep: Deployment, wl: Workload, slo: Slo, eff: Efficiency, n: int, ho
                 break
             lo, best = rate, p
         if hi is None:
-            return _prediction(best, None, slo, "search limit", horizon)
+            return _prediction(seen(best), None, slo, "search limit", horizon)
     else:
         hi, miss = rate, p
         for _ in range(MAX_DOUBLINGS):  # down until it holds
@@ -133,7 +141,7 @@ def _search(dep: Deployment, wl: Workload, slo: Slo, eff: Efficiency, n: int, ho
                 break
             hi, miss = rate, p
         if best is None:
-            return _prediction(None, miss, slo, _limit(miss, slo, cap), horizon)
+            return _prediction(None, seen(miss), slo, _limit(seen(miss), slo, cap), horizon)
     while hi / lo > BRACKET:
         mid = math.sqrt(lo * hi)
         p = at(mid)
@@ -141,7 +149,7 @@ def _search(dep: Deployment, wl: Workload, slo: Slo, eff: Efficiency, n: int, ho
             lo, best = mid, p
         else:
             hi, miss = mid, p
-    return _prediction(best, miss, slo, _limit(miss, slo, cap), horizon)
+    return _prediction(seen(best), seen(miss), slo, _limit(seen(miss), slo, cap), horizon)
 
 
 def _key(dep: Deployment, wl: Workload, slo: Slo, eff: Efficiency, cap: int | None = None) -> str:

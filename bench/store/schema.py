@@ -65,6 +65,9 @@ MIGRATIONS: list[tuple[int, str, list[str]]] = [
             campaign_id VARCHAR NOT NULL, deployment VARCHAR, pid INTEGER, pgid INTEGER, hostname VARCHAR,
             proc_start VARCHAR, stop_command VARCHAR, log VARCHAR, started_at DOUBLE, stopped_at DOUBLE)""",
     ]),
+    (7, "requests.slot_wait_s: under a concurrency cap, the wait in the client for a free slot (not in ttft_s/e2e_s)", [
+        "ALTER TABLE requests ADD COLUMN slot_wait_s DOUBLE",
+    ]),
 ]
 # What the writer appends to request_stats for each flushed batch (the batch is registered as capbench_batch).
 STATS_FROM_BATCH = """INSERT INTO request_stats
@@ -84,7 +87,7 @@ REQUESTS_SCHEMA = pa.schema([
     ("e2e_s", pa.float64()), ("tpot_s", pa.float64()), ("itl_s", pa.list_(pa.float32())),
     ("prompt_tokens", pa.int32()), ("completion_tokens", pa.int32()), ("cached_tokens", pa.int32()),
     ("reasoning_tokens", pa.int32()), ("tokens_from", pa.string()), ("status", pa.string()),
-    ("error_kind", pa.string()), ("error", pa.string()), ("note", pa.string()),
+    ("error_kind", pa.string()), ("error", pa.string()), ("note", pa.string()), ("slot_wait_s", pa.float64()),
 ])
 GPU_SCHEMA = pa.schema([
     ("run_id", pa.string()), ("t", pa.float64()), ("gpu", pa.int32()), ("name", pa.string()),

@@ -64,3 +64,25 @@ def test_client_first_token_time_matches_the_twins():
     print(f"first-token delivery, client - twin: p50 {p50:.3f} ms, p99 {p99:.3f} ms (goal: p99 < 1 ms)")
     assert d.min() > -0.05  # the client never sees a token before the server made it: one clock
     assert p50 < 1.0 and p99 < 5.0, f"p50 {p50:.3f} ms, p99 {p99:.3f} ms"
+
+
+def test_capped_run_holds_the_cap_and_stores_the_wait(tmp_db, tmp_path):
+    """`capbench run --max-concurrency 2` against a twin 10x faster than its GPUs, offered 60 req/s (6 in model
+    time): never more than 2 in flight, the wait for a slot stored apart from TTFT."""
+    wl = tmp_path / "light.yaml"
+    wl.write_text(json.dumps(LIGHT))
+    [res] = run(RunOptions(target=TWIN, profile="poisson", overrides={"rate": 60, "duration": 2, "max_concurrency": 2},
+                           workload=str(wl), db=tmp_db, live=False, seed=7, quiet=True))
+    stored = rows(tmp_db, res.run_id)
+    assert res.status == "completed" and len(stored) == 120 and all(r["status"] == "ok" for r in stored)
+    for r in stored:
+        assert sum(1 for o in stored if o["sent_at"] <= r["sent_at"] < o["finished_at"]) <= 2
+        assert r["ttft_s"] + r["slot_wait_s"] == pytest.approx(r["first_token_at"] - r["scheduled_at"], abs=1e-6)
+    assert sum(r["slot_wait_s"] > 0.005 for r in stored) >= 10  # the queue formed in the client...
+    waits = sorted(r["slot_wait_s"] for r in stored)
+    assert res.summary["slot_wait_p99"] == pytest.approx(float(np.quantile(waits, 0.99)), rel=1e-6)
+    con = duckdb.connect(str(tmp_db), read_only=True)
+    running = con.execute("SELECT max(value) FROM server_samples WHERE run_id = ? AND "
+                          "metric = 'sglang:num_running_reqs'", [res.run_id]).fetchone()[0]
+    con.close()
+    assert running is None or running <= 2  # ...not in the server

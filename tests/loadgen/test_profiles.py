@@ -81,6 +81,15 @@ def test_user_yaml_and_bad_profiles(tmp_path):
         profiles.load(str(f))
 
 
+def test_max_concurrency_is_an_open_loop_whole_number():
+    assert profiles.load("poisson", {"max_concurrency": 8}).params["max_concurrency"] == 8
+    for bad in (0, 2.5, True):
+        with pytest.raises(ProfileError, match="max_concurrency must be"):
+            profiles.load("poisson", {"max_concurrency": bad})
+    with pytest.raises(ProfileError, match="users .users. has no parameter max_concurrency"):
+        profiles.load("users", {"max_concurrency": 4})  # a closed loop holds its users in flight already
+
+
 def test_sweep_rates_and_saturation():
     p = profiles.load("sweep")
     assert p.sweep_rates(2.0)[:3] == [3.0, 4.0, 6.0]

@@ -168,3 +168,53 @@ def test_sse_failures(events, kind):
     with pytest.raises(RequestFailed) as e:
         Stream(time.perf_counter()).read_sse(_Buffered(_sse(b"\n\n", *events)))
     assert e.value.kind == kind
+
+
+def test_concurrency_cap_queues_arrivals_in_the_client_as_bench_serving_does(stub_server):
+    """20 req/s for 0.5 s with at most 2 in flight, each answer ~0.2 s: the arrivals keep their schedule, wait in
+    arrival order for a slot, never more than 2 in flight; latencies count from the slot (bench_serving starts its
+    clock inside its semaphore), the wait is slot_wait_s."""
+    srv = stub_server("--token-delay", "0.05", "--tokens", "4")
+    prof = {"name": "c", "type": "constant", "params": {"rate": 20, "duration": 0.5, "max_concurrency": 2}}
+    recs = drive(OpenLoopUser, plan_config(srv.url, prof, {"name": "t", "input": 8, "output": 4}), 16, 1.7)
+    ok = sorted((r for r in recs if r["status"] == "ok"), key=lambda r: r["sent_at"])
+    assert len(ok) == 10
+    for r in ok:  # at most 2 in flight when each was sent
+        assert sum(1 for o in ok if o["sent_at"] <= r["sent_at"] < o["finished_at"]) <= 2
+    assert [int(r["request_id"]) for r in ok] == sorted(int(r["request_id"]) for r in ok)  # in arrival order
+    waits = [r["slot_wait_s"] for r in ok]
+    assert waits[0] < 0.02 and waits[-1] > 0.3  # the last waited for the eight before it, two at a time
+    for r in ok:
+        assert r["sent_at"] - r["scheduled_at"] == pytest.approx(r["slot_wait_s"] + r["dispatch_lag_s"], abs=1e-6)
+        assert r["ttft_s"] < 0.15 and r["e2e_s"] < 0.4  # the answer alone, not the wait
+        assert r["dispatch_lag_s"] < 0.05
+
+
+def test_slots_go_to_the_waiters_in_arrival_order():
+    """A slot freed while others wait goes to the first of them, never to whoever asks next (gevent's own Semaphore
+    would let the releasing greenlet take it straight back)."""
+    import gevent
+
+    from loadgen.users import Slots
+
+    slots, order = Slots(1), []
+    assert slots.take()
+
+    def wait(name: str) -> None:
+        slots.take()
+        order.append(name)
+        slots.give()
+
+    waiters = [gevent.spawn(wait, n) for n in ("second", "third")]
+    gevent.sleep(0)
+    slots.give()
+    assert not slots.take()  # the holder asks again at once: it queues behind the two
+    order.append("first again")
+    slots.give()
+    gevent.joinall(waiters, timeout=1)
+    assert order == ["second", "third", "first again"] and slots.free == 1 and not slots.waiting
+    killed = gevent.spawn(slots.take)
+    assert slots.take() and slots.free == 0  # the one free slot
+    gevent.sleep(0)
+    killed.kill()
+    assert not slots.waiting  # a waiter killed in line leaves it

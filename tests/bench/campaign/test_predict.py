@@ -79,3 +79,20 @@ def test_workload_paths_resolve_against_the_campaign_file(tmp_path):
     assert out.returncode == 0 and "no problem found" in out.stdout, out.stderr
     c = parse_campaign(f.read_text(), str(f))
     assert c.loads[0].workload == str((tmp_path / "wl" / "mine.yaml").resolve())
+
+
+def test_a_capped_load_is_predicted_behind_its_cap():
+    """max_concurrency reaches the load generator and the prediction: 1 in flight serves less than no cap."""
+    dep = "  - {name: t, twin: 'glm-4.6@h200x8'}\n"
+    free, capped = (parse_campaign(_spec(dep, extra)) for extra in ("", ", max_concurrency: 1"))
+    assert capped.loads[0].max_concurrency == 1 and free.loads[0].max_concurrency is None
+    p_free, p_cap = (predicted(c.deployments[0], c.loads[0], _search(c.loads[0])) for c in (free, capped))
+    assert 0 < p_cap["predicted_rps"] < p_free["predicted_rps"]
+    for extra, why in ((", max_concurrency: 0", "loads[0].max_concurrency: must be positive"),
+                       (", profile: users, users: 4, max_concurrency: 2", "a users load holds its users")):
+        try:
+            parse_campaign(_spec(dep, extra))
+        except Exception as e:  # noqa: BLE001 (BadInput, one line per problem)
+            assert why in str(e), str(e)
+        else:
+            raise AssertionError(f"{extra} passed")

@@ -68,3 +68,17 @@ def test_the_stage_waits_up_to_the_slo_bound_for_a_full_answer():
     assert drain_s(Slo(ttft_s=2.0, tpot_s=0.05), 600) == 2.0 + 30.0
     assert drain_s(Slo(ttft_s=2.0, e2e_s=9.0), 600) == 9.0
     assert drain_s(Slo(), 600) is None
+
+
+def test_a_capped_clients_wait_for_a_slot_counts_in_the_slo(tmp_db):
+    """Behind --max-concurrency the TTFT stored is bench_serving's (from the slot); the user also waited for the slot,
+    and the SLO judges both, as the model's capped prediction does."""
+    store, run_id = _stage(tmp_db, [("ok", None, 0.2, 0.05)] * 10)
+    with store.connect() as con:
+        con.execute("UPDATE requests SET slot_wait_s = CASE WHEN request_id IN ('r8', 'r9') THEN 2.0 ELSE 0.1 END "
+                    "WHERE run_id = ?", [run_id])
+    s = judge(store, run_id, SLO)
+    assert s["within_slo"] == 8 and s["slo_attainment"] == 0.8
+    assert s["ttft_p90"] == 2.2 and s["e2e_p90"] >= 2.0
+    ok_, why = meets(s, SLO)
+    assert not ok_ and why.startswith("TTFT p90 2.2 s"), why
