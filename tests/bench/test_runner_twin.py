@@ -14,6 +14,8 @@ from loadgen.users import OpenLoopUser
 from tests.bench.test_runner import rows
 from tests.loadgen.conftest import drive, plan_config
 
+pytestmark = pytest.mark.timing  # the send rate to 2 %, first-token times to the ms: run alone (Makefile)
+
 TWIN = "twin:kimi-k2-thinking@h200x8,kv=fp8_e4m3,time_scale=10"
 # 3000 arrivals, the sample the rate checks need, sent at 150 req/s for 20 s (it was 50 req/s for a minute)
 RATE, DURATION = 150, 20
@@ -24,8 +26,8 @@ LIGHT = {"name": "light", "type": "synthetic", "input": {"dist": "uniform", "min
 def test_poisson_3000_arrivals_hit_the_rate_and_the_store_matches_locust(tmp_db, tmp_path):
     wl = tmp_path / "light.yaml"
     wl.write_text(json.dumps(LIGHT))
-    [res] = run(RunOptions(target=TWIN, profile="poisson", overrides={"rate": RATE, "duration": DURATION}, workload=str(wl),
-                           db=tmp_db, live=False, seed=7))
+    [res] = run(RunOptions(target=TWIN, profile="poisson", overrides={"rate": RATE, "duration": DURATION},
+                           workload=str(wl), db=tmp_db, live=False, seed=7))
     assert res.status == "completed"
     stored = rows(tmp_db, res.run_id)
     assert len(stored) == RATE * DURATION == 3000 == res.locust_requests == res.records == res.rows_written
