@@ -149,15 +149,18 @@ def _wait_for(proc: subprocess.Popen, text: str, timeout_s: float = 120) -> list
 
 
 def test_a_resume_beside_the_live_campaign_is_refused(tmp_path):
-    # one long load point, so the live campaign is still running when the resume starts, however slow the machine
-    f = _campaign(tmp_path, [_launcher("bf16", "bf16", tmp_path)],
-                  "  - {name: a, workload: chat, profile: poisson, rate: 2, duration: 25}\n")
+    # the launched server serves only once the gate file exists, so the live campaign is still running when the
+    # resume starts, however slow the machine
+    gate = tmp_path / "gate"
+    f = _campaign(tmp_path, [_launcher("bf16", "bf16", tmp_path, extra=f"--wait-for {gate}")],
+                  "  - {name: a, workload: chat, profile: poisson, rate: 2}\n")
     db = tmp_path / "c.duckdb"
     live = _start(f, db)
     seen = _wait_for(live, "bf16: starting")
     assert any("bf16: starting" in s for s in seen), seen
     second = subprocess.run([*CLI, str(f), "--db", str(db), "--resume"], capture_output=True, text=True,
                             timeout=120, cwd=ROOT)
+    gate.touch()
     assert second.returncode == 2 and "a second runner is refused" in second.stderr, second.stderr[-2000:]
     assert f"pid {live.pid}" in second.stderr and "Traceback" not in second.stderr
     rest = live.communicate(timeout=300)[1]
