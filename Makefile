@@ -40,7 +40,9 @@ demo:
 # Both spend most of their time waiting on subprocesses and wall-clock stages, so together they fill the two
 # cores. The few tests that measure latencies and send rates to the millisecond (marked `timing`) run last, alone:
 # a second process on the same cores would distort them. The Locust process's report follows the other's.
-XDIST  := -n auto --dist loadfile
+# One xdist worker more than the cores: the slow files use about a third of the CPU they hold (subprocesses,
+# servers, stages and browsers waited on).
+XDIST  := -n $(shell echo $$(( $$(nproc) + 1 ))) --dist loadfile
 LOCUST := CAPBENCH_TESTS=locust $(PY) -m pytest -p no:xdist
 test: .venv/test.stamp .venv/chromium.stamp
 	$(PY) -m ruff check .

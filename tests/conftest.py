@@ -36,6 +36,12 @@ def pytest_ignore_collect(collection_path, config):
     return True if in_locust else None
 
 
+def pytest_configure(config):
+    # here, not in pyproject.toml: a change there reinstalls the venv (the Makefile's stamps depend on it)
+    config.addinivalue_line("markers", "timing: bounds latencies or send rates to the millisecond; make test runs "
+                                       "these alone, after the rest")
+
+
 def _slow_rank(item: pytest.Item) -> int:
     """The item's place in SLOW_TESTS; len(SLOW_TESTS) for a test outside it."""
     rel = os.path.relpath(str(item.path), ROOT)
