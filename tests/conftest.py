@@ -54,7 +54,7 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.slow)
     # The slow files first, longest first: pytest-xdist (--dist loadfile) hands out files in this order, so the long
     # ones start at once and no worker is left running one of them alone at the end. A file's order is kept.
-    items.sort(key=lambda item: (_slow_rank(item), 0 if item.get_closest_marker("slow") else 1))
+    items.sort(key=_slow_rank)
 
 
 def _define_torchvision_ops() -> None:
