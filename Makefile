@@ -41,8 +41,9 @@ demo:
 # cores. The few tests that measure latencies and send rates to the millisecond (marked `timing`) run last, alone:
 # a second process on the same cores would distort them. The Locust process's report follows the other's.
 # One xdist worker more than the cores: the slow files use about a third of the CPU they hold (subprocesses,
-# servers, stages and browsers waited on).
-XDIST  := -n $(shell echo $$(( $$(nproc) + 1 ))) --dist loadfile
+# servers, stages and browsers waited on). --no-loadscope-reorder: files go out in collection order, the slow ones
+# first (tests/conftest.py), not xdist's default of the files with the most tests first.
+XDIST  := -n $(shell echo $$(( $$(nproc) + 1 ))) --dist loadfile --no-loadscope-reorder
 LOCUST := CAPBENCH_TESTS=locust $(PY) -m pytest -p no:xdist
 test: .venv/test.stamp .venv/chromium.stamp
 	$(PY) -m ruff check .
