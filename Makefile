@@ -34,16 +34,25 @@ demo:
 	  || { echo "make test: the browser test needs Debian's chromium: apt-get install chromium"; exit 1; }
 	touch $@
 
-# The whole suite, what CI runs, in two pytest processes: Locust patches its process with gevent (see
-# tests/conftest.py), so its tests run in a process of their own (xdist's workers do not survive the patching);
-# the rest spread over the cores (pytest-xdist; a file's tests stay on one worker and share its fixtures). The two
-# run one after the other: the Locust tests measure achieved rates and dispatch lag, which a second process
-# competing for the same two cores would distort.
-XDIST := -n auto --dist loadfile
+# The whole suite, what CI runs, in two pytest processes side by side: Locust patches its process with gevent (see
+# tests/conftest.py), so its tests run in a process of their own (xdist's workers do not survive the patching),
+# beside the rest spread over the cores (pytest-xdist; a file's tests stay on one worker and share its fixtures).
+# Both spend most of their time waiting on subprocesses and wall-clock stages, so together they fill the two
+# cores. The few tests that measure latencies and send rates to the millisecond (marked `timing`) run last, alone:
+# a second process on the same cores would distort them. The Locust process's report follows the other's.
+# One xdist worker more than the cores: the slow files use about a third of the CPU they hold (subprocesses,
+# servers, stages and browsers waited on). --no-loadscope-reorder: files go out in collection order, the slow ones
+# first (tests/conftest.py), not xdist's default of the files with the most tests first.
+XDIST  := -n $(shell echo $$(( $$(nproc) + 1 ))) --dist loadfile --no-loadscope-reorder
+LOCUST := CAPBENCH_TESTS=locust $(PY) -m pytest -p no:xdist
 test: .venv/test.stamp .venv/chromium.stamp
 	$(PY) -m ruff check .
-	$(PY) -m pytest $(XDIST)
-	CAPBENCH_TESTS=locust $(PY) -m pytest -p no:xdist
+	@rm -f .pytest-locust.log; \
+	$(LOCUST) -m "not timing" > .pytest-locust.log 2>&1 & locust=$$!; \
+	$(PY) -m pytest $(XDIST); rest=$$?; \
+	wait $$locust; loc=$$?; echo "---- $(LOCUST) -m 'not timing'"; cat .pytest-locust.log; \
+	test $$rest -eq 0 && test $$loc -eq 0
+	$(LOCUST) -m timing
 
 # The inner loop (under 2 minutes on 2 cores): every test not marked slow, outside the Locust process.
 test-fast: .venv/test.stamp

@@ -9,9 +9,10 @@ LOCUST_TESTS = ("tests/loadgen", "tests/bench/test_runner.py", "tests/bench/test
                 "tests/e2e/test_demo.py")
 LOCUST_PART = os.environ.get("CAPBENCH_TESTS") == "locust"
 # The long ones (each file's tests together take tens of seconds on 2 cores): `make test` runs them, `make test-fast`
-# (-m "not slow") leaves them out. A test may also carry @pytest.mark.slow itself.
-SLOW_TESTS = ("tests/e2e", "tests/engine_patches/test_int4_sglang_load.py", "tests/bench/campaign/test_campaign_run.py",
-              "tests/dashboard/test_apptest_planner.py", "tests/bench/test_calibrate.py")
+# (-m "not slow") leaves them out. A test may also carry @pytest.mark.slow itself. The longest first: they run first.
+SLOW_TESTS = ("tests/bench/campaign/test_campaign_run.py", "tests/bench/campaign/test_ownership.py", "tests/e2e",
+              "tests/dashboard/test_apptest_planner.py", "tests/engine_patches/test_kv_checksum_detection.py",
+              "tests/bench/test_calibrate.py", "tests/engine_patches/test_int4_sglang_load.py")
 if LOCUST_PART:
     from gevent import monkey
 
@@ -36,11 +37,25 @@ def pytest_ignore_collect(collection_path, config):
     return True if in_locust else None
 
 
+def pytest_configure(config):
+    # here, not in pyproject.toml: a change there reinstalls the venv (the Makefile's stamps depend on it)
+    config.addinivalue_line("markers", "timing: bounds latencies or send rates to the millisecond; make test runs "
+                                       "these alone, after the rest")
+
+
+def _slow_rank(item: pytest.Item) -> int:
+    """The item's place in SLOW_TESTS; len(SLOW_TESTS) for a test outside it."""
+    rel = os.path.relpath(str(item.path), ROOT)
+    return next((i for i, p in enumerate(SLOW_TESTS) if rel == p or rel.startswith(p + os.sep)), len(SLOW_TESTS))
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        rel = os.path.relpath(str(item.path), ROOT)
-        if any(rel == p or rel.startswith(p + os.sep) for p in SLOW_TESTS):
+        if _slow_rank(item) < len(SLOW_TESTS):
             item.add_marker(pytest.mark.slow)
+    # The slow files first, longest first: pytest-xdist (--dist loadfile) hands out files in this order, so the long
+    # ones start at once and no worker is left running one of them alone at the end. A file's order is kept.
+    items.sort(key=_slow_rank)
 
 
 def _define_torchvision_ops() -> None:

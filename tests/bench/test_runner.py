@@ -260,7 +260,10 @@ def test_sigkill_with_a_local_worker_still_leaves_its_requests_in_flight_a_row(s
     try:
         while status == "running" and time.time() < deadline:
             time.sleep(0.5)
-            con = duckdb.connect(str(tmp_db), read_only=True)
+            try:  # the recorder holds the file while it writes the in-flight rows: try again
+                con = duckdb.connect(str(tmp_db), read_only=True)
+            except duckdb.IOException:
+                continue
             try:
                 status = con.execute("SELECT status FROM runs").fetchone()[0]
                 n, cancelled = con.execute("SELECT count(*), count(*) FILTER (WHERE error_kind = 'cancelled') "

@@ -21,7 +21,7 @@ from tests.e2e.test_browser import ARGS, CHROMIUM, SHOTS, _free_port
 ROOT = Path(__file__).resolve().parents[2]
 CAMPAIGN = """name: browser
 slo: "ttft=10s,tpot=200ms"
-duration: 6
+duration: 10
 deployments:
   - {name: glm, twin: "glm-4.6@h200x8,time_scale=20"}
 loads:

@@ -8,6 +8,7 @@ import pytest
 from safetensors import safe_open
 
 from engine_patches.int4_moe import convert as conv
+from tests.engine_patches.int4_checkpoints import make_checkpoint
 from tests.engine_patches.test_int4_convert import SHARDS, capbench, glm  # noqa: F401  (fixture)
 
 
@@ -49,16 +50,25 @@ def interrupted(glm, tmp_path, monkeypatch):  # noqa: F811
     return partial
 
 
-def loads_like_a_fresh_conversion(glm, tmp_path, out):  # noqa: F811
-    fresh = capbench("--in", str(glm), "--out", str(tmp_path / "fresh"))
-    assert fresh.returncode == 0, fresh.stderr
+@pytest.fixture(scope="module")
+def fresh(tmp_path_factory):
+    """A fresh, uninterrupted conversion of the same checkpoint (make_checkpoint is seeded), made once a module."""
+    root = tmp_path_factory.mktemp("fresh")
+    make_checkpoint(root / "glm", "glm")
+    done = capbench("--in", str(root / "glm"), "--out", str(root / "int4"))
+    assert done.returncode == 0, done.stderr
+    return root
+
+
+def loads_like_a_fresh_conversion(glm, fresh, out):  # noqa: F811
     for shard in SHARDS:
-        assert (out / shard).read_bytes() == (tmp_path / "fresh" / shard).read_bytes()
+        assert (glm / shard).read_bytes() == (fresh / "glm" / shard).read_bytes()  # the same input
+        assert (out / shard).read_bytes() == (fresh / "int4" / shard).read_bytes()
         with safe_open(out / shard, "pt") as f:
             assert len(list(f.keys())) > 0
 
 
-def test_a_truncated_finished_shard_is_converted_again_on_resume(glm, tmp_path, interrupted):  # noqa: F811
+def test_a_truncated_finished_shard_is_converted_again_on_resume(glm, tmp_path, interrupted, fresh):  # noqa: F811
     shard = interrupted / SHARDS[0]
     size = shard.stat().st_size
     shard.write_bytes(shard.read_bytes()[: size // 2])  # a crash before the data reached the disk
@@ -69,10 +79,10 @@ def test_a_truncated_finished_shard_is_converted_again_on_resume(glm, tmp_path, 
     assert "2 shards (0 resumed)" in r.stdout
     out = tmp_path / "q"
     assert json.loads((out / "int4_report.json").read_text())["resumed_shards"] == 0
-    loads_like_a_fresh_conversion(glm, tmp_path, out)
+    loads_like_a_fresh_conversion(glm, fresh, out)
 
 
-def test_a_finished_shard_with_flipped_bytes_is_converted_again_on_resume(glm, tmp_path, interrupted):  # noqa: F811
+def test_a_finished_shard_with_flipped_bytes_is_converted_again_on_resume(glm, tmp_path, interrupted, fresh):  # noqa: F811
     shard = interrupted / SHARDS[0]
     data = bytearray(shard.read_bytes())
     data[-3] ^= 0x10  # same size, different tensor bytes
@@ -80,7 +90,7 @@ def test_a_finished_shard_with_flipped_bytes_is_converted_again_on_resume(glm, t
     r = capbench("--in", str(glm), "--out", str(tmp_path / "q"), "--resume")
     assert r.returncode == 0, r.stderr
     assert f"resume: {SHARDS[0]} cannot be trusted (its SHA-256 differs" in r.stdout
-    loads_like_a_fresh_conversion(glm, tmp_path, tmp_path / "q")
+    loads_like_a_fresh_conversion(glm, fresh, tmp_path / "q")
 
 
 def test_an_intact_finished_shard_is_kept_on_resume(glm, tmp_path, interrupted):  # noqa: F811
@@ -91,7 +101,7 @@ def test_an_intact_finished_shard_is_kept_on_resume(glm, tmp_path, interrupted):
     assert (tmp_path / "q" / SHARDS[0]).stat().st_mtime_ns == before  # not rewritten
 
 
-def test_an_output_shard_that_changes_before_the_rename_leaves_no_out(glm, tmp_path, monkeypatch):  # noqa: F811
+def test_an_output_shard_that_changes_before_the_rename_leaves_no_out(glm, tmp_path, monkeypatch, fresh):  # noqa: F811
     """The final read-back: a shard damaged after its conversion (here, between the last worker and the rename) is
     found by its header before OUT exists; the CLI says which, and --resume repairs it."""
     real = conv._verify_output
@@ -109,4 +119,4 @@ def test_an_output_shard_that_changes_before_the_rename_leaves_no_out(glm, tmp_p
     r = capbench("--in", str(glm), "--out", str(tmp_path / "q"), "--resume")
     assert r.returncode == 0, r.stderr
     assert f"resume: {SHARDS[1]} cannot be trusted" in r.stdout
-    loads_like_a_fresh_conversion(glm, tmp_path, tmp_path / "q")
+    loads_like_a_fresh_conversion(glm, fresh, tmp_path / "q")

@@ -44,9 +44,14 @@ def capbench_without_torch() -> Path:
         pip = [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
         subprocess.run([*pip, *core_dependencies()], check=True)
         ready.write_text("\n".join(core_dependencies()))
-    # editable, every time: the venv may have been built from another checkout
-    subprocess.run([str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-deps", "-e",
-                    str(ROOT)], check=True, capture_output=True)
+    # editable, unless this checkout (and its pyproject.toml) is what it last installed: the venv may have been
+    # built from another checkout
+    installed = venv / "capbench-editable.json"
+    mine = json.dumps([str(ROOT), hashlib.sha256((ROOT / "pyproject.toml").read_bytes()).hexdigest()])
+    if not installed.is_file() or installed.read_text() != mine:
+        subprocess.run([str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-deps", "-e",
+                        str(ROOT)], check=True, capture_output=True)
+        installed.write_text(mine)
     probe = subprocess.run([str(python), "-c", "import torch"], capture_output=True, text=True)
     assert probe.returncode != 0 and "No module named 'torch'" in probe.stderr, "the venv must not hold torch"
     return venv / "bin" / "capbench"

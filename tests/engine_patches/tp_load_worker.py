@@ -1,5 +1,7 @@
 """One tensor-parallel rank of a real SGLang 0.5.23 model load on CPU (run 8 of these for tp 8; see
-test_int4_sglang_load.py). Usage: python tp_load_worker.py RANK WORLD PORT SCENARIOS.json OUT.json
+test_int4_sglang_load.py). Usage: python tp_load_worker.py RANK WORLD PORT SCENARIOS.json OUT.json, or with RANK
+`all` the WORLD ranks as forks of one process that imported torch and SGLang once (each rank writes OUT.json with
+`{rank}` filled in and its log beside it); exits non-zero if any rank failed.
 
 Per scenario (a model directory and SGLang server arguments): SGLang's own parser builds the ServerArgs
 (`prepare_server_args`, plus `--device cpu`: the resolution pipeline needs a device, and the fields that decide
@@ -82,14 +84,59 @@ def load(rank: int, world: int, port: int, args: list[str], first: bool) -> dict
             "unwritten": unwritten, "sums": sums}
 
 
-def main() -> None:
-    rank, world, port, scenarios_file, out_file = sys.argv[1:6]
+def run_rank(rank: int, world: int, port: int, scenarios_file: str, out_file: str) -> None:
     scenarios = json.loads(open(scenarios_file).read())
     results = {}
     for i, s in enumerate(scenarios):
-        results[s["name"]] = load(int(rank), int(world), int(port), s["args"], first=i == 0)
+        results[s["name"]] = load(rank, world, port, s["args"], first=i == 0)
     with open(out_file, "w") as f:
         json.dump(results, f)
+
+
+def fork_ranks(world: int, port: int, scenarios_file: str, out_pattern: str) -> int:
+    """The ranks as forks of this process: SGLang's modules (seconds of CPU each) are imported once, not per rank."""
+    import os
+    import traceback
+
+    from sglang.srt.configs import model_config  # noqa: F401
+    from sglang.srt.model_loader import loader  # noqa: F401
+    from sglang.srt.models import deepseek_v2, glm4_moe  # noqa: F401
+    from sglang.srt.server_args import prepare_server_args  # noqa: F401
+
+    pids = {}
+    for rank in range(world):
+        out_file = out_pattern.format(rank=rank)
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                log = os.open(out_file + ".log", os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+                os.dup2(log, 1)
+                os.dup2(log, 2)
+                run_rank(rank, world, port, scenarios_file, out_file)
+                code = 0
+            except BaseException:
+                traceback.print_exc()
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(code)
+        pids[pid] = rank
+    failed = []
+    for _ in range(world):
+        pid, status = os.wait()
+        if os.waitstatus_to_exitcode(status) != 0:
+            failed.append(pids[pid])
+    for rank in sorted(failed):
+        print(f"rank {rank} failed:\n" + open(out_pattern.format(rank=rank) + ".log").read()[-3000:])
+    return 1 if failed else 0
+
+
+def main() -> None:
+    rank, world, port, scenarios_file, out_file = sys.argv[1:6]
+    if rank == "all":
+        sys.exit(fork_ranks(int(world), int(port), scenarios_file, out_file))
+    run_rank(int(rank), int(world), int(port), scenarios_file, out_file)
 
 
 if __name__ == "__main__":

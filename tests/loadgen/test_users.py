@@ -11,6 +11,7 @@ ONE = {"name": "one", "type": "constant", "params": {"rate": 1, "duration": 1}} 
 CLOSED = {"name": "users", "type": "users", "params": {"users": 1, "duration": 1}}
 
 
+@pytest.mark.timing  # bounds of tens of ms: run alone (Makefile)
 def test_streamed_request_times_tokens_and_gaps(stub_server):
     srv = stub_server("--token-delay", "0.02")
     recs = drive(OpenLoopUser, plan_config(srv.url, ONE, {"name": "t", "input": 16, "output": 5}), 2, 1.0)
@@ -28,6 +29,7 @@ def test_streamed_request_times_tokens_and_gaps(stub_server):
     assert r["e2e_s"] >= 0.08  # five tokens 20 ms apart, the first one after a 20 ms wait
 
 
+@pytest.mark.timing  # bounds of tens of ms: run alone (Makefile)
 def test_reasoning_tokens_count_as_first_token(stub_server):
     srv = stub_server("--token-delay", "0.03", "--reasoning", "3")
     r = drive(OpenLoopUser, plan_config(srv.url, ONE, {"name": "t", "input": 16, "output": 6}), 2, 1.0)[0]
@@ -69,6 +71,7 @@ def _one_fault(stub_server, fault: str, **cfg) -> dict:
     return recs[0]
 
 
+@pytest.mark.timing  # bounds of tens of ms: run alone (Makefile)
 def test_error_kinds(stub_server):
     assert _one_fault(stub_server, "http_500")["error_kind"] == "http_500"
     assert _one_fault(stub_server, "malformed")["error_kind"] == "malformed_stream"
@@ -86,6 +89,7 @@ def test_connect_error_when_nothing_listens(stub_server):
     assert r["status"] == "error" and r["error_kind"] == "connect"
 
 
+@pytest.mark.timing  # bounds of tens of ms: run alone (Makefile)
 def test_open_loop_sends_on_schedule_whatever_the_server_does(stub_server):
     """Coordinated omission: with every response taking 0.5 s, 20 req/s still go out at 20 req/s."""
     srv = stub_server("--token-delay", "0.1", "--tokens", "5")

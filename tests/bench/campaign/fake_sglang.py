@@ -19,12 +19,15 @@ p.add_argument("--pids", required=True)
 p.add_argument("--ports", default=None, help="append '<tag> <port>' here when serving")
 p.add_argument("--tag", default="")
 p.add_argument("--serve-kv", default=None, help="the KV dtype the twin serves, whatever the command asked")
+p.add_argument("--wait-for", default=None, help="start serving only once this file exists (a test's gate)")
 p.add_argument("command", nargs=argparse.REMAINDER)
 a = p.parse_args()
 print("launch command:", " ".join(a.command), flush=True)
 assert "sglang-launch" in a.command and "--port" in a.command, "capbench did not fill in the launch command"
 Path(a.pids).open("a").write(f"{__import__('os').getpid()}\n")
 time.sleep(a.delay)
+while a.wait_for and not Path(a.wait_for).exists():
+    time.sleep(0.1)
 if a.mode == "fail":
     print("RuntimeError: CUDA out of memory while loading the weights (fake)", flush=True)
     sys.exit(1)

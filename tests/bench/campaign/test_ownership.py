@@ -18,6 +18,7 @@ import duckdb
 from tests.bench.campaign.test_campaign_run import CLI, FAKE, ROOT, _cells, _dead
 
 KILLS = 5
+PROGRESS_LINES = 15  # a fresh 4-cell campaign prints about 14: starting, stage results, stopped, ...
 
 
 def _launcher(name: str, kv: str, tmp: Path, mode: str = "ok", stop: bool = True, extra: str = "") -> str:
@@ -63,18 +64,34 @@ def _unfinished(db: Path) -> bool:
         return con.execute("SELECT count(*) FROM campaigns WHERE status <> 'completed'").fetchone()[0] > 0
 
 
+def _kill_after(proc: subprocess.Popen, lines: int, delay_s: float) -> str:
+    """SIGKILL the campaign delay_s after its `lines`-th progress line (a moment in any phase: starting, serving a
+    stage, stopping a server), or sooner if it ends by itself; its stderr."""
+    seen = []
+    while len(seen) < lines:
+        line = proc.stderr.readline()
+        if not line:
+            break
+        seen.append(line)
+    try:
+        proc.wait(timeout=delay_s)
+    except subprocess.TimeoutExpired:
+        pass
+    proc.send_signal(signal.SIGKILL)
+    return "".join(seen) + proc.communicate(timeout=30)[1]
+
+
 def test_sigkill_at_random_moments_then_resume(tmp_path):
     """Each trial: --resume the unfinished campaign (or, once one completed, start a new one on the same DB), SIGKILL
-    it at a random moment; then resume to the end."""
+    it at a random moment (a random progress line, then up to 4 s: no trial waits past the campaign's end); then
+    resume to the end."""
     f = _campaign(tmp_path, [_launcher("bf16", "bf16", tmp_path), _launcher("fp8", "fp8_e4m3", tmp_path)])
     db = tmp_path / "c.duckdb"
     rng = random.Random(int(os.environ.get("CAPBENCH_KILL_SEED", "23")))
     kept: set[tuple[str, str]] = set()
     for k in range(KILLS):
         proc = _start(f, db, *(["--resume"] if _unfinished(db) else []))
-        time.sleep(rng.uniform(3.0, 40.0))
-        proc.send_signal(signal.SIGKILL)
-        err = proc.communicate(timeout=30)[1]
+        err = _kill_after(proc, rng.randrange(PROGRESS_LINES), rng.uniform(0.0, 4.0))
         assert "Traceback" not in err, err[-3000:]
         now = _completed(db)
         assert kept <= now, f"kill {k}: completed cells lost: {kept - now}"
@@ -132,15 +149,18 @@ def _wait_for(proc: subprocess.Popen, text: str, timeout_s: float = 120) -> list
 
 
 def test_a_resume_beside_the_live_campaign_is_refused(tmp_path):
-    # one long load point, so the live campaign is still running when the resume starts, however slow the machine
-    f = _campaign(tmp_path, [_launcher("bf16", "bf16", tmp_path)],
-                  "  - {name: a, workload: chat, profile: poisson, rate: 2, duration: 25}\n")
+    # the launched server serves only once the gate file exists, so the live campaign is still running when the
+    # resume starts, however slow the machine
+    gate = tmp_path / "gate"
+    f = _campaign(tmp_path, [_launcher("bf16", "bf16", tmp_path, extra=f"--wait-for {gate}")],
+                  "  - {name: a, workload: chat, profile: poisson, rate: 2}\n")
     db = tmp_path / "c.duckdb"
     live = _start(f, db)
     seen = _wait_for(live, "bf16: starting")
     assert any("bf16: starting" in s for s in seen), seen
     second = subprocess.run([*CLI, str(f), "--db", str(db), "--resume"], capture_output=True, text=True,
                             timeout=120, cwd=ROOT)
+    gate.touch()
     assert second.returncode == 2 and "a second runner is refused" in second.stderr, second.stderr[-2000:]
     assert f"pid {live.pid}" in second.stderr and "Traceback" not in second.stderr
     rest = live.communicate(timeout=300)[1]
