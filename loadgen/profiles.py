@@ -37,7 +37,7 @@ PARAMS = {  # what each type reads: anything else is a typo, said so rather than
     "spike": {"rate", "spike_rate", "spike_at", "spike_duration", "duration", "arrival", "max_concurrency"},
     "diurnal": {"min_rate", "max_rate", "period", "duration", "arrival", "max_concurrency"},
     "sweep": {"stage_duration", "arrival", "rates", "factors", "max_rate", "min_achieved_ratio", "max_latency_ratio",
-              "max_error_rate", "min_slo_attainment", "burstiness", "max_concurrency"},
+              "max_error_rate", "min_slo_attainment", "burstiness", "max_concurrency", "refine", "resolution"},
     "trace": {"path", "speedup", "max_requests", "max_concurrency"},
 }
 # max_concurrency (open loop): at most N requests in flight; an arrival that finds N waits in the client for a free
@@ -278,7 +278,10 @@ def _check(prof: Profile) -> None:
     cap = prof.params.get("max_concurrency")
     if cap is not None and not (isinstance(cap, int) and cap >= 1):
         raise ProfileError(f"profile {prof.name}: max_concurrency must be a whole number >= 1, not {cap!r}")
-    for key in ("speedup", "burstiness", "period", "step_duration", "stage_duration"):
+    v = prof.params.get("refine")
+    if v is not None and not (isinstance(v, int) and 0 <= v <= 20):
+        raise ProfileError(f"profile {prof.name}: refine must be a whole number of bisections 0-20, not {v!r}")
+    for key in ("speedup", "burstiness", "period", "step_duration", "stage_duration", "resolution"):
         v = prof.params.get(key)
         if v is not None and not (isinstance(v, int | float) and v > 0):
             raise ProfileError(f"profile {prof.name}: {key} must be a number > 0, not {v!r}")

@@ -270,15 +270,21 @@ def _deployment(problems: Problems, where: str, raw: object, timeout: float | No
     return _sglang(problems, f"{where}.sglang", raw["sglang"], common)
 
 
-def _disaggregated(problems: Problems, where: str, raw: object, common: dict) -> DeploymentSpec | None:
-    raw = raw if isinstance(raw, dict) else {}
+def _engine(problems: Problems, where: str, raw: dict, kv_default: str) -> tuple:
+    """(model, gpu, whether both are in the catalog, KV dtype, expert weights, KV checksum) of an SGLang launch."""
     model, gpu = raw.get("model"), str(raw.get("gpu", "h200"))
     if model is None:
         problems.add(f"{where}.model", "the catalog model id is required (e.g. kimi-k2-thinking)")
     ok = _catalog(problems, where, model, gpu)
-    kv = _choice(problems, f"{where}.kv_dtype", raw.get("kv_dtype", "fp8_e4m3"), KV_DTYPES)
+    kv = _choice(problems, f"{where}.kv_dtype", raw.get("kv_dtype", kv_default), KV_DTYPES)
     weights = _choice(problems, f"{where}.weights", raw.get("weights", "native"), WEIGHTS)
     checksum = _choice(problems, f"{where}.kv_checksum", raw.get("kv_checksum", "off"), CHECKSUMS)
+    return model, gpu, ok, kv, weights, checksum
+
+
+def _disaggregated(problems: Problems, where: str, raw: object, common: dict) -> DeploymentSpec | None:
+    raw = raw if isinstance(raw, dict) else {}
+    model, gpu, ok, kv, weights, checksum = _engine(problems, where, raw, "fp8_e4m3")
     pd = parse_pd(problems, where, raw or None, gpu if ok else "h200")
     if not ok or pd is None:
         return None
@@ -308,13 +314,7 @@ def _sglang(problems: Problems, where: str, raw: object, common: dict) -> Deploy
         problems.add(where, "a mapping with model, tp, kv_dtype, ... is required")
         return None
     _unknown(problems, where, raw, SGLANG_KEYS)
-    model, gpu = raw.get("model"), str(raw.get("gpu", "h200"))
-    if model is None:
-        problems.add(f"{where}.model", "the catalog model id is required (e.g. kimi-k2-thinking)")
-    ok = _catalog(problems, where, model, gpu)
-    kv = _choice(problems, f"{where}.kv_dtype", raw.get("kv_dtype", "bf16"), KV_DTYPES)
-    weights = _choice(problems, f"{where}.weights", raw.get("weights", "native"), WEIGHTS)
-    checksum = _choice(problems, f"{where}.kv_checksum", raw.get("kv_checksum", "off"), CHECKSUMS)
+    model, gpu, ok, kv, weights, checksum = _engine(problems, where, raw, "bf16")
     for key in ("tp", "dp", "ep", "port"):
         if key in raw:
             _number(problems, f"{where}.{key}", raw[key], int)

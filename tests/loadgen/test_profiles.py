@@ -90,6 +90,15 @@ def test_max_concurrency_is_an_open_loop_whole_number():
         profiles.load("users", {"max_concurrency": 4})  # a closed loop holds its users in flight already
 
 
+def test_the_sweep_bisects_as_told_and_refuses_nonsense():
+    sweep = profiles.load("sweep")
+    assert sweep.params["refine"] == 4 and sweep.params["resolution"] == 0.05  # the shipped file's, accepted
+    for key, bad, said in (("refine", 2.5, "refine must be a whole number"), ("refine", 99, "refine must be"),
+                           ("resolution", 0, "resolution must be a number > 0"), ("refine", "x", "refine must be")):
+        with pytest.raises(ProfileError, match=said):
+            profiles.load("sweep", {key: bad})
+
+
 def test_sweep_rates_and_saturation():
     p = profiles.load("sweep")
     assert p.sweep_rates(2.0)[:3] == [3.0, 4.0, 6.0]

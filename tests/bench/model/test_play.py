@@ -52,5 +52,5 @@ def test_simulate_cli_takes_a_cap_and_refuses_a_bad_one():
     ok = subprocess.run([*cli, "--max-concurrency", "4"], capture_output=True, text=True, timeout=300)
     assert ok.returncode == 0, ok.stderr[-1000:]
     bad = subprocess.run([*cli, "--max-concurrency", "0"], capture_output=True, text=True, timeout=300)
-    assert bad.returncode == 2 and "--max-concurrency must be at least 1" in bad.stderr + bad.stdout
+    assert bad.returncode == 2 and "--max-concurrency must be >= 1" in bad.stderr + bad.stdout
     assert "Traceback" not in bad.stderr
