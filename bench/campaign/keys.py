@@ -1,6 +1,6 @@
 """The campaign keys of the measurements (read after the file's other keys, each problem one line like theirs):
-`stop_grace` (seconds between SIGTERM and SIGKILL, top level or per deployment), a load's `repeats`, and workload
-files named relative to the campaign file. """
+`stop_grace` (seconds between SIGTERM and SIGKILL, top level or per deployment), a load's `repeats` and
+`max_concurrency`, and workload files named relative to the campaign file."""
 
 from __future__ import annotations
 
