@@ -28,6 +28,7 @@ class TwinConfig:
     max_running_requests: int | None = None
     max_total_tokens: int | None = None  # SGLang --max-total-tokens: cap the KV pool
     mixed_chunk: bool = False
+    stream_interval: int = 1  # SGLang --stream-interval: a stream gets its first token at once, then every N tokens
     prefill_tp: int = 0  # > 0: prefill/decode disaggregated; a prefill instance of this many GPUs in front of the
     # decode instance of `tp` GPUs (both DP attention + DeepEP), the KV crossing between (bench/twin/pd.py)
 
@@ -47,6 +48,8 @@ def parse_twin_spec(spec: str) -> TwinConfig:
                               float if "float" in kind else str)
     config = TwinConfig(**values)
     config.deployment()  # validate now
+    if config.stream_interval < 1:
+        raise BadInput(f"stream_interval is SGLang's --stream-interval, at least 1, got {config.stream_interval}")
     if config.prefill_tp < 0:
         raise BadInput(f"prefill_tp is 0 (colocated) or the prefill instance's GPUs, got {config.prefill_tp}")
     if config.prefill_tp:

@@ -44,6 +44,7 @@ class TwinRequest(Request):
     first_token_wall: float | None = None
     finish_wall: float | None = None
     last_token_wall: float = 0.0
+    streamed: int = 0  # output tokens handed to the socket
     event: asyncio.Event | None = None
 
 
@@ -88,6 +89,7 @@ class Twin:
         self.peak_running = 0
         self.last_gen = (time.time(), 0)
         self.gen_throughput = 0.0
+        self.behind_s = 0.0  # wall seconds the scheduler loop fell behind its modelled pace and did not make up
 
     # ---- the scheduler loop
     async def run(self) -> None:
@@ -102,19 +104,26 @@ class Twin:
             if step is None:
                 self.wake.clear()
                 await self.wake.wait()
+                due = loop.time()  # idle is not behind
                 continue
             self.peak_running = max(self.peak_running, self.sched.num_running)
             running = list(self.sched.decoding) if step.decode else []
             now = loop.time()
-            due = (due if now - due < 5e-3 else now) + step.duration / self.config.time_scale
+            if now - due >= 5e-3:  # too late to make up: the modelled clock loses this much (the host's CPU shows)
+                self.behind_s += now - due
+                due = now
+            due += step.duration / self.config.time_scale
             wait = due - loop.time()
             await asyncio.sleep(wait if wait > 1e-3 else 0)
             now = time.time()
             first, done = self.sched.commit(step, now)
+            every = self.config.stream_interval
             for req in running:
                 self.metrics.itl.observe(now - req.last_token_wall)
                 req.last_token_wall = now
-                if req.params.stream:  # a non-streamed request only needs its finish
+                # a non-streamed request only needs its finish; a streamed one its tokens, every `every` of them
+                # as SGLang's --stream-interval sends them (fewer wake-ups: a faster twin keeps up)
+                if req.params.stream and (every == 1 or self.sched.generated(req) - req.streamed >= every):
                     req.event.set()
             for req in first:
                 req.first_token_wall = req.last_token_wall = now
@@ -243,7 +252,7 @@ class Twin:
                 last = i == req.max_new - 1
                 out.append(chunk(p, req.rid, created, self.name, " " + word, req.finish_reason if last else None,
                                  lp, first=i == 0))
-            sent = max(sent, upto)
+            sent = req.streamed = max(sent, upto)
             if sent >= req.max_new:  # the last tokens, usage, [DONE] and the end of the body in one send
                 if p.include_usage:
                     u = usage(req.prompt_len, req.max_new, req.cached_tokens)
@@ -298,7 +307,8 @@ class Twin:
             "quantization": None if dep.weights == "native" else dep.weights, "page_size": 1,
             "chunked_prefill_size": self.chunk, "max_running_requests": self.max_running,
             "mem_fraction_static": c.mem_fraction_static, "context_length": dep.context_len,
-            "enable_metrics": True, "enable_cache_report": True, "host": self.config.host, "port": self.config.port,
+            "enable_metrics": True, "enable_cache_report": True, "stream_interval": self.config.stream_interval,
+            "host": self.config.host, "port": self.config.port,
             "max_total_num_tokens": self.pool, "max_req_input_len": min(dep.context_len, self.pool) - 1,
             "version": "0.5.23-capbench-twin",
             "internal_states": [{
@@ -309,7 +319,8 @@ class Twin:
                 "num_queue_reqs": len(self.sched.waiting), "peak_running_reqs": self.peak_running,
                 "token_usage": self.sched.used_tokens / self.pool, "retractions": st["retractions"],
             }],
-            "capbench": {"twin": asdict(self.config), "capacity": c.to_dict(), "efficiency": self.eff.to_dict()},
+            "capbench": {"twin": asdict(self.config), "capacity": c.to_dict(), "efficiency": self.eff.to_dict(),
+                         "behind_s": self.behind_s},
         }
 
     async def server_info_handler(self, _: web.Request) -> web.Response:

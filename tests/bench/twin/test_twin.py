@@ -295,3 +295,22 @@ def test_a_client_that_goes_away_frees_its_request():
         info = httpx.get(handle.url + "/server_info").json()["internal_states"][0]
     assert record["state"] == "aborted" and 3 <= record["completion_tokens"] < 1000
     assert info["num_running_reqs"] == 0 and info["token_usage"] == 0
+
+
+def test_stream_interval_sends_the_first_token_at_once_then_every_n_as_sglang_does():
+    """SGLang's --stream-interval 4: the first token alone, then the tokens in groups of at least 4 (a slow reader
+    may see groups merge, never split), the same 13 tokens in the end."""
+    with serve_in_thread(TwinConfig(time_scale=0.5, stream_interval=4)) as handle:
+        assert httpx.get(handle.url + "/get_server_info").json()["stream_interval"] == 4
+        body = {"model": "x", "prompt": "Count.", "max_tokens": 13, "stream": True, "ignore_eos": True}
+        reads = []
+        with httpx.stream("POST", handle.url + "/v1/completions", json=body, timeout=30) as r:
+            for raw in r.iter_raw():
+                events = [e for e in raw.split(b"\n\n") if e.startswith(b"data: {")]
+                if events:
+                    reads.append(len(events))
+    assert sum(reads) == 13
+    assert reads[0] == 1  # the first token is sent at once
+    assert all(n >= 4 for n in reads[1:-1]) and len(reads) <= 4  # 1, then 4, 4, 4 (the last group at the finish)
+    with pytest.raises(BadInput, match="stream_interval"):
+        parse_twin_spec("twin:kimi-k2-thinking@h200x8,stream_interval=0")
