@@ -161,7 +161,8 @@ def _run_one(store: Store, opts: RunOptions, prof: profiles.Profile, wl: workloa
         offsets = prof.arrivals(opts.seed, warmup)
         total = len(offsets)
         last_offset = float(offsets[-1]) if total else 0.0
-        pool = opts.max_inflight or int(min(4096, max(32, prof.peak_rate() * 20)))
+        # never more users than requests to send: spawning the pool is the wait before the first arrival
+        pool = opts.max_inflight or int(min(4096, max(32, prof.peak_rate() * 20), max(total, 1)))
         cap = params.get("max_concurrency")
         if cap is not None:
             if cap < n_workers:
