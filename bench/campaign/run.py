@@ -41,10 +41,11 @@ from bench.campaign.stage import (
     requests_sample,
     shown,
     stage_counts,
+    twin_behind_s,
     window_output_tps,
 )
 from bench.errors import BadInput
-from bench.model import Interval, bootstrap, catalog, mean_interval, usd_per_million
+from bench.model import Interval, behind_said, bootstrap, catalog, mean_interval, usd_per_million
 from bench.store import Store
 from bench.sweep import Found, Search, sweep
 
@@ -199,6 +200,7 @@ def _cell(store: Store, cid: str, dep: DeploymentSpec, load: Load, server: Launc
                                       # what the server was offered, as a sweep stage of `capbench run` stores it
                                       "offered_rps": None if rate is None else rate * scale,
                                       **({"twin": dep.twin} if dep.twin else {})})
+        behind0, began = (twin_behind_s(server.url) if dep.kind == "twin" else None), time.monotonic()
         try:
             with _telemetry("off" if dep.kind == "twin" else None):  # a twin models GPUs this host does not have
                 res = run_load(opts)[-1]
@@ -210,11 +212,16 @@ def _cell(store: Store, cid: str, dep: DeploymentSpec, load: Load, server: Launc
             raise KeyboardInterrupt
         _went_down(server, f"{dep.name} went down during {key}", wait_s=0.0)
         summary = {**res.summary, **judge(store, res.run_id, slo)}
+        behind1 = twin_behind_s(server.url) if behind0 is not None else None
+        if behind1 is not None:
+            summary["twin_behind"] = (behind1 - behind0) / max(time.monotonic() - began, 1e-9)
         ok, miss = meets(summary, slo, scale)
-        s = Stage(rate or 0.0, res.run_id, summary, ok, miss,
-                  requests_sample(store, res.run_id, slo, rate or 0.0, window_output_tps(summary, load.duration_s)))
+        sample = requests_sample(store, res.run_id, slo, rate or 0.0, window_output_tps(summary, load.duration_s))
+        sure = bootstrap.verdict_share(sample, slo.percentile, RUN_ERRORS_OK, ok) >= bootstrap.SURE
+        s = Stage(rate or 0.0, res.run_id, summary, ok, miss, sample, sure)
         say(f"{key}: {'' if rate is None else f'{rate:.3g} req/s: '}goodput {s.goodput:.3g} req/s, "
-            f"{'within the SLO' if ok else miss}; {stage_counts(summary)}")
+            f"{'within the SLO' if ok else miss}; {stage_counts(summary)}"
+            + (f"; {behind_said(summary.get('twin_behind'))}" if behind_said(summary.get("twin_behind")) else ""))
         return s
 
     search = _search(load)
@@ -298,7 +305,10 @@ def _result(dep: DeploymentSpec, load: Load, found: list[Found]) -> dict:
                     # at the SLO's percentile, what the latency-against-load charts draw
                     "ttft": shown(s.summary.get(f"ttft_p{load.slo.percentile}"), scale),
                     "tpot": shown(s.summary.get(f"tpot_p{load.slo.percentile}"), scale),
+                    "twin_behind": s.summary.get("twin_behind"),
                     **{c: s.summary.get(c) for c in COUNTS}} for k, f in enumerate(found) for s in f.stages],
+        "twin_behind": max((s.summary.get("twin_behind") or 0.0 for f in found for s in f.stages), default=None)
+        if dep.kind == "twin" else None,
         "slo": load.slo.text(), "time_scale": scale, "model": dep.model, "gpu": dep.gpu, "gpus": dep.gpus,
         "kv_dtype": dep.kv_dtype, "weights": dep.weights, "kv_checksum": dep.kv_checksum, "baseline": dep.baseline,
         "workload": load.workload, "flags": dep.sglang.get("flags", []), "twin": dep.twin,

@@ -60,7 +60,7 @@ from bench.model import (
 from bench.model.bootstrap import StageSample, cell_gain, stage_sample
 from bench.model.calibration import Efficiency, load_efficiency
 from bench.model.capacity import Capacity, Deployment
-from bench.model.confidence import Interval, gain_interval, gain_words, mean_interval
+from bench.model.confidence import Interval, behind_said, gain_interval, gain_words, mean_interval
 from bench.model.option import HOURS_PER_MONTH, Config, Option
 from bench.model.perfmodel import PerfModel, usd_per_million
 from bench.model.plan import Plan, Question, make_plan, workload_names
@@ -80,6 +80,6 @@ __all__ = [
     "Spec", "parse_spec", "Workload", "fixed_workload", "load_workload", "usd_per_million",
     "disagg", "disagg_launch", "interconnect", "pd_search", "pd_simulate", "pd_versus",
     "validate_pd",
-    "confidence", "Interval", "gain_interval", "gain_words", "mean_interval",
+    "confidence", "Interval", "behind_said", "gain_interval", "gain_words", "mean_interval",
     "bootstrap", "StageSample", "cell_gain", "stage_sample",
 ]

@@ -12,6 +12,7 @@ import math
 from dataclasses import dataclass
 
 LEVEL = 90
+TWIN_BEHIND_OK = 0.02  # a twin that lost more of a stage's wall time than this measured its host, not the GPU
 # Student's t, 95th percentile (a two-sided 90 % interval), by degrees of freedom; the normal's beyond 30
 T95 = {1: 6.314, 2: 2.920, 3: 2.353, 4: 2.132, 5: 2.015, 6: 1.943, 7: 1.895, 8: 1.860, 9: 1.833, 10: 1.812,
        12: 1.782, 15: 1.753, 20: 1.725, 30: 1.697}
@@ -89,3 +90,11 @@ def gain_words(g: Interval | None) -> str:
     if g.low <= 1.0 <= g.high:
         return "not distinguishable from no gain"
     return "a gain" if g.low > 1.0 else "a loss"
+
+
+def behind_said(share: float | None) -> str:
+    """A stage on a twin that fell more than TWIN_BEHIND_OK of its time behind, in words ("" when it kept up)."""
+    if share is None or share <= TWIN_BEHIND_OK:
+        return ""
+    return (f"the twin fell {share:.0%} of the stage behind its modelled pace (this host's CPU, not the modelled "
+            "GPU): its latencies are overstated, its rate understated")

@@ -14,7 +14,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench.model import cell_gain, gain_words
+from bench.model import behind_said, cell_gain, gain_words
 from bench.store import Store, replacing
 
 
@@ -125,7 +125,7 @@ def campaign_sections(m: Matrix, detail: bool = False) -> list[tuple[str, list[s
               _fi(c.get("measured_usd_per_m"), c.get("measured_usd_per_m_interval"), ",.2f"),
               _f(c.get("predicted_usd_per_m"), ",.2f"), _how(c),
               _f(c.get("bracket") and c["bracket"] * 100, ".1f", " %"), str(c.get("stages", "-")),
-              c.get("saturation") or _first_line(c.get("error"))]
+              (c.get("saturation") or _first_line(c.get("error"))) + _behind(c)]
              for c in m.cells]
     gains = [[g["deployment"], g["baseline"], g["load"], g["what"],
               _fi(g["measured_gain"], g.get("gain_interval"), ".2f", "x"), gain_said(g),
@@ -165,6 +165,12 @@ def _conditions(c: dict) -> list[str]:
             " ".join(map(str, c.get("flags") or [])) or "-",
             str(c.get("workload", "-")), str(c.get("slo", "-")),
             f"{c['twin']} (x{c.get('time_scale', 1):g} time)" if c.get("twin") else "-"]
+
+
+def _behind(c: dict) -> str:
+    """A twin that could not keep up with its modelled pace, said beside its figure (bench/campaign/stage.py)."""
+    said = behind_said(c.get("twin_behind"))
+    return f"; at its worst stage {said}" if said else ""
 
 
 def _first_line(text: str | None) -> str:
