@@ -21,6 +21,7 @@ class StagePoint(Protocol):
     rate: float
     meets: bool
     why: str
+    sure: bool  # its verdict would stand on a resample of its requests (a measured stage; a modelled one always)
 
     @property
     def goodput(self) -> float: ...
@@ -35,6 +36,7 @@ class Search:
     min_gain: float = 0.05
     resolution: float = 0.05  # bisect until the first rate past the SLO is within this of the last within it
     ladder: tuple[float, ...] = ()  # rates to climb instead of start x factor^k (capbench run's `rates`/`factors`)
+    anchor: bool = True  # one more stage a factor below the lowest one when that held only just (not `sure`)
 
 
 @dataclass
@@ -88,4 +90,9 @@ def sweep(stage: Callable[[float], StagePoint], search: Search) -> Found:
             best = s
         else:
             bad = mid
+    lowest = min(stages, key=lambda x: x.rate)
+    if best is not None and lowest.meets and not getattr(lowest, "sure", True) and search.anchor:
+        # the lowest rate held only just: one rate a factor below anchors the figure's interval (without a rate
+        # that surely holds, a bootstrap over the requests cannot give its lower end)
+        stages.append(stage(lowest.rate / search.factor))
     return Found(stages, best, bad if best is not None and bad is not None and bad > best.rate else None, why)

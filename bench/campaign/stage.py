@@ -32,6 +32,7 @@ class Stage:
     meets: bool
     why: str  # what missed, or ""
     sample: StageSample | None = None  # its requests, for the bootstrap (bench/model/bootstrap.py)
+    sure: bool = True  # its verdict stands in nearly every bootstrap draw (bootstrap.SURE); the sweep anchors on it
 
     @property
     def goodput(self) -> float:
@@ -123,6 +124,17 @@ def meets(summary: dict, slo: Slo, scale: float = 1.0) -> tuple[bool, str]:
 
 def _what(metric: str) -> str:
     return "first token" if metric == "ttft" else "full answer"
+
+
+def twin_behind_s(url: str) -> float | None:
+    """Wall seconds a twin's scheduler loop has fallen behind its modelled pace and not made up (its host's CPU
+    could not keep up); None for a server that is not a twin or does not answer."""
+    import httpx
+
+    try:
+        return float(httpx.get(url.rstrip("/") + "/get_server_info", timeout=5).json()["capbench"]["behind_s"])
+    except (httpx.HTTPError, ValueError, KeyError, TypeError):
+        return None
 
 
 def stage_counts(summary: dict) -> str:

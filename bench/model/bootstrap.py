@@ -27,6 +27,8 @@ from bench.model.confidence import Interval, gain_interval
 
 LEVEL = 90
 DRAWS = 1000
+SURE = 0.97  # a stage whose verdict stands in this share of draws anchors a sweep's interval (its lower end
+# needs the lowest stage to hold in more than 95 % of draws)
 FAR = 1e9  # a cut-off request's latency: past any bound (as bench/campaign/stage.py counts it)
 
 
@@ -80,6 +82,13 @@ def _judge(s: StageSample, percentile: int, errors_ok: float, rng: np.random.Gen
     mean_out = s.out_tokens.mean()
     tps = s.output_tps * (w @ s.out_tokens) / n / mean_out if mean_out else np.zeros(draws)
     return holds, share, tps
+
+
+def verdict_share(s: StageSample, percentile: int, errors_ok: float, meets: bool, seed: int = 0,
+                  draws: int = DRAWS) -> float:
+    """The share of bootstrap draws in which the stage's verdict (meets the SLO or not) is the same as measured."""
+    holds = _judge(s, percentile, errors_ok, np.random.default_rng(seed), draws)[0]
+    return float(np.mean(holds == meets))
 
 
 def sweep_draws(stages: list[StageSample], percentile: int, errors_ok: float, seed: int = 0,

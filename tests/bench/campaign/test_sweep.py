@@ -93,3 +93,39 @@ def test_the_bracket_closes_to_five_percent():
         assert found.best.rate <= limit < found.past and found.bracket <= 0.05, (limit, found.bracket)
     capped = sweep(_server(2.9), Search(start=0.5, factor=1.25, max_stages=4))
     assert capped.past is None and capped.bracket is None and capped.why == "search limit"  # a lower bound only
+
+
+def test_a_lowest_rate_that_held_only_just_gets_an_anchor_a_factor_below():
+    """Without a rate that surely holds, a bootstrap over the requests has no lower end for the figure: when the
+    lowest stage held only just (not `sure`), the sweep runs one more a factor below it, and only then."""
+    from bench.sweep import Search
+
+    def server(limit: float, shaky: float):
+        def stage(rate: float) -> Stage:
+            return Stage(rate, "", {"slo_attainment": 1.0}, rate <= limit, "", sure=abs(rate - shaky) > 1e-9)
+        return stage
+
+    found = sweep(server(1.05, shaky=1.0), Search(start=1.0, factor=1.1, refine=1, min_gain=0))
+    assert [round(s.rate, 4) for s in found.stages] == [1.0, 1.1, round(math.sqrt(1.1), 4), round(1 / 1.1, 4)]
+    assert math.isclose(found.best.rate, math.sqrt(1.1)) and found.past == 1.1  # the anchor changes no figure
+    plain = sweep(server(1.05, shaky=-1), Search(start=1.0, factor=1.1, refine=1, min_gain=0))
+    assert len(plain.stages) == 3  # the lowest held surely: no anchor
+    off = sweep(server(1.05, shaky=1.0), Search(start=1.0, factor=1.1, refine=1, min_gain=0, anchor=False))
+    assert len(off.stages) == 3
+
+
+def test_a_stage_one_request_from_its_bound_is_not_sure_one_far_from_it_is():
+    import numpy as np
+
+    from bench.model import bootstrap
+
+    def sample(over: int, n: int = 20) -> bootstrap.StageSample:
+        ttft = np.array([40.0] * over + [5.0] * (n - over))  # TTFT bound 30 s; p90 of 20 allows 2 past it
+        lat = np.stack([ttft, np.full(n, 0.05), np.full(n, 60.0)], axis=1)
+        ok = np.ones(n, bool)
+        return bootstrap.stage_sample(1.0, ok, ~ok, lat, (30.0, 0.3, None), np.full(n, 100.0), 100.0)
+
+    marginal = bootstrap.verdict_share(sample(2), 90, 0.01, meets=True)
+    clear = bootstrap.verdict_share(sample(0), 90, 0.01, meets=True)
+    assert marginal < bootstrap.SURE <= clear == 1.0
+    assert 0.5 < marginal < 0.8  # P(Binomial(20, 0.1) <= 2) = 0.68
