@@ -5,6 +5,7 @@ and the figures as published. The schema is data/measurements/README.md.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
@@ -79,6 +80,7 @@ class Case:
     capacity: dict = field(default_factory=dict)
     uncertain: tuple[str, ...] = ()
     pd: dict = field(default_factory=dict)  # kind disaggregated: the phase measured, its shape and figures (raw)
+    recv_interval: int = 1  # --scheduler-recv-interval from other_flags (SGLang's default: 1)
 
     @property
     def key(self) -> str:
@@ -156,7 +158,17 @@ def _case(source: Source, c: dict) -> Case:
         uncertain=tuple(str(u) for u in c.get("uncertain") or ()),
         pd=dict(c.get("pd") or {}, published=dict(c.get("published") or {})) if c.get("kind") == "disaggregated"
         else {},
+        recv_interval=_flag_int(c.get("other_flags"), "--scheduler-recv-interval") or 1,
     )
+
+
+def _flag_int(flags: object, name: str) -> int | None:
+    """The integer value of `name` in a case's other_flags ("--flag 10" or "--flag=10"), None when absent."""
+    for flag in flags if isinstance(flags, list) else ():
+        m = re.fullmatch(rf"{re.escape(name)}[ =](\d+)", str(flag).strip())
+        if m:
+            return int(m.group(1))
+    return None
 
 
 @cache

@@ -7,7 +7,8 @@ decode step of every running request, prefill first, as SGLang runs without --en
 a request enters while the free + evictable KV tokens cover its uncached prompt plus new_token_ratio times the
 output still expected from everyone running (outputs clipped at 4096 tokens; the ratio starts at 0.7 and
 decays to 0.098 over 600 decode steps). When a decode step finds no room, the request with the fewest output
-tokens is retracted to the front of the queue and recomputed later.
+tokens is retracted to the front of the queue and recomputed later. --scheduler-recv-interval N takes new requests
+in every N decode steps, after any prefill step and when idle (SGLang's recv_skipper.py); till then they wait.
 
 The prefix cache holds KV in blocks of `block_size` tokens keyed by a chain of the tokens before them (the
 caller makes the keys): a prompt hits its longest run of cached leading blocks. A request's prompt blocks enter
@@ -136,9 +137,11 @@ class PrefixCache:
 
 class Scheduler:
     def __init__(self, perf: PerfModel, pool_tokens: int, max_running: int, chunk: int, block_size: int = 16,
-                 mixed_chunk: bool = False) -> None:
+                 mixed_chunk: bool = False, recv_interval: int = 1) -> None:
         self.perf, self.pool, self.max_running, self.chunk = perf, pool_tokens, max_running, chunk
-        self.mixed_chunk = mixed_chunk
+        self.mixed_chunk, self.recv_interval = mixed_chunk, max(1, recv_interval)
+        self.inbox: deque[Request] = deque()  # submitted, not yet taken in (SGLang's --scheduler-recv-interval)
+        self.recv_count = 0  # the steps' recv-skipper weights since the last receive
         # DP attention: SGLang divides chunked_prefill_size by the DP size (each rank schedules its own requests),
         # so one request prefills at most chunk // dp tokens a step while the step's total stays `chunk`
         self.rank_chunk = max(1, chunk // max(1, getattr(perf, "dp", 1)))
@@ -193,11 +196,11 @@ class Scheduler:
     # ---- requests in and out
     def submit(self, req: Request) -> None:
         req.state = "waiting"
-        self.waiting.append(req)
+        (self.inbox if self.recv_interval > 1 else self.waiting).append(req)
 
     def abort(self, req: Request) -> None:
         if req.state == "waiting":
-            self.waiting.remove(req)
+            (self.inbox if req in self.inbox else self.waiting).remove(req)
         elif req.state == "prefill":
             self.prefilling.remove(req)
             self._release(req, insert=False)
@@ -316,6 +319,9 @@ class Scheduler:
 
     def plan(self) -> Step | None:
         """The next step and its duration, or None when there is nothing to run."""
+        if self.recv_count >= self.recv_interval or not self.num_running:  # an idle loop spins in microseconds
+            self.waiting.extend(self.inbox)  # the count restarts whether or not any came
+            self.inbox, self.recv_count = deque(), 0
         prefill = self._admit(self.chunk)
         decode = bool(self.decoding) and (self.mixed_chunk or not prefill)
         if decode:
@@ -340,6 +346,7 @@ class Scheduler:
     def commit(self, step: Step, now: float) -> tuple[list[Request], list[Request]]:
         """Apply a planned step that ended at `now`: (requests that got their first token, requests done)."""
         first, done = [], []
+        self.recv_count += self.recv_interval if step.prefill else 1
         if step.decode:
             self.steps += 1
             self.private += self.accept * len(self.decoding)

@@ -121,7 +121,8 @@ def replay(case: Case, eff: Efficiency, seed: int = 0) -> Replay:
         return r
     perf = PerfModel(dep, eff)
     chunk = case.chunked_prefill or memory_tier(dep.gpu, dep.tp)[0]
-    sched = Scheduler(perf, cap.kv_pool_tokens_total, cap.max_running_requests, chunk, BLOCK)
+    sched = Scheduler(perf, cap.kv_pool_tokens_total, cap.max_running_requests, chunk, BLOCK,
+                      recv_interval=case.recv_interval)
     w = case.workload
     paced = w.request_rate not in (None, math.inf)
     concurrency = w.max_concurrency
