@@ -11,6 +11,7 @@ X-Capbench-Request-Id / -Arrival (and -First-Token / -Finish when not streaming)
 from __future__ import annotations
 
 import asyncio
+import sys
 import threading
 
 from aiohttp import web
@@ -21,6 +22,9 @@ from bench.twin.server import Twin
 
 
 async def start(config: TwinConfig) -> tuple[Twin, web.AppRunner, asyncio.Task]:
+    # the parser thread holds the GIL for up to the switch interval at a time; at Python's 5 ms the scheduler loop
+    # would wait that long for it and lose its modelled pace (a 20x twin's decode step is 1-3 ms)
+    sys.setswitchinterval(min(sys.getswitchinterval(), 0.001))
     twin = PDTwin(config) if config.prefill_tp else Twin(config)
     runner = web.AppRunner(twin.app(), access_log=None, handler_cancellation=True, shutdown_timeout=1.0)
     await runner.setup()
