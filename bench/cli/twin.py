@@ -27,12 +27,13 @@ def twin(
     """An SGLang-compatible server that models MODEL on TP x GPU: same API and metrics, modelled latencies."""
     import asyncio
 
-    from bench.twin import TwinConfig, serve_forever
+    from bench.twin import TwinConfig, own_process, serve_forever
 
     if not 0 <= port <= 65535:
         raise BadInput(f"--port must be between 0 and 65535, got {port}")
     config = TwinConfig(model, gpu, tp, dp, kv_dtype, weights, context, None, host, port, time_scale, seed, drift,
                         calibration, max_total_tokens=max_total_tokens)
+    own_process()
     try:
         asyncio.run(serve_forever(config, ready=print_figures))
     except KeyboardInterrupt:

@@ -13,8 +13,8 @@ process  a run's target: a URL, or a twin in a process of its own
 
 from bench.twin.config import TwinConfig, parse_twin_spec, pd_shape
 from bench.twin.process import Target
-from bench.twin.serve import TwinHandle, serve_forever, serve_in_thread
+from bench.twin.serve import TwinHandle, own_process, serve_forever, serve_in_thread
 from bench.twin.server import Twin
 
-__all__ = ["TwinConfig", "parse_twin_spec", "pd_shape", "Target", "TwinHandle", "serve_forever", "serve_in_thread",
-           "Twin"]
+__all__ = ["TwinConfig", "parse_twin_spec", "pd_shape", "Target", "TwinHandle", "own_process", "serve_forever",
+           "serve_in_thread", "Twin"]

@@ -49,8 +49,9 @@ class Target:
 
 def main() -> None:
     from bench.twin.config import parse_twin_spec
-    from bench.twin.serve import serve_in_thread
+    from bench.twin.serve import own_process, serve_in_thread
 
+    own_process()
     try:
         handle = serve_in_thread(parse_twin_spec(sys.argv[1]))
     except BadInput as e:

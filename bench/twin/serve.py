@@ -22,9 +22,6 @@ from bench.twin.server import Twin
 
 
 async def start(config: TwinConfig) -> tuple[Twin, web.AppRunner, asyncio.Task]:
-    # the parser thread holds the GIL for up to the switch interval at a time; at Python's 5 ms the scheduler loop
-    # would wait that long for it and lose its modelled pace (a 20x twin's decode step is 1-3 ms)
-    sys.setswitchinterval(min(sys.getswitchinterval(), 0.001))
     twin = PDTwin(config) if config.prefill_tp else Twin(config)
     runner = web.AppRunner(twin.app(), access_log=None, handler_cancellation=True, shutdown_timeout=1.0)
     await runner.setup()
@@ -32,6 +29,14 @@ async def start(config: TwinConfig) -> tuple[Twin, web.AppRunner, asyncio.Task]:
     await site.start()
     config.port = runner.addresses[0][1]
     return twin, runner, asyncio.create_task(twin.run())
+
+
+def own_process() -> None:
+    """For a process that is the twin's alone (`capbench twin`, a run's or campaign's twin): the parser thread holds
+    the GIL for up to the switch interval at a time, and at Python's 5 ms the scheduler loop would wait that long
+    for it and lose its modelled pace (a 15x twin's decode step is 2-4 ms). Not set for a twin on a thread of
+    another program, whose own threads it would slow."""
+    sys.setswitchinterval(min(sys.getswitchinterval(), 0.001))
 
 
 async def serve_forever(config: TwinConfig, ready=None) -> None:

@@ -155,23 +155,3 @@ def test_a_template_places_the_named_interpreter_and_image(tmp_path):
     assert "launch command: -- /opt/sglang/bin/python -m bench.cli sglang-launch --kv-checksum verify --" in log
     assert _dead(pids) == []
 
-
-def test_a_twin_that_cannot_keep_its_modelled_pace_says_so(tmp_path):
-    """A twin 3000x faster than its GPUs cannot keep up on any host: its stages and its cell say that its latencies
-    are this host's CPU. The same twin at the GPUs' own pace loses a small fraction of that (on a loaded host its
-    process too can be kept off the CPU for milliseconds, which it counts as well)."""
-    f = _write(tmp_path, ['{name: hurried, twin: "glm-4.6@h200x8,time_scale=3000"}',
-                          '{name: calm, twin: "glm-4.6@h200x8,time_scale=1"}'],
-               "  - {name: a, workload: chat, profile: users, users: 2, duration: 1.5}\n")
-    db = tmp_path / "c.duckdb"
-    out = subprocess.run([*CLI, str(f), "--db", str(db)], capture_output=True, text=True, timeout=300, cwd=ROOT)
-    assert out.returncode == 0, out.stderr[-3000:]
-    lines = [x for x in out.stdout.splitlines() + out.stderr.splitlines() if "req/s:" in x or "goodput" in x]
-    hurried = [x for x in lines if "hurried/a" in x]
-    assert hurried and all("behind its modelled pace" in x for x in hurried[:1]), lines
-    with duckdb.connect(str(db), read_only=True) as con:
-        rows = dict(con.execute("SELECT cell, result FROM campaign_cells").fetchall())
-    hurried_share = json.loads(rows["hurried/a"])["twin_behind"]
-    calm = json.loads(rows["calm/a"])
-    assert hurried_share > 0.05 and calm["points"][0]["completed"] > 0
-    assert calm["twin_behind"] < hurried_share / 3, (calm["twin_behind"], hurried_share)
