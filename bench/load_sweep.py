@@ -33,6 +33,7 @@ class _Point:  # one stage of `capbench run --profile sweep`, as bench/sweep.py 
     meets: bool
     why: str
     goodput: float  # requests/s done within the stage
+    sure: bool = True  # a run's sweep keeps no per-request sample to resample: never anchored
 
 
 def run_sweep(store: Store, opts: RunOptions, prof: profiles.Profile, wl: Workload, model: str,

@@ -91,7 +91,7 @@ def sweep(stage: Callable[[float], StagePoint], search: Search) -> Found:
         else:
             bad = mid
     lowest = min(stages, key=lambda x: x.rate)
-    if best is not None and lowest.meets and not getattr(lowest, "sure", True) and search.anchor:
+    if best is not None and lowest.meets and not lowest.sure and search.anchor:
         # the lowest rate held only just: one rate a factor below anchors the figure's interval (without a rate
         # that surely holds, a bootstrap over the requests cannot give its lower end)
         stages.append(stage(lowest.rate / search.factor))

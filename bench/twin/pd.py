@@ -13,7 +13,8 @@ import time
 
 from bench.model import Request, Scheduler, capacity, disagg, interconnect
 from bench.twin.config import TwinConfig, pd_shape
-from bench.twin.server import BLOCK, Twin, TwinRequest
+from bench.twin.server import Twin, TwinRequest
+from bench.twin.text import BLOCK
 
 
 class DecodeScheduler(Scheduler):

@@ -11,7 +11,6 @@ from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 
-import numpy as np
 from aiohttp import web
 
 from bench.errors import BadInput
@@ -31,9 +30,8 @@ from bench.twin.api import (
 )
 from bench.twin.config import TwinConfig
 from bench.twin.metrics import Metrics
-from bench.twin.text import WORDS, Synth, Tokenizer, prompt_digest
+from bench.twin.text import BLOCK, WORDS, Synth, Tokenizer, chain_keys, prompt_digest
 
-BLOCK = 16
 KEEP_RECORDS = 100_000
 
 
@@ -54,22 +52,6 @@ class _SSEResponse(web.StreamResponse):
     """Headers leave with the first token's chunk, one send instead of two (aiohttp's Response does the same)."""
 
     _send_headers_immediately = False
-
-
-_WEIGHTS = np.random.default_rng(0x7E1).integers(1, 1 << 62, size=(1 << 16, BLOCK), dtype=np.uint64) | np.uint64(1)
-
-
-def _chain_keys(ids: list[int], n_blocks: int) -> list[int]:
-    """Block keys chained over token ids: a block's key depends on every token before it. Key b is the sum over
-    all tokens up to block b of token x an odd weight of its position (mod 2^64): two prefixes that differ in one
-    token never share a key, and a 12k-token prompt's 750 keys take 0.3 ms, not the 1.5 ms of chained tuple hashes
-    (a twin's CPU per request is what decides whether it keeps its modelled pace)."""
-    if n_blocks <= 0:
-        return []
-    n_blocks = min(n_blocks, len(_WEIGHTS))
-    tokens = np.asarray(ids[:n_blocks * BLOCK], dtype=np.uint64).reshape(n_blocks, BLOCK)
-    with np.errstate(over="ignore"):
-        return np.cumsum((tokens * _WEIGHTS[:n_blocks]).sum(axis=1, dtype=np.uint64), dtype=np.uint64).tolist()
 
 
 class Twin:
@@ -149,7 +131,7 @@ class Twin:
         """A request body's parameters and its prompt's block keys: the CPU-heavy part of taking a request (a
         coding agent's ~12k tokens: 2-5 ms), run on the parser thread so the scheduler loop keeps its pace."""
         p = parse(raw, chat, self.tok)
-        return p, _chain_keys(p.prompt_ids, len(p.prompt_ids) // BLOCK)
+        return p, chain_keys(p.prompt_ids, len(p.prompt_ids) // BLOCK)
 
     def submit(self, p: GenParams, prompt_keys: list[int] | None = None) -> TwinRequest:
         ids = p.prompt_ids
@@ -168,10 +150,10 @@ class Twin:
 
         def seq_keys(n: int) -> list[int]:
             out = [word_ids[synth.word(i)] for i in range(n - len(ids))]
-            return _chain_keys(ids + out, n // BLOCK)
+            return chain_keys(ids + out, n // BLOCK)
 
         req = TwinRequest(rid=rid, prompt_len=len(ids), max_new=max_new, arrival=time.time(),
-                          prompt_keys=_chain_keys(ids, len(ids) // BLOCK) if prompt_keys is None else prompt_keys,
+                          prompt_keys=chain_keys(ids, len(ids) // BLOCK) if prompt_keys is None else prompt_keys,
                           seq_keys=seq_keys, params=p, synth=synth,
                           finish_reason=reason, event=asyncio.Event())
         req.arrival_wall = req.arrival

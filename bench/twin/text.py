@@ -1,4 +1,5 @@
-"""The twin's tokens: a deterministic tokenizer, synthetic output and logprobs, and the drift knob.
+"""The twin's tokens: a deterministic tokenizer, synthetic output and logprobs, the drift knob, and the prefix cache's
+block keys over token ids.
 
 Tokenizer (documented so clients can predict counts): a token is a run of up to 6 word characters (`\\w`) or one
 other non-space character; whitespace is free. Its id is 16 + crc32(piece) mod (vocab - 16); ids 0-15 are
@@ -21,8 +22,11 @@ import zlib
 from array import array
 from collections.abc import Sequence
 
+import numpy as np
+
 PIECE = re.compile(r"\w{1,6}|[^\w\s]")
 SPECIAL = 16
+BLOCK = 16  # tokens a prefix-cache block holds
 IM_START, IM_END, EOS = 1, 2, 3
 ROLES = {"system": 4, "user": 5, "assistant": 6, "tool": 7, "developer": 8, "function": 9}
 MASK = (1 << 64) - 1
@@ -121,3 +125,28 @@ class Synth:
                 gap *= 1 + 2 * self.drift * ((mix(self.drift_base + i * 31 + j) % 1000) / 1000 - 0.5)  # its choices
             out.append(((w + j * 7 + h % 3) % len(WORDS), lp - gap))
         return out
+
+
+_CHUNK = 1024  # blocks of weights made when a prompt first needs them, not at import (every run imports this)
+
+
+@functools.cache
+def _weight_chunk(k: int) -> np.ndarray:
+    return np.random.default_rng((0x7E1, k)).integers(1, 1 << 62, size=(_CHUNK, BLOCK), dtype=np.uint64) | np.uint64(1)
+
+
+def _weights(n_blocks: int) -> np.ndarray:
+    chunks = [_weight_chunk(k) for k in range(-(-n_blocks // _CHUNK))]
+    return (chunks[0] if len(chunks) == 1 else np.concatenate(chunks))[:n_blocks]
+
+
+def chain_keys(ids: list[int], n_blocks: int) -> list[int]:
+    """Block keys chained over token ids: a block's key depends on every token before it. Key b is the sum over
+    all tokens up to block b of token x an odd weight of its position (mod 2^64): two prefixes that differ in one
+    token never share a key, and a 12k-token prompt's 750 keys take 0.3 ms, not the 1.5 ms of chained tuple hashes
+    (a twin's CPU per request is what decides whether it keeps its modelled pace)."""
+    if n_blocks <= 0:
+        return []
+    tokens = np.asarray(ids[:n_blocks * BLOCK], dtype=np.uint64).reshape(n_blocks, BLOCK)
+    with np.errstate(over="ignore"):
+        return np.cumsum((tokens * _weights(n_blocks)).sum(axis=1, dtype=np.uint64), dtype=np.uint64).tolist()
