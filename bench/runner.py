@@ -39,6 +39,8 @@ from loadgen.worker import RECORDS_MSG, locust_options
 
 log = logging.getLogger(__name__)
 DRAIN_GRACE_S = 5.0  # past duration + drain, the run stops whatever the shape says
+POLL_S = 0.1  # how often the run looks whether it is over
+FLUSH_S = 0.5  # how often it stores what came in and redraws the live table
 logging.getLogger("locust").setLevel(logging.ERROR)  # its spawn-rate advice does not apply to a pool of waiters
 
 
@@ -280,16 +282,23 @@ def _drive(opts: RunOptions, prof: profiles.Profile, config: dict, run_id: str, 
     try:
         if distributed:
             _wait_for_workers(env, n_workers, procs)
-        # time to spawn the pool (about 10k users/s here; 2000/s counted) before the first request is due
-        lead = ((2.0 if distributed else 0.5) + pool / 2000 / n_workers) if prof.open_loop else 0.0
+        # time to spawn the pool (about 10k users/s here; 2000/s counted) before the first request is due; a local
+        # pool is spawned by the shape's first tick, a few milliseconds after start_shape
+        lead = ((2.0 if distributed else 0.1) + pool / 2000 / n_workers) if prof.open_loop else 0.0
         state["t0"] = config["t0"] = time.time() + lead
         env.parsed_options = locust_options(config)
         _install_signals(env, state)
         env.runner.start_shape()
         live = Live(opts.live, prof, config, collector, env, sent_total)
         with live:
+            flushed = time.monotonic()
             while True:
-                gevent.sleep(0.5)
+                gevent.sleep(POLL_S)
+                if prof.open_loop and not distributed and done(0.0):
+                    break  # every request accounted for: Locust's shape would see it only at its next tick (1 s)
+                if time.monotonic() - flushed < FLUSH_S:
+                    continue
+                flushed = time.monotonic()
                 collector.flush()
                 live.update()
                 if recorder.gone():  # nothing sent from here on could be stored: stop sending now

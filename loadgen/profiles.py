@@ -10,6 +10,11 @@ gaps from the process (1 for constant, Exp(1) for Poisson, Gamma(k, 1/k) for gam
 through the inverse of R(t) = integral of r. The count is fixed to round(R(T)) and the gaps are scaled to fill
 [0, T] exactly, so a Poisson profile at 50 req/s for 60 s sends 3000 requests (uniform order statistics: still a
 Poisson process, conditioned on its count) and achieved-vs-target compares the client, not the dice.
+
+A `nested` Poisson profile (a campaign's sweep stages) draws its warm-up and its measured phase from streams of
+their own. The unit gaps of a stream are the same whatever their count, so two stages of one seed at different
+rates send the same requests in the same order, the faster one's arrival times the slower one's compressed
+(common random numbers: what differs between the stages is the rate, not the dice), each with its exact count.
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ MAX_SCHEDULE = 5_000_000  # arrival times held in memory for one run (tens of MB
 PARAMS = {  # what each type reads: anything else is a typo, said so rather than ignored
     "users": {"users", "duration", "spawn_rate", "think_s", "stages"},
     "constant": {"rate", "duration", "max_concurrency"},
-    "poisson": {"rate", "duration", "max_concurrency"},
+    "poisson": {"rate", "duration", "max_concurrency", "nested"},
     "gamma": {"rate", "duration", "burstiness", "max_concurrency"},
     "ramp": {"start_rate", "end_rate", "duration", "arrival", "max_concurrency"},
     "steps": {"rates", "step_duration", "arrival", "max_concurrency"},
@@ -97,6 +102,11 @@ class Profile:
             return lo + (hi - lo) * 0.5 * (1 - np.cos(2 * np.pi * t / period))
         raise ProfileError(f"profile type {kind} has no rate function")
 
+    @property
+    def nested(self) -> bool:
+        """Common requests across rates: the warm-up and the measured phase each from a stream of its own."""
+        return self.type == "poisson" and bool(self.params.get("nested"))
+
     def peak_rate(self) -> float:
         if self.type == "trace":  # the busiest second of the trace
             off = self.trace_offsets()
@@ -109,14 +119,14 @@ class Profile:
         profile's initial rate; the measured phase follows it."""
         if self.type == "trace":
             return warmup_s + self.trace_offsets()
-        rng = np.random.default_rng(seed)
+        rng = np.random.default_rng([seed, 1] if self.nested else seed)
         parts = []
         if warmup_s > 0:
             w = Profile(self.name, "constant" if self.type == "constant" else "poisson",
                         {"rate": float(self.rate(np.zeros(1))[0]), "duration": warmup_s})
             parts.append(w._times(rng, "constant" if self.type == "constant" else "poisson"))
         process = {"constant": "constant", "gamma": "gamma"}.get(self.type, self.params.get("arrival", "poisson"))
-        parts.append(warmup_s + self._times(rng, process))
+        parts.append(warmup_s + self._times(np.random.default_rng([seed, 2]) if self.nested else rng, process))
         return np.concatenate(parts)
 
     def _times(self, rng: np.random.Generator, process: str) -> np.ndarray:
@@ -266,7 +276,11 @@ def _check(prof: Profile) -> None:
     if unknown:
         raise ProfileError(f"profile {prof.name} ({prof.type}) has no parameter {', '.join(unknown)}; it takes "
                            f"{', '.join(sorted(PARAMS[prof.type]))}")
+    if not isinstance(prof.params.get("nested", False), bool):
+        raise ProfileError(f"profile {prof.name}: nested must be true or false, not {prof.params['nested']!r}")
     for key, v in prof.params.items():
+        if key == "nested":
+            continue
         values = v if key in ("rates", "factors") and isinstance(v, list) else [v]
         for x in values:
             if isinstance(x, bool) or (isinstance(x, int | float) and not (0 <= x < math.inf)):

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from urllib.parse import urlparse
 
 import gevent
+import numpy as np
 from gevent import GreenletExit
 from gevent.event import Event
 from geventhttpclient._parser import HTTPParseError
@@ -36,6 +37,10 @@ from locust.contrib.fasthttp import FastHttpUser
 
 from loadgen import profiles, workloads
 from loadgen.responses import EVENT_MAX_BYTES, RequestFailed, Stream, redact, token_count
+
+# a nested profile's warm-up sends the workload's requests from here on: never a measured one, but of the same
+# seed (a shared system prompt is as warm as it would be in a long run)
+WARMUP_INDEX = 10**9
 
 try:  # optional: faster than json; same results
     from orjson import dumps as _dumps
@@ -80,9 +85,12 @@ class Plan:
         workloads.corpus()  # the prompt corpus, built now rather than inside the first timed request
         prof = profiles.Profile(c["profile"]["name"], c["profile"]["type"], dict(c["profile"]["params"]))
         self.open_loop = prof.open_loop
+        self.warm_count = 0
         if self.open_loop:
             offsets = prof.arrivals(int(c.get("seed", 0)), self.warmup_s)
             self.total = len(offsets)
+            if prof.nested:  # measured request j is the workload's j whatever the warm-up's count (common requests)
+                self.warm_count = int(np.count_nonzero(offsets < self.warmup_s))
             self.offsets = offsets[self.worker_index :: self.workers].tolist()
             if prof.type == "trace":
                 self.trace_rows = prof.trace_rows()
@@ -120,7 +128,9 @@ class Plan:
 
     def request(self, i: int) -> workloads.RequestSpec:
         row = self.trace_rows[i] if self.trace_rows is not None else None
-        return self.workload.request(i, row)
+        if i < self.warm_count:  # a nested profile's warm-up: prompts of their own, never the measured ones
+            return self.workload.request(WARMUP_INDEX + i)
+        return self.workload.request(i - self.warm_count, row)
 
 
 class Slots:

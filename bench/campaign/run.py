@@ -35,6 +35,7 @@ from bench.campaign.stage import (
     RUN_ERRORS_OK,
     Stage,
     drain_s,
+    flush_cache,
     judge,
     longest_answer,
     meets,
@@ -178,24 +179,29 @@ def _cell(store: Store, cid: str, dep: DeploymentSpec, load: Load, server: Launc
     drain = load.duration_s if drain is None else drain
 
     stages_run = [0]
+    key_env = guard.secret_env(dep.sglang.get("flags", []))
 
     def stage(rate: float | None, users: int | None = None, seed: int = 0) -> Stage:
         stop.check()
-        # each stage draws prompts of its own: resending the same seeded prompts would find them in the server's
-        # prefix cache from the stage before (a warm cache the model's fresh requests never have)
         stages_run[0] += 1
+        # Each stage of a repeat resends the same prompts, at its own rate (a nested Poisson profile: common
+        # requests), into a server whose prefix cache was just emptied, so that the stages differ in their rate
+        # alone. A server that cannot flush would find them cached from the stage before (a warm cache the
+        # model's fresh requests never have): there each stage draws prompts of its own.
+        common = rate is not None and flush_cache(server.url, key_env)
+        prompts = seed * 1000 if common else seed * 1000 + stages_run[0]
         if rate is not None:
             profile, over = "poisson", {"rate": rate * scale, "duration": load.duration_s,
-                                        "max_concurrency": load.max_concurrency}
+                                        "max_concurrency": load.max_concurrency, "nested": True}
             warmup = WARMUP_SHARE * load.duration_s
         else:
             profile, over = "users", {"users": users, "duration": load.duration_s}
             warmup = 0.0
         opts = RunOptions(target=server.url, profile=profile, overrides=over, workload=load.workload, db=store.path,
                           label=f"campaign {key}" + (f" @{rate:.3g}rps" if rate is not None else "")
-                          + (f" #{seed + 1}" if load.repeats > 1 else ""), slo=slo, seed=seed * 1000 + stages_run[0],
+                          + (f" #{seed + 1}" if load.repeats > 1 else ""), slo=slo, seed=prompts,
                           warmup_s=warmup, live=False, quiet=True, drain_s=drain, late_after_s=slo.ttft_s,
-                          gone=server.exited, api_key_env=guard.secret_env(dep.sglang.get("flags", [])),
+                          gone=server.exited, api_key_env=key_env,
                           run_config={"campaign": cid, "cell": key, "time_scale": scale, "repeat": seed,
                                       # what the server was offered, as a sweep stage of `capbench run` stores it
                                       "offered_rps": None if rate is None else rate * scale,
@@ -216,7 +222,8 @@ def _cell(store: Store, cid: str, dep: DeploymentSpec, load: Load, server: Launc
         if behind1 is not None:
             summary["twin_behind"] = (behind1 - behind0) / max(time.monotonic() - began, 1e-9)
         ok, miss = meets(summary, slo, scale)
-        sample = requests_sample(store, res.run_id, slo, rate or 0.0, window_output_tps(summary, load.duration_s))
+        sample = requests_sample(store, res.run_id, slo, rate or 0.0, window_output_tps(summary, load.duration_s),
+                                 prompts if common else None)
         sure = bootstrap.verdict_share(sample, slo.percentile, RUN_ERRORS_OK, ok) >= bootstrap.SURE
         s = Stage(rate or 0.0, res.run_id, summary, ok, miss, sample, sure)
         say(f"{key}: {'' if rate is None else f'{rate:.3g} req/s: '}goodput {s.goodput:.3g} req/s, "

@@ -11,6 +11,7 @@ its user waited, as the model's capped predictions count it (bench.model.rate.wi
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -91,17 +92,23 @@ def judge(store: Store, run_id: str, slo: Slo) -> dict:
     return out
 
 
-def requests_sample(store: Store, run_id: str, slo: Slo, rate: float, output_tps: float) -> StageSample:
-    """The stage's requests as judge() counts them, for the bootstrap over requests."""
+def requests_sample(store: Store, run_id: str, slo: Slo, rate: float, output_tps: float, seed: int | None = None
+                    ) -> StageSample:
+    """The stage's requests as judge() counts them, for the bootstrap over requests. seed: the seed of its prompts
+    when stages share them (a nested profile: measured request j is the workload's j in each), so that the bootstrap
+    resamples the same requests in each such stage; None: its requests are its own."""
     cut = ", ".join("?" * len(CUT_OFF_KINDS))
     with store.connect() as con:
         rows = con.execute(
             f"SELECT status = 'ok', status <> 'ok' AND coalesce(error_kind, '') IN ({cut}), ttft_s, "
-            "coalesce(tpot_s, 0), e2e_s, coalesce(completion_tokens, 0) FROM requests "
-            "WHERE run_id = ? AND phase = 'measured'", [*CUT_OFF_KINDS, run_id]).fetchall()
-    a = np.array(rows, dtype=float).reshape(-1, 6)
+            "coalesce(tpot_s, 0), e2e_s, coalesce(completion_tokens, 0), TRY_CAST(request_id AS BIGINT) "
+            "FROM requests WHERE run_id = ? AND phase = 'measured'", [*CUT_OFF_KINDS, run_id]).fetchall()
+    a = np.array(rows, dtype=float).reshape(-1, 7)
+    index = None
+    if seed is not None and len(a) and not np.isnan(a[:, 6]).any():
+        index = (a[:, 6] - a[:, 6].min()).astype(np.int64)  # the measured ones follow the warm-up's
     return stage_sample(rate, a[:, 0] > 0, a[:, 1] > 0, a[:, 2:5], (slo.ttft_s, slo.tpot_s, slo.e2e_s), a[:, 5],
-                        output_tps)
+                        output_tps, index, seed)
 
 
 def meets(summary: dict, slo: Slo, scale: float = 1.0) -> tuple[bool, str]:
@@ -135,6 +142,20 @@ def twin_behind_s(url: str) -> float | None:
         return float(httpx.get(url.rstrip("/") + "/get_server_info", timeout=5).json()["capbench"]["behind_s"])
     except (httpx.HTTPError, ValueError, KeyError, TypeError):
         return None
+
+
+def flush_cache(url: str, api_key_env: str | None = None) -> bool:
+    """Empty the server's prefix cache (SGLang's /flush_cache, which the twin and the PD router also serve) so that a
+    stage can resend the stage before's prompts and find none of them cached; False when it would not."""
+    import httpx
+
+    secret = os.environ.get(api_key_env, "") if api_key_env else ""
+    try:
+        r = httpx.post(url.rstrip("/") + "/flush_cache", timeout=10,
+                       headers={"Authorization": f"Bearer {secret}"} if secret else None)
+        return r.status_code == 200
+    except httpx.HTTPError:
+        return False
 
 
 def stage_counts(summary: dict) -> str:

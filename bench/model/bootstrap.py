@@ -8,8 +8,14 @@ bracket ends the figure can move between. The rate's interval runs from the 5th 
 95th of the upper one, so it is never narrower than the bracket (the sweep did not look inside it): that is how a
 rate from one bracket gets an interval. The stages are judged on the SLO alone here; the sweep's own stop when goodput
 stops rising is not replayed. Goodput (rate x share within the SLO) and $ per 1M output tokens (at that stage's
-output tokens/s) are taken at each draw's highest rate within the SLO. A gain a/b draws both deployments'
-stages independently: lower end a_low / b_high, upper end a_high / b_low, again 5th and 95th percentiles.
+output tokens/s) are taken at each draw's highest rate within the SLO. A gain a/b takes both deployments' draws
+side by side: lower end a_low / b_high, upper end a_high / b_low, again 5th and 95th percentiles.
+
+Stages that sent the same requests (a campaign's sweep: common requests, bench/campaign/run.py) are resampled
+alike: a draw weighs request j the same (Poisson(1) weights from the prompts' seed and j) in every stage and every
+deployment it was sent to, so the draws keep what the design holds fixed (a faster stage never holds on requests
+on which a slower one missed; a gain compares the deployments on the same requests). Stages with requests of their
+own are resampled apart (multinomial).
 
 What it does not see: run-to-run differences that a request's resampling cannot show (a server's warm-up, a noisy
 host). With repeats, the interval is the wider of this one (each draw the mean over repeats) and the t interval
@@ -41,17 +47,36 @@ class StageSample:
     over: np.ndarray  # bool (requests, bounds): judged and past that bound (a cut-off one: past all)
     out_tokens: np.ndarray  # output tokens (0 for a request without an answer)
     output_tps: float  # the stage's measured output tokens/s (modelled GPUs)
+    index: np.ndarray | None = None  # each request's place in the prompts of `seed` (shared with other stages)
+    seed: int | None = None  # None: the stage's requests are its own
 
 
 def stage_sample(rate: float, status_ok: np.ndarray, cut_off: np.ndarray, latencies: np.ndarray,
-                 bounds: tuple[float | None, ...], out_tokens: np.ndarray, output_tps: float) -> StageSample:
-    """`latencies`: (requests, bounds) as measured (NaN where none), in the order of `bounds` (None: no bound)."""
+                 bounds: tuple[float | None, ...], out_tokens: np.ndarray, output_tps: float,
+                 index: np.ndarray | None = None, seed: int | None = None) -> StageSample:
+    """`latencies`: (requests, bounds) as measured (NaN where none), in the order of `bounds` (None: no bound);
+    `index` and `seed`: where the stage sent the same prompts as others (common requests), which they are."""
     judged = status_ok | cut_off
     lat = np.where(cut_off[:, None], FAR, np.nan_to_num(latencies, nan=0.0))
     limit = np.array([FAR if b is None else b for b in bounds], dtype=float)
     over = judged[:, None] & (lat > limit)
     within = status_ok & ~over.any(axis=1)
-    return StageSample(rate, judged, within, over, np.nan_to_num(out_tokens.astype(float)), output_tps)
+    return StageSample(rate, judged, within, over, np.nan_to_num(out_tokens.astype(float)), output_tps,
+                       None if index is None or seed is None else np.asarray(index, dtype=np.int64), seed)
+
+
+def weights(s: StageSample, rng: np.random.Generator, draws: int, boot_seed: int = 0) -> np.ndarray:
+    """(draws, requests): how many times each request is drawn. A stage of its own: multinomial (resampling its n
+    requests). Stages that sent the same requests (the same `seed`): Poisson(1) weights per request, drawn from the
+    seed and the request's place, so each draw weighs request j alike in every such stage, in every deployment that
+    was sent them (a paired bootstrap: what differs between those stages is the rate and the server, not the draw)."""
+    n = len(s.judged)
+    if s.index is None or s.seed is None:
+        picks = rng.integers(0, n, size=(draws, n)) + np.arange(draws)[:, None] * n
+        return np.bincount(picks.ravel(), minlength=draws * n).reshape(draws, n).astype(float)
+    # row j is request j's weights in every draw: the same rows whatever the stage's count (a prefix of more)
+    table = np.random.default_rng([boot_seed, s.seed]).poisson(1.0, size=(int(s.index.max()) + 1, draws))
+    return table[s.index].T.astype(float)
 
 
 @dataclass(frozen=True)
@@ -64,30 +89,30 @@ class Draws:
     requests: int
 
 
-def _judge(s: StageSample, percentile: int, errors_ok: float, rng: np.random.Generator, draws: int
-           ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _judge(s: StageSample, percentile: int, errors_ok: float, rng: np.random.Generator, draws: int,
+           boot_seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per draw: does the stage hold, its share within the SLO, its output tokens/s."""
-    n = len(s.judged)
-    if n == 0:
+    if len(s.judged) == 0:
         return np.zeros(draws, bool), np.zeros(draws), np.zeros(draws)
-    picks = rng.integers(0, n, size=(draws, n)) + np.arange(draws)[:, None] * n
-    w = np.bincount(picks.ravel(), minlength=draws * n).reshape(draws, n).astype(float)  # times each is drawn
+    w = weights(s, rng, draws, boot_seed)
+    total = w.sum(axis=1)
     judged = w @ s.judged
-    errored = n - judged
     over = w @ s.over  # (draws, bounds)
     # p-th percentile <= bound  <=>  at most m - ceil(m p) of the m judged requests are past it (quantile_disc)
     allowed = judged - np.ceil(judged * percentile / 100 - 1e-9)
-    holds = (errored / n <= errors_ok) & (over <= allowed[:, None]).all(axis=1) & (judged > 0)
+    errored = np.divide(total - judged, total, out=np.ones(draws), where=total > 0)
+    holds = (errored <= errors_ok) & (over <= allowed[:, None]).all(axis=1) & (judged > 0)
     share = np.divide(w @ s.within, judged, out=np.zeros(draws), where=judged > 0)
     mean_out = s.out_tokens.mean()
-    tps = s.output_tps * (w @ s.out_tokens) / n / mean_out if mean_out else np.zeros(draws)
+    tps = s.output_tps * np.divide(w @ s.out_tokens, total * mean_out, out=np.zeros(draws), where=total > 0) \
+        if mean_out else np.zeros(draws)
     return holds, share, tps
 
 
 def verdict_share(s: StageSample, percentile: int, errors_ok: float, meets: bool, seed: int = 0,
                   draws: int = DRAWS) -> float:
     """The share of bootstrap draws in which the stage's verdict (meets the SLO or not) is the same as measured."""
-    holds = _judge(s, percentile, errors_ok, np.random.default_rng(seed), draws)[0]
+    holds = _judge(s, percentile, errors_ok, np.random.default_rng(seed), draws, seed)[0]
     return float(np.mean(holds == meets))
 
 
@@ -97,7 +122,7 @@ def sweep_draws(stages: list[StageSample], percentile: int, errors_ok: float, se
     rng = np.random.default_rng(seed)
     order = sorted(range(len(stages)), key=lambda k: stages[k].rate)
     rates = np.array([stages[k].rate for k in order])
-    judged = [_judge(stages[k], percentile, errors_ok, rng, draws) for k in order]
+    judged = [_judge(stages[k], percentile, errors_ok, rng, draws, seed) for k in order]
     holds = np.stack([j[0] for j in judged], axis=1)  # (draws, stages), rates ascending
     share = np.stack([j[1] for j in judged], axis=1)
     tps = np.stack([j[2] for j in judged], axis=1)

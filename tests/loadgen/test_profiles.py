@@ -28,6 +28,25 @@ def test_poisson_exact_count_and_exponential_gaps():
     assert np.array_equal(a, p.arrivals(seed=3)) and not np.array_equal(a, p.arrivals(seed=4))
 
 
+def test_nested_poisson_stages_of_one_seed_send_the_same_arrivals_compressed_whatever_the_warmup():
+    slow = profiles.load("poisson", {"rate": 20, "duration": 10, "nested": True})
+    fast = profiles.load("poisson", {"rate": 22, "duration": 10, "nested": True})
+    a, b = slow.arrivals(seed=5, warmup_s=2.5), fast.arrivals(seed=5, warmup_s=2.5)
+    ma, mb = a[a >= 2.5] - 2.5, b[b >= 2.5] - 2.5
+    assert (len(ma), len(mb)) == (200, 220)  # the exact count, as a plain Poisson profile's
+    assert len(a) - len(ma) == 50 and len(b) - len(mb) == 55
+    assert (mb[:200] < ma).all()  # the faster stage's first 200 arrivals: the slower one's, each earlier
+    assert np.corrcoef(ma, mb[:200])[0, 1] > 0.999
+    assert cv(mb) == pytest.approx(1.0, abs=0.15)
+    # the measured phase does not move with the warm-up's length; a plain profile's does
+    assert np.allclose(ma, (lambda x: x[x >= 5.0] - 5.0)(slow.arrivals(seed=5, warmup_s=5.0)), rtol=0, atol=1e-9)
+    plain = profiles.load("poisson", {"rate": 20, "duration": 10})
+    c, d = plain.arrivals(seed=5, warmup_s=2.5), plain.arrivals(seed=5, warmup_s=5.0)
+    assert not np.array_equal(c[c >= 2.5] - 2.5, d[d >= 5.0] - 5.0)
+    with pytest.raises(ProfileError, match="nested must be true or false"):
+        profiles.load("poisson", {"rate": 20, "duration": 10, "nested": 1})
+
+
 def test_gamma_burstiness_and_constant_spacing():
     bursty = profiles.load("gamma", {"rate": 20, "duration": 100, "burstiness": 0.25}).arrivals(1)
     assert len(bursty) == 2000 and cv(bursty) == pytest.approx(2.0, rel=0.15)

@@ -222,3 +222,21 @@ def test_slots_go_to_the_waiters_in_arrival_order():
     gevent.sleep(0)
     killed.kill()
     assert not slots.waiting  # a waiter killed in line leaves it
+
+
+def test_a_nested_plans_measured_requests_are_the_workloads_first_whatever_its_warmup():
+    from loadgen import workloads
+    from loadgen.users import Plan
+
+    wl = {"name": "agents", "type": "agentic_coding", "system_tokens": 64, "concurrent_sessions": 4, "turns": 3,
+          "input": 32, "output": 8, "tool_output": 32}
+    prompts = {}
+    for rate in (20.0, 26.0):
+        prof = {"name": "poisson", "type": "poisson", "params": {"rate": rate, "duration": 2.0, "nested": True}}
+        plan = Plan(plan_config("http://127.0.0.1:9", prof, wl, warmup_s=1.0))
+        assert plan.warm_count == round(rate)
+        prompts[rate] = [plan.request(i).body for i in range(plan.total)]
+        warm, measured = prompts[rate][:plan.warm_count], prompts[rate][plan.warm_count:]
+        assert measured[:40] == [workloads.from_dict(plan.config["workload"]).request(j).body for j in range(40)]
+        assert not any(w in measured for w in warm)  # a warm-up request is never one of the measured ones
+    assert prompts[20.0][20:] == prompts[26.0][26:26 + 40]  # the same measured requests at either rate

@@ -97,3 +97,45 @@ def test_many_draws_stay_fast():
     t0 = time.perf_counter()
     sweep_draws(stages, 90, 0.01)
     assert time.perf_counter() - t0 < 5.0  # 8 stages x 1000 requests x 1000 draws, vectorised
+
+
+def _shared(rate: float, ttft: np.ndarray, seed: int | None) -> bootstrap.StageSample:
+    """Stage of the requests `ttft` (one each, in order), sent as the prompts of `seed` (None: its own)."""
+    n = len(ttft)
+    lat = np.stack([ttft, np.full(n, 0.01), ttft + 1], axis=1)
+    return stage_sample(rate, np.ones(n, bool), np.zeros(n, bool), lat, (TTFT_BOUND, None, None),
+                        np.full(n, 100.0), 1000.0, np.arange(n), seed)
+
+
+def test_stages_that_sent_the_same_requests_are_resampled_alike_so_a_faster_one_never_holds_alone():
+    # the same 60 requests at two rates, each a little later at the higher one; both at the p90's edge
+    rng = np.random.default_rng(7)
+    ttft = rng.uniform(0.2, 1.09, 60)  # its p90 near the bound
+    slow, fast = ttft, ttft * 1.02
+    def holds(seed):
+        return [bootstrap._judge(_shared(r, t, seed), 90, 0.01, np.random.default_rng(k), 2000, 2)[0]
+                for k, (r, t) in enumerate(((1.0, slow), (1.05, fast)))]
+
+    (s0, f0), (s1, f1) = holds(0), holds(None)
+    assert 0.1 < s0.mean() < 0.9 and 0.1 < f0.mean() < 0.9  # both flip between draws
+    assert not (f0 & ~s0).any()  # paired: in no draw does the faster stage hold where the slower one missed
+    assert (f1 & ~s1).mean() > 0.05  # resampled apart, in many
+    w0 = bootstrap.weights(_shared(1.0, slow, 0), np.random.default_rng(0), 50, boot_seed=2)
+    w1 = bootstrap.weights(_shared(1.05, np.concatenate([fast, fast[:10]]), 0), np.random.default_rng(1), 50, 2)
+    assert np.array_equal(w0, w1[:, :60])  # request j weighs alike in both, whatever the stages' counts
+
+
+def test_a_paired_gain_is_narrower_than_one_of_the_same_stages_drawn_apart():
+    # two deployments sent the same 80 requests; the faster serves each at 1.2x the other's rate as the other does
+    base = np.random.default_rng(11).uniform(0.2, 1.09, 80)  # its p90 near the bound at the middle stage
+
+    def ends(seed):
+        cell = [_shared(r, base * f, seed) for r, f in ((1.0, 0.95), (1.05, 1.0), (1.1, 1.05))]
+        b = sweep_draws(cell, 90, 0.01, seed=4)
+        a = sweep_draws([_shared(s.rate * 1.2, base * f, seed) for s, f in zip(cell, (0.95, 1.0, 1.05), strict=True)],
+                        90, 0.01, seed=4 if seed is not None else 5)
+        return gain(a.low, a.high, b.low, b.high)
+
+    paired, apart = ends(0), ends(None)
+    assert paired[0] <= 1.2 <= paired[1] and apart[0] <= 1.2 <= apart[1]
+    assert paired[1] / paired[0] < apart[1] / apart[0]
