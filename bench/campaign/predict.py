@@ -122,7 +122,7 @@ def predicted_stage(dep: DeploymentSpec, load: Load, rate: float) -> Stage:
     pd = pd_check.shape(dep)[0] if dep.pd is not None else dep.pd_shape()
     if pd is not None:
         counts = (dep.pd.prefill.count, dep.pd.decode.count) if dep.pd is not None else (1, 1)
-        p = pd_simulate.run(pd, wl, rate, n, min_seconds=horizon, instances=counts)
+        p = pd_simulate.run(pd, wl, rate, n, min_seconds=horizon, instances=counts, concurrency=load.max_concurrency)
         context = pd.deployment("decode").context_len
     else:
         p = simulate.run(d, wl, rate, n, min_seconds=horizon, concurrency=load.max_concurrency)
@@ -148,8 +148,6 @@ def predicted(dep: DeploymentSpec, load: Load, search: Search) -> dict:
         return {**none, "not_predicted": "not predicted: the model has no KV checksum cost"}
     if d is None:
         return {**none, "not_predicted": why}
-    if load.max_concurrency and (dep.pd is not None or dep.pd_shape() is not None):
-        return {**none, "not_predicted": "not predicted: the disaggregated model takes no concurrency cap"}
     played: dict[float, dict] = {}
 
     def stage(rate: float) -> Stage:

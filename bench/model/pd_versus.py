@@ -110,4 +110,8 @@ def compare(plan: Plan, max_nodes: int = MAX_NODES, gpus: tuple[str, ...] | None
         v.why = [head, *_reasons(c, d, share)]
     if d is None and answers:
         v.why.append(f"No PD shape serves it: {answers[0].rejected_because}.")
+    if q.max_concurrency is not None:
+        v.why.append(f"The disaggregated figures are without the concurrency cap ({q.max_concurrency} in flight): the "
+                     "analytic PD model takes none, so the two sides answer different loads (the PD simulator, "
+                     "pd_simulate.py, plays a capped client; a campaign's prediction uses it).")
     return v

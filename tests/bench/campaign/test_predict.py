@@ -3,8 +3,9 @@ and a run refuses it too; predictions model the SGLang flags they can and say "n
 
 import subprocess
 import sys
+from dataclasses import replace
 
-from bench.campaign import parse_campaign
+from bench.campaign import load_campaign, parse_campaign
 from bench.campaign.predict import fit_problems, modelled, predicted
 from bench.campaign.run import _search
 from bench.model.capacity import capacity
@@ -96,3 +97,18 @@ def test_a_capped_load_is_predicted_behind_its_cap():
             assert why in str(e), str(e)
         else:
             raise AssertionError(f"{extra} passed")
+
+
+def test_a_disaggregated_deployment_under_a_capped_load_is_predicted_behind_its_cap():
+    """pd-demo's PD twin under max_concurrency is a number now (the PD simulator plays the client's cap): tighter caps
+    serve less, a cap far above the load predicts what no cap does; the colocated twin's capped answers behave as
+    they did (its simulator took the cap before)."""
+    c = load_campaign("pd-demo")
+    load = c.loads[0]
+    for name in ("disaggregated", "colocated"):
+        answers = [predicted(c.deployment(name), replace(load, max_concurrency=cap), _search(load))
+                   for cap in (1, 4, 10**6, None)]
+        assert all("not_predicted" not in a for a in answers), answers
+        rps = [a["predicted_rps"] for a in answers]
+        assert 0 < rps[0] < rps[1] < rps[3] and rps[2] == rps[3], (name, rps)
+        assert answers[0]["predicted_usd_per_m"] > answers[3]["predicted_usd_per_m"]
