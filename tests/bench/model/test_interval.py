@@ -43,11 +43,21 @@ def test_a_regime_without_cases_is_wider_and_said_in_words():
 
 
 def test_a_regime_whose_own_cases_fall_outside_is_said_in_words():
-    """Kimi K2.5 on H200 (INT4 experts): most of its published runs were far slower than the pooled band allows."""
+    """A regime whose own left-out cases fall on one side of the pooled band says so (rows made for the test)."""
     reg = interval.regime("kimi-k2-thinking", "h200", "native", 32)
-    words = interval.evidence(reg)
+    rows = list(interval.shipped_rows())
+    slow = [interval.Row(f"made/{k}", "made", reg, {"output_tok_s": -1.5}) for k in range(6)]
+    words = interval.evidence(reg, tuple(rows + slow))
     assert words and "published cases of INT4 experts, MLA on Hopper delivered throughput slower" in words
     assert interval.evidence(interval.regime("deepseek-r1", "b200", "native", 32)) is None
+
+
+def test_a_regime_with_runs_left_out_as_anomalous_says_how_many():
+    """Kimi K2.5 on 8x H200 (INT4 experts): five cookbook runs whose best second was 2.8-6.6x their mean are left
+    out (data/calibration/outliers.yaml); the three one-request runs remain, too few for the regime's own band."""
+    words = interval.evidence(interval.regime("kimi-k2-thinking", "h200", "native", 32))
+    assert words.startswith("only 3 published cases for INT4 experts, MLA on Hopper; 5 more published runs of it "
+                            "are left out as anomalous") and "measure before buying" in words
 
 
 def test_the_band_brackets_the_prediction_as_published_over_predicted():
