@@ -51,7 +51,8 @@ def main() -> None:
 def _half(g: dict) -> float | None:
     lo, hi = g.get("gain_interval") or [None, None]
     v = g.get("measured_gain")
-    return None if lo is None or hi is None or not v else max(hi - v, v - lo) / v
+    # rounded: an end one step of the 1.1 ladder away is 10 % off, not 10.000000000000009 %
+    return None if lo is None or hi is None or not v else round(max(hi - v, v - lo) / v, 6)
 
 
 def _width(g: dict) -> str:
