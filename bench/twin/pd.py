@@ -11,6 +11,8 @@ from __future__ import annotations
 import asyncio
 import time
 
+from aiohttp import web
+
 from bench.model import Request, Scheduler, capacity, disagg, interconnect
 from bench.twin.config import TwinConfig, pd_shape
 from bench.twin.server import Twin, TwinRequest
@@ -89,6 +91,11 @@ class PDTwin(Twin):
                 req = self.shadows.pop(shadow)
                 self.sched.prefill_cached[req] = shadow.cached_tokens
                 loop.call_later(self.transfer_s(req) / scale, self._arrive, req)
+
+    async def flush_cache(self, request: web.Request) -> web.Response:
+        """Both instances' prefix caches, as SGLang's router flushes every worker."""
+        self.prefill.flush_cache()
+        return await super().flush_cache(request)
 
     def server_info(self) -> dict:
         info = super().server_info()

@@ -70,3 +70,19 @@ def test_under_a_prefill_heavy_burst_pd_keeps_decode_steps_clean_and_colocated_d
     colocated = burst(TwinConfig(**PD))
     pd = burst(TwinConfig(**PD, prefill_tp=8))
     assert pd < colocated, (pd, colocated)
+
+
+def test_a_flush_empties_both_instances_prefix_caches():
+    """A campaign empties the cache before each stage (common requests): on a PD twin that is the prefill instance's
+    cache too, or a resent prompt would skip its prefill."""
+    def cached(url: str) -> int:
+        r = httpx.post(url + "/v1/completions", json={"model": "x", "prompt": "the same prompt " + "word " * 3000,
+                                                      "max_tokens": 2, "ignore_eos": True}, timeout=60)
+        assert r.status_code == 200, r.text
+        return (r.json()["usage"].get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+
+    with serve_in_thread(TwinConfig(**{**PD, "time_scale": 50.0}, prefill_tp=8)) as h:
+        first, again = cached(h.url), cached(h.url)
+        assert httpx.post(h.url + "/flush_cache", timeout=10).status_code == 200
+        flushed = cached(h.url)
+    assert first == 0 and again > 2000 and flushed == 0, (first, again, flushed)
