@@ -345,5 +345,5 @@ def _with_bootstrap(found: list[Found], load: Load, dep: DeploymentSpec, *figure
     how = bootstrap.method(d.requests)
     out = tuple(i if i is None or e is None else bootstrap.wider(i, e, how) for i, e in zip(figures, ends, strict=True))
     keep = {"boot_low": [float(f"{v:.4g}") for v in d.low], "boot_high": [float(f"{v:.4g}") for v in d.high],
-            "boot_requests": d.requests}
+            "boot_requests": d.requests, "boot_paired": all(x.seed is not None for ss in samples for x in ss)}
     return (*out, keep)

@@ -118,7 +118,8 @@ def verdict_share(s: StageSample, percentile: int, errors_ok: float, meets: bool
 
 def sweep_draws(stages: list[StageSample], percentile: int, errors_ok: float, seed: int = 0,
                 draws: int = DRAWS) -> Draws:
-    """The sweep's figures per draw, its stages (any order) resampled independently."""
+    """The sweep's figures per draw, its stages (any order) resampled as weights() says: alike where they sent the
+    same requests, apart otherwise."""
     rng = np.random.default_rng(seed)
     order = sorted(range(len(stages)), key=lambda k: stages[k].rate)
     rates = np.array([stages[k].rate for k in order])
@@ -179,7 +180,9 @@ def cell_gain(cell: dict, base: dict) -> Interval | None:
         return t
     ends = gain(*(np.array(x[k], dtype=float) for x in (cell, base) for k in ("boot_low", "boot_high")))
     how = (f"{LEVEL} % bootstrap over {cell.get('boot_requests', 0):,} and {base.get('boot_requests', 0):,} "
-           "requests, the brackets' ends included")
+           "requests, the brackets' ends included"
+           + (", paired: both were sent the same requests" if cell.get("boot_paired") and base.get("boot_paired")
+              else ""))
     if ends is None:
         return Interval(t.value, None, None, t.n, f"{how}: the baseline held no rate in too many draws")
     return wider(t, ends, how)

@@ -36,6 +36,7 @@ def test_short_demo_end_to_end_twice(tmp_path, capsys):
     g = first["gains"][0]
     assert g["measured_gain"] > 0 and g["predicted_gain"] > 0  # both deployments served a rate within the SLO
     assert "bootstrap over" in g["gain_method"]  # one repeat: the gain's interval from the stages' requests
+    assert g["gain_method"].endswith("paired: both were sent the same requests")  # the twins flush their caches
     for c in first["cells"]:  # and each cell's highest rate within the SLO, with how it was found
         lo, hi = c["measured_rps_interval"]
         assert c["interval_method"].startswith("90 % bootstrap over") and lo <= c["measured_rps"] <= hi

@@ -80,6 +80,10 @@ def test_a_gain_between_deployments_spans_both_brackets_and_says_when_it_is_not_
     assert "bootstrap over 400 and 380 requests" in g.method
     assert gain_words(g) == "not distinguishable from no gain"
     assert "[" in g.stated(".2f", "x") and "bootstrap" in g.stated(".2f", "x")
+    assert "paired" not in g.method
+    paired = cell_gain({**cell, "boot_paired": True}, {**base, "boot_paired": True})
+    assert paired.method.endswith("paired: both were sent the same requests")
+    assert "paired" not in cell_gain({**cell, "boot_paired": True}, base).method  # one side's own: not paired
 
 
 def test_with_repeats_the_interval_is_the_wider_of_the_bootstrap_and_the_t_interval():
