@@ -34,7 +34,7 @@ async def start(config: TwinConfig) -> tuple[Twin, web.AppRunner, asyncio.Task]:
 def own_process() -> None:
     """For a process that is the twin's alone (`capbench twin`, a run's or campaign's twin): the parser thread holds
     the GIL for up to the switch interval at a time, and at Python's 5 ms the scheduler loop would wait that long
-    for it and lose its modelled pace (a 15x twin's decode step is 2-4 ms). Not set for a twin on a thread of
+    for it and lose its modelled pace (a 30x twin's decode step is 1-2 ms). Not set for a twin on a thread of
     another program, whose own threads it would slow."""
     sys.setswitchinterval(min(sys.getswitchinterval(), 0.001))
 
