@@ -9,6 +9,7 @@ a disabled radix cache, ...) is "not predicted" instead of being compared as if 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import replace
 
 from bench.campaign import pd_check
@@ -107,7 +108,8 @@ def answer_tokens(wl: Workload, context: int) -> float:
     return sum(r.max_new for r in reqs) / len(reqs)
 
 
-def predicted_stage(dep: DeploymentSpec, load: Load, rate: float) -> Stage:
+def predicted_stage(dep: DeploymentSpec, load: Load, rate: float,
+                    mean_answer: Callable[[Workload, int], float] = answer_tokens) -> Stage:
     """The simulator playing one stage of the sweep at `rate`: its latencies are those of a stage as long as the
     campaign's (the same warm-up, queues building for as long), judged against the SLO; its output tokens/s is the
     steady-state rate the deployment sustains at that offered load: the requests it serves per second times their
@@ -130,7 +132,7 @@ def predicted_stage(dep: DeploymentSpec, load: Load, rate: float) -> Stage:
     served = 1 - p.rejected / n  # run() offers n requests: rate x horizon
     # the simulator gives percentiles, not each request: within the SLO (a capped client's wait counted), all count
     met = within_slo(p, load.slo, load.max_concurrency)
-    tps = rate * served * answer_tokens(wl, context)
+    tps = rate * served * mean_answer(wl, context)
     q = load.slo.percentile  # the latencies at the SLO's percentile: the predicted curve the report draws
     return Stage(rate, "", {"slo_attainment": 1.0 if met else 0.0, "output_tps": tps,
                             "ttft": getattr(p, f"ttft_p{q}"), "tpot": getattr(p, f"tpot_p{q}")}, met, "")
@@ -149,9 +151,15 @@ def predicted(dep: DeploymentSpec, load: Load, search: Search) -> dict:
     if d is None:
         return {**none, "not_predicted": why}
     played: dict[float, dict] = {}
+    answers: dict[int, float] = {}
+
+    def mean_answer(wl: Workload, context: int) -> float:  # drawn once a cell, not once a stage (a third of its time)
+        if context not in answers:
+            answers[context] = answer_tokens(wl, context)
+        return answers[context]
 
     def stage(rate: float) -> Stage:
-        st = predicted_stage(dep, load, rate)
+        st = predicted_stage(dep, load, rate, mean_answer)
         played[rate] = {"rate": rate, "ttft": st.summary["ttft"], "tpot": st.summary["tpot"]}
         return st
 
