@@ -316,7 +316,8 @@ def _result(dep: DeploymentSpec, load: Load, found: list[Found]) -> dict:
                     **{c: s.summary.get(c) for c in COUNTS}} for k, f in enumerate(found) for s in f.stages],
         "twin_behind": max((s.summary.get("twin_behind") or 0.0 for f in found for s in f.stages), default=None)
         if dep.kind == "twin" else None,
-        "slo": load.slo.text(), "time_scale": scale, "model": dep.model, "gpu": dep.gpu, "gpus": dep.gpus,
+        "slo": load.slo.text(), "time_scale": scale, "stage_s": load.duration_s * scale,  # measured, modelled s
+        "model": dep.model, "gpu": dep.gpu, "gpus": dep.gpus,
         "kv_dtype": dep.kv_dtype, "weights": dep.weights, "kv_checksum": dep.kv_checksum, "baseline": dep.baseline,
         "workload": load.workload, "flags": dep.sglang.get("flags", []), "twin": dep.twin,
         "parallel": {"tp": dep.gpus, "dp": dep.sglang.get("dp", 1), "ep": dep.sglang.get("ep", 1)},

@@ -144,7 +144,8 @@ def campaign_sections(m: Matrix, detail: bool = False) -> list[tuple[str, list[s
     if detail:
         out.insert(0, ("Conditions of each cell (rates and latencies in the modelled GPUs' time)",
                        ["cell", "model", "GPUs", "tp/dp/ep", "KV cache", "experts (weights)", "checksum",
-                        "memory fraction", "flags", "workload", "SLO", "twin (time scale)"],
+                        "memory fraction", "flags", "workload", "SLO", "stage (modelled s measured)",
+                        "twin (time scale)"],
                        [_conditions(c) for c in m.cells]))
         rows = [[c["cell"], str(p.get("repeat", 0) + 1), _f(p.get("rate")), "yes" if p.get("meets") else "no",
                  *(str(p.get(k, "-")) for k in ("sent", "completed", "missed", "cut_off", "errored")),
@@ -163,7 +164,7 @@ def _conditions(c: dict) -> list[str]:
             f"{par.get('tp', c.get('gpus', '-'))}/{par.get('dp', 1)}/{par.get('ep', 1)}", str(c.get("kv_dtype", "-")),
             str(c.get("weights", "-")), str(c.get("kv_checksum", "-")), _f(c.get("mem_fraction")),
             " ".join(map(str, c.get("flags") or [])) or "-",
-            str(c.get("workload", "-")), str(c.get("slo", "-")),
+            str(c.get("workload", "-")), str(c.get("slo", "-")), _f(c.get("stage_s")),
             f"{c['twin']} (x{c.get('time_scale', 1):g} time)" if c.get("twin") else "-"]
 
 

@@ -31,6 +31,8 @@ def test_every_stage_of_a_sweep_resends_the_same_prompts_into_an_emptied_cache(t
             rows = con.execute("SELECT prompt_tokens, coalesce(cached_tokens, 0) FROM requests WHERE run_id = ? AND "
                                "phase = 'measured' ORDER BY scheduled_at", [run_id]).fetchall()
             stages.append((json.loads(config), rows))
+        [cell] = [json.loads(r) for (r,) in con.execute("SELECT result FROM campaign_cells").fetchall()]
+    assert cell["stage_s"] == 1.5 * 15  # the window each figure is of, in the modelled GPUs' seconds
     assert len(stages) >= 2
     rates = [c["profile"]["params"]["rate"] for c, _ in stages]
     assert len(set(rates)) == len(rates) and {c["seed"] for c, _ in stages} == {0}

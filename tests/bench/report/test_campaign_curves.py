@@ -40,7 +40,7 @@ def _cell(dep: str, pred_scale: float) -> dict:
             "model": "glm-4.6", "gpu": "h200", "gpus": 8, "kv_dtype": "bf16", "weights": "native",
             "kv_checksum": "off", "mem_fraction": 0.68, "flags": [], "workload": "campaign-long-context",
             "slo": "ttft=30s,tpot=300ms,p=50", "percentile": 50, "twin": "twin:glm-4.6@h200x8", "time_scale": 10,
-            "points": points, "predicted_curve": curve}
+            "stage_s": 30.0, "points": points, "predicted_curve": curve}
 
 
 def test_rows_and_charts_per_load_and_figure():
@@ -67,5 +67,6 @@ def test_the_html_report_draws_them_inline_with_the_slo_and_the_conditions():
     assert "<script" not in page
     assert "<td>2</td><td>0.03</td><td>p50</td>" in page  # a stage's TTFT and TPOT at the SLO's percentile
     for word in ("memory fraction", "experts (weights)", "tp/dp/ep", "twin (time scale)", "0.68", "8x h200",
-                 "campaign-long-context", "(x10 time)"):
+                 "campaign-long-context", "(x10 time)", "stage (modelled s measured)"):
         assert word in page, word
+    assert "<td>30</td><td>twin:glm-4.6@h200x8 (x10 time)</td>" in page  # a figure is of its window: it is shown
