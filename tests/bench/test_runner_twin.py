@@ -2,8 +2,12 @@
 Locust's own counts, and the client's TTFT against the twin's server-side timestamps."""
 
 import json
+import os
+import signal
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import duckdb
@@ -120,3 +124,54 @@ def test_a_twin_that_cannot_keep_its_modelled_pace_says_so(tmp_path):
     calm = json.loads(rows["calm/a"])
     assert hurried_share > 0.05 and calm["points"][0]["completed"] > 0
     assert calm["twin_behind"] < hurried_share / 3, (calm["twin_behind"], hurried_share)
+
+
+def _answer_through_stalls(target: Target, stalls_s: list[float]) -> tuple[float, float]:
+    """Wall seconds of one non-streamed answer of 200 tokens into an emptied cache while the twin's process is held
+    off the CPU (SIGSTOP ... SIGCONT, what a busy host does to it) for each of `stalls_s`, spread over the answer;
+    and the wall seconds the twin reported lost meanwhile (/get_server_info's behind_s)."""
+    from bench.campaign.stage import twin_behind_s
+
+    httpx.post(target.url + "/flush_cache", timeout=10)
+    behind0 = twin_behind_s(target.url)
+
+    def stall() -> None:
+        for k, s in enumerate(stalls_s):
+            time.sleep(0.15 if k == 0 else 0.2)
+            os.kill(target.proc.pid, signal.SIGSTOP)
+            time.sleep(s)
+            os.kill(target.proc.pid, signal.SIGCONT)
+
+    t = threading.Thread(target=stall)
+    began = time.perf_counter()
+    t.start()
+    r = httpx.post(target.url + "/v1/completions", timeout=30, json={
+        "model": "x", "prompt": "word " * 2000, "max_tokens": 200, "ignore_eos": True})
+    took = time.perf_counter() - began
+    t.join()
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 200
+    return took, twin_behind_s(target.url) - behind0
+
+
+def test_a_twin_makes_up_short_stalls_and_counts_a_long_one():
+    """Three 12 ms stalls (a 2-core host shared with the load generator has many): the answer is done when it would
+    have been without them, give or take the scheduler's own jitter, and nothing is reported lost. With the 5 ms
+    limit the twin's loop had before (bench/twin/server.py, CATCH_UP_S), each was lost: about 36 ms later, and a 30x
+    twin's modelled clock ran 5-9 % slow in a campaign stage. An 80 ms stall is past CATCH_UP_S: the loop does not
+    rush 80 ms of steps out at once, and the lost time is reported (a campaign stage then says its latencies are
+    the host's CPU)."""
+    from bench.twin.server import CATCH_UP_S
+
+    assert 0.012 < CATCH_UP_S < 0.080
+    target = Target("twin:glm-4.6@h200x8,time_scale=4")
+    try:
+        calm = sorted(_answer_through_stalls(target, [])[0] for _ in range(3))[1]
+        took, lost = _answer_through_stalls(target, [0.012, 0.012, 0.012])
+        print(f"answer alone {calm * 1e3:.0f} ms, with 3 x 12 ms stalls {took * 1e3:.0f} ms, lost {lost * 1e3:.1f} ms")
+        assert took > 0.6, took  # the answer outlasts the stalls: they fell inside it
+        assert lost < 0.005 and took - calm < 0.020, (took, calm, lost)
+        took_long, lost_long = _answer_through_stalls(target, [0.080])
+        print(f"with one 80 ms stall {took_long * 1e3:.0f} ms, lost {lost_long * 1e3:.1f} ms")
+        assert lost_long > 0.070 and took_long - calm > 0.060, (took_long, calm, lost_long)
+    finally:
+        target.close()
