@@ -5,6 +5,7 @@ announced as it goes out, so that a load generator killed outright still leaves 
 from __future__ import annotations
 
 import gevent
+from gevent.event import Event
 
 from bench.store import Recorder
 
@@ -21,6 +22,7 @@ class Collector:
         self.inflight_by_worker: dict[str, list[dict]] = {}
         self.recent: list[dict] = []  # for the live display
         self.starting: list[dict] = []  # requests going out, announced at the loop's next turn
+        self.announced = Event()
 
     def on_request(self, context=None, **_kw) -> None:
         rec = (context or {}).get("capbench")
@@ -33,18 +35,25 @@ class Collector:
         self.add(msg.data["records"])
         self.flush()  # on to the recorder at once: a master killed now loses only the worker's last 0.2 s
 
-    def started(self, rec: dict) -> None:
+    def started(self, rec: dict) -> Event:
         """A request is going out: announced to the recorder at the event loop's next turn, in one frame with the
-        others due in that turn; the user yields once before writing it (users.py), so the recorder hears of every
-        request before the server does, and a process killed outright leaves each a row (`cancelled` at worst)."""
+        others due in that turn. The user waits for the returned event (set once the frame is in the recorder's
+        pipe) before writing the request (users.py): the recorder hears of every request before the server does,
+        and a process killed outright leaves each a row (`cancelled` at worst)."""
         self.starting.append(rec)
         if len(self.starting) == 1:
-            gevent.spawn(self.announce)  # a greenlet, not a loop callback: the pipe write may have to wait
+            self.announced = Event()
+            gevent.spawn(self.announce, self.announced)  # a greenlet, not a loop callback: the write may wait
+        return self.announced
 
-    def announce(self) -> None:
+    def announce(self, done: Event | None = None) -> None:
         recs, self.starting = self.starting, []
-        if recs:
-            self.recorder.started(recs)
+        try:
+            if recs:
+                self.recorder.started(recs)
+        finally:
+            if done is not None:
+                done.set()
 
     def add(self, recs: list[dict]) -> None:
         self.pending.extend(recs)

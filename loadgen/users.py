@@ -73,7 +73,8 @@ class Plan:
     recorded: int = field(init=False, default=0)
     inflight: dict = field(init=False, default_factory=dict)  # request_id -> its record so far (sent, not ended)
     stopping: bool = field(init=False, default=False)
-    on_sent: Callable[[dict], None] | None = field(init=False, default=None)  # told as each request goes out
+    # told as each request goes out; the event it returns is set once the recorder (or the master) has heard
+    on_sent: Callable[[dict], Event] | None = field(init=False, default=None)
 
     def __post_init__(self) -> None:
         c = self.config
@@ -211,25 +212,34 @@ class OpenAIUser(FastHttpUser):
         path = plan.prefix + ("/v1/chat/completions" if spec.api == "chat" else "/v1/completions")
         payload = _dumps(body)
         sent_at = time.time()
-        start = time.perf_counter()
         due = sent_at if scheduled_at is None else scheduled_at
         wait = None if slot_at is None else max(0.0, slot_at - due)
         rec = {"request_id": str(index), "kind": spec.kind, "scheduled_at": due, "sent_at": sent_at,
-               "dispatch_lag_s": sent_at - due - (wait or 0.0), "slot_wait_s": wait,
+               "dispatch_lag_s": None, "slot_wait_s": wait,
                "phase": "warmup" if due < plan.t0 + plan.warmup_s else "measured",
                "first_token_at": None, "ttft_s": None, "itl_s": [], "status": "ok", "error_kind": None,
                "error": None, "prompt_tokens": None, "completion_tokens": None, "cached_tokens": None,
                "reasoning_tokens": None, "tokens_from": None}
+        plan.inflight[rec["request_id"]] = rec  # in every in-flight list from now on (a worker's, a flush's)
+        if plan.on_sent is not None:
+            # the recorder (or the master) holds the request before the server does: a process killed outright
+            # still leaves it a row. Waited for, not just yielded to: under load the pipe can be full.
+            try:
+                plan.on_sent(rec).wait()
+            except GreenletExit:  # the run stopped before it went out: not sent, no record
+                plan.inflight.pop(rec["request_id"], None)
+                raise
+            sent_at = rec["sent_at"] = time.time()  # the wait, if any, is the client's lag (an open loop's)
+            if scheduled_at is None:  # a closed loop sends when it is ready: no schedule to lag behind
+                due = rec["scheduled_at"] = sent_at
+        start = time.perf_counter()
+        rec["dispatch_lag_s"] = sent_at - due - (wait or 0.0)
         stream = Stream(start, plan.event_max)
         # known while it streams, so a run's end can tell a request that is already an SLO miss (late first token)
         stream.on_first = lambda now: rec.__setitem__("first_token_at", sent_at + (now - start))
         exc: RequestFailed | None = None
         got_headers = False
-        if plan.on_sent is not None:  # announced (at the loop's turn this yields to) before it is written
-            plan.on_sent(rec)
-            gevent.sleep(0)
         plan.sent += 1
-        plan.inflight[rec["request_id"]] = rec
         resp = None
         try:
             with gevent.Timeout(plan.timeout_s, _Deadline):

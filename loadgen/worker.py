@@ -17,6 +17,7 @@ import sys
 import time
 
 import gevent
+from gevent.event import Event
 from locust.env import Environment
 
 from loadgen.users import CONFIG_OPTION, ClosedLoopUser, OpenLoopUser
@@ -86,12 +87,22 @@ def forward_records(environment: Environment, parent_pid: int | None = None) -> 
                 return
             send()
 
-    def on_sent(_rec: dict) -> None:  # the master hears of a request at the loop's next turn, not 0.2 s later
-        if not scheduled:
-            scheduled.append(True)
-            gevent.spawn(lambda: (scheduled.clear(), send()))  # a greenlet: sending may wait
+    def on_sent(_rec: dict) -> Event:  # the master hears of a request before the server does, not 0.2 s later
+        if not pending:
+            heard = Event()
+            pending.append(heard)
 
-    scheduled: list[bool] = []
+            def announce() -> None:  # a greenlet: sending may wait
+                pending.clear()
+                try:
+                    send()
+                finally:
+                    heard.set()
+
+            gevent.spawn(announce)
+        return pending[0]
+
+    pending: list[Event] = []
     environment.capbench_on_sent = on_sent
     environment.events.request.add_listener(on_request)
     environment.events.test_stop.add_listener(lambda **_kw: send(final=True))

@@ -71,6 +71,11 @@ class Server(asyncio.Protocol):
             t.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
                     % (len(payload), payload))
             return
+        if path.endswith("/stats"):  # how many completions it was sent: tests wait for load, not for a clock
+            payload = json.dumps({"requests": self.counter[0]}).encode()
+            t.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+                    % (len(payload), payload))
+            return
         if not path.endswith("completions"):
             t.write(b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n")
             return
@@ -110,6 +115,8 @@ class Server(asyncio.Protocol):
         t.write(_HEAD + _event({"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]}))
         thinking = _event({"choices": [{"index": 0, "delta": {"reasoning_content": "hmm "}}]})
         for k in range(n):
+            if t.is_closing():  # the client went away (a run killed or stopped): nothing more to say
+                return
             if k < self.opts.reasoning:
                 t.write(thinking)
                 await asyncio.sleep(self.opts.token_delay)
@@ -131,7 +138,8 @@ class Server(asyncio.Protocol):
             t.write(token)
             if self.opts.token_delay > 0:
                 await asyncio.sleep(self.opts.token_delay)
-        t.write(usage + _DONE)
+        if not t.is_closing():
+            t.write(usage + _DONE)
 
     def pick(self) -> str | None:
         x = self.rng.random()

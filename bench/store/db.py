@@ -95,7 +95,10 @@ class Store:
     """A capbench DuckDB file. Opening it read-write creates it, migrates it to SCHEMA_VERSION, and marks runs
     whose writer process on this host has died as aborted. Every method opens and closes its own connection."""
 
-    def __init__(self, path: str | Path = DEFAULT_DB, read_only: bool = False, lock_timeout_s: float = 10.0):
+    def __init__(self, path: str | Path = DEFAULT_DB, read_only: bool = False, lock_timeout_s: float = 10.0,
+                 recording: str | None = None):
+        """recording: the run this process records (its recorder): never marked aborted here, even when its load
+        generator has died, since the recorder still writes its rows and then marks it aborted itself."""
         self.path = Path(path)
         self.read_only = read_only
         self.lock_timeout_s = lock_timeout_s
@@ -113,7 +116,7 @@ class Store:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             with self.connect() as con:
                 migrate(con, self.path)
-                self.aborted_on_open = _abort_dead_runs(con)
+                self.aborted_on_open = _abort_dead_runs(con, spare=recording)
 
     @contextmanager
     def connect(self, timeout_s: float | None = None) -> Iterator[duckdb.DuckDBPyConnection]:
@@ -251,12 +254,12 @@ def _schema_version(con: duckdb.DuckDBPyConnection) -> int:
     return con.execute("SELECT coalesce(max(version), 0) FROM schema_version").fetchall()[0][0]
 
 
-def _abort_dead_runs(con: duckdb.DuckDBPyConnection) -> list[str]:
+def _abort_dead_runs(con: duckdb.DuckDBPyConnection, spare: str | None = None) -> list[str]:
     """Runs left 'running' by a process on this host that no longer exists are marked aborted.
     (Runs written from another host are left alone: their process cannot be checked from here.)"""
     host = socket.gethostname()
     rows = con.execute("SELECT run_id, pid FROM runs WHERE status = 'running' AND hostname = ?", [host]).fetchall()
-    dead = [run_id for run_id, pid in rows if not pid_alive(pid)]
+    dead = [run_id for run_id, pid in rows if run_id != spare and not pid_alive(pid)]
     for run_id in dead:
         con.execute("UPDATE runs SET status = 'aborted', finished_at = coalesce("
                     "(SELECT max(finished_at) FROM requests WHERE run_id = ?), started_at) WHERE run_id = ?",

@@ -14,6 +14,7 @@ frame interval (half a second).
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 import os
@@ -42,6 +43,7 @@ class Recorder:
         self.proc = gsub.Popen([sys.executable, "-c", "from bench.store.recorder import main; main()", str(db), run_id,
                                 target],
                                stdin=gsub.PIPE, stdout=gsub.PIPE, cwd=Path(__file__).resolve().parents[2])
+        _widen(self.proc.stdin.fileno())
         self.failed: str | None = None
         self.said: dict = {}
         from gevent.lock import BoundedSemaphore
@@ -96,12 +98,22 @@ class Recorder:
         return said
 
 
+def _widen(fd: int) -> None:
+    """A 1 MiB pipe (Linux's default limit) instead of 64 KiB: users wait for their request's announcement to be in
+    the pipe before sending it (users.py), so a recorder slow to start (seconds on a loaded machine) or held by a
+    reader must not stall the load after 64 KiB of frames."""
+    try:
+        fcntl.fcntl(fd, getattr(fcntl, "F_SETPIPE_SZ", 1031), 1 << 20)
+    except OSError:  # not Linux, or a lower limit: the default pipe, and users may wait
+        pass
+
+
 def main() -> None:
     db, run_id = sys.argv[1], sys.argv[2]
     url = sys.argv[3] if len(sys.argv) > 3 else None
     logging.getLogger("bench.store.writer").setLevel(logging.CRITICAL)  # a failed flush is said by the runner
     try:
-        store = Store(db, lock_timeout_s=HELD_DB_WAIT_S)
+        store = Store(db, lock_timeout_s=HELD_DB_WAIT_S, recording=run_id)  # a slow start may outlive its runner
     except BadInput as e:  # the file went bad after the run started: the runner says it, with the count
         print(json.dumps({"requests": 0, "error": str(e)}), flush=True)
         sys.exit(1)
@@ -116,8 +128,9 @@ def main() -> None:
     while len(head := stdin.read(4)) == 4:
         msg = msgpack.unpackb(stdin.read(struct.unpack("<I", head)[0]))
         closed = closed or bool(msg.get("close"))
-        if "inflight" in msg:
-            inflight = {r["request_id"]: r for r in msg["inflight"] if r["request_id"] not in done}
+        # added to, never replaced: a list taken before a request's `started` frame was written may reach the
+        # pipe after it (requests leave in-flight by their rows only)
+        inflight.update({r["request_id"]: r for r in msg.get("inflight", ()) if r["request_id"] not in done})
         for r in msg.get("started", ()):  # announced as each request went out (one process's run)
             if r["request_id"] not in done:
                 inflight[r["request_id"]] = r

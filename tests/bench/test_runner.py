@@ -208,7 +208,7 @@ def test_sigkill_leaves_a_cancelled_row_for_every_request_in_flight(stub_server,
                              str(tmp_db), "--no-live", "--workload", "synthetic"], cwd=ROOT,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     assert "capbench run" in proc.stderr.readline()
-    time.sleep(3.0)
+    srv.wait_for(15)  # none answered before 10 s: all of them in flight
     proc.kill()
     proc.wait(timeout=10)
     deadline, status = time.time() + 60, "running"
@@ -221,7 +221,7 @@ def test_sigkill_leaves_a_cancelled_row_for_every_request_in_flight(stub_server,
                                            "note LIKE 'recorded by the recorder%') FROM requests").fetchone()
         except duckdb.IOException:  # the recorder holds the file this moment
             continue
-    assert status == "aborted" and n >= 15 and cancelled == n  # ~2.5 s at 10 req/s, none of them answered yet
+    assert status == "aborted" and n >= 15 and cancelled == n
 
 
 def test_a_recorder_that_dies_fails_the_run_with_the_rows_it_lost(stub_server, tmp_db, monkeypatch):
@@ -252,7 +252,7 @@ def test_sigkill_with_a_local_worker_still_leaves_its_requests_in_flight_a_row(s
                              str(tmp_db), "--no-live", "--workload", "synthetic", "--workers", "1"], cwd=ROOT,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     assert "capbench run" in proc.stderr.readline()
-    time.sleep(14.0)  # the worker joins (a process start, then a 2 s lead), then some seconds of requests
+    srv.wait_for(15)  # the worker joins (a process start, then a 2 s lead), then 1.5 s of requests
     workers = [c for c in psutil.Process(proc.pid).children() if "loadgen.worker" in " ".join(c.cmdline())]
     proc.kill()
     proc.wait(timeout=10)

@@ -2,6 +2,7 @@ import json
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import gevent
@@ -22,6 +23,18 @@ class StubServer:
                                      stdout=subprocess.PIPE, cwd=ROOT, text=True)
         self.port = json.loads(self.proc.stdout.readline())["port"]
         self.url = f"http://127.0.0.1:{self.port}"
+
+    def count(self) -> int:
+        """Completions requests the server was sent so far."""
+        with urllib.request.urlopen(f"{self.url}/stats", timeout=10) as r:
+            return json.loads(r.read())["requests"]
+
+    def wait_for(self, n: int, timeout_s: float = 120.0) -> None:
+        """Until the server was sent n requests: a loaded machine starts a run in seconds, not a fixed time."""
+        deadline = time.monotonic() + timeout_s
+        while self.count() < n:
+            assert time.monotonic() < deadline, f"the server was sent {self.count()} requests, not {n}"
+            time.sleep(0.1)
 
     def kill(self) -> None:
         if self.proc.poll() is None:

@@ -98,7 +98,9 @@ def test_an_oversized_event_fails_its_request_fast(hostile, tmp_db):
     t = time.monotonic()
     [res] = run(_opts(srv.url, tmp_db, overrides={"rate": 4, "duration": 1}))
     stored = _rows(tmp_db, res.run_id)
-    assert res.sent == len(stored) == 4 and time.monotonic() - t < 15
+    # the server holds the rest of the oversized event's stream 0.5 s: the request ends at the limit, not at its
+    # 5 s timeout (the run's whole length bounds a slow machine's start, not the claim)
+    assert res.sent == len(stored) == 4 and time.monotonic() - t < 60
     big = [r for r in stored if r["error_kind"] == "event_too_large"]
     assert len(big) == 2 and all(r["e2e_s"] < 2.0 for r in big)
     assert sum(r["status"] == "ok" for r in stored) == 2
@@ -174,7 +176,7 @@ def test_the_drain_limit_is_enforced_and_what_it_cuts_off_is_cancelled(tmp_db):
     finally:
         srv.kill()
     stored = _rows(tmp_db, res.run_id)
-    assert took < 15 and res.sent == len(stored) == 5
+    assert took < 60 and res.sent == len(stored) == 5  # the requests' timeout is 600 s; the run's start is seconds
     assert all(r["error_kind"] == "cancelled" for r in stored)
 
 

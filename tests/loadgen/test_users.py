@@ -124,10 +124,11 @@ def test_plain_locustfile(stub_server):
 
     srv = stub_server()
     locust = str(Path(sys.executable).parent / "locust")
+    # -t 15s: the 1 s schedule, its answers, and a slow machine's start of ten users
     proc = subprocess.run([locust, "-f", "loadgen/locustfile.py", "--headless", "--host", srv.url, "--model", "m",
                            "--cb-profile", "constant", "--cb-rate", "10", "--cb-duration", "1", "-u", "10", "-r",
-                           "10", "-t", "6s", "--only-summary", "OpenLoopUser"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=60)
+                           "10", "-t", "15s", "--only-summary", "OpenLoopUser"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     line = next(x for x in proc.stdout.splitlines() + proc.stderr.splitlines() if "synthetic:chat" in x)
     assert line.split()[2] == "10" and line.split()[3].startswith("0")  # 10 requests, 0 failures
