@@ -91,7 +91,7 @@ def test_a_queued_campaign_runs_live_in_the_browser(tmp_path):
             page.get_by_role("button", name="Queue it").click()
             page.get_by_text("queued browser: 2 cells").wait_for(timeout=30_000)
             page.get_by_text("of browser: campaign glm/").first.wait_for(timeout=90_000)  # a run of a cell is live
-            first = _wait_for(page, lambda n: n > 0)  # the fragment refreshes every 3 s
+            first = _wait_for(page, lambda n: n > 0, 120.0)  # the fragment refreshes every 3 s
             later = _wait_for(page, lambda n: n > first)
             assert later > first > 0
             page.screenshot(path=str(SHOTS / "campaigns-live.png"))

@@ -145,14 +145,20 @@ def test_a_reader_holding_the_db_delays_the_run_but_does_not_fail_it(hostile, tm
     srv = hostile("ok")
     db = tmp_path / "held.duckdb"
     Store(db)  # the file exists for the reader
+    # the holder starts first (its imports take seconds on a loaded machine) and takes the file when told
+    holder = subprocess.Popen([sys.executable, "-c", "import duckdb, sys, time\nsys.stdin.readline()\n"
+                               "while True:\n  try:\n"  # the recorder may be writing this moment: try again
+                               f"    con = duckdb.connect({str(db)!r}, read_only=True)\n    break\n"
+                               "  except duckdb.IOException:\n    time.sleep(0.05)\n"
+                               "print('held', flush=True)\ntime.sleep(12)"],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     run_proc = subprocess.Popen([CAPBENCH, "run", "--target", srv.url, "--profile", "constant", "--rate", "10",
-                                 "--duration", "2", "--db", str(db), "--no-live", "--model", "m"], cwd=tmp_path,
+                                 "--duration", "4", "--db", str(db), "--no-live", "--model", "m"], cwd=tmp_path,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    assert "capbench run" in run_proc.stderr.readline()  # started: requests go out for the next 2.5 s
+    assert "capbench run" in run_proc.stderr.readline()  # started: requests go out for the next 4.5 s at least
     time.sleep(1.5)
-    holder = subprocess.Popen([sys.executable, "-c", "import duckdb, sys, time\n"
-                               f"con = duckdb.connect({str(db)!r}, read_only=True)\nprint('held', flush=True)\n"
-                               "time.sleep(12)"], stdout=subprocess.PIPE, text=True)
+    holder.stdin.write("go\n")
+    holder.stdin.flush()
     assert holder.stdout.readline().strip() == "held"
     out, err = run_proc.communicate(timeout=120)
     holder.wait(timeout=30)
@@ -162,7 +168,7 @@ def test_a_reader_holding_the_db_delays_the_run_but_does_not_fail_it(hostile, tm
     status, n = con.execute("SELECT r.status, count(q.run_id) FROM runs r LEFT JOIN requests q USING (run_id) "
                             "GROUP BY r.status").fetchone()
     con.close()
-    assert status == "completed" and n == 20
+    assert status == "completed" and n == 40
 
 
 def test_the_drain_limit_is_enforced_and_what_it_cuts_off_is_cancelled(tmp_db):

@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 
-def capbench(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+def capbench(*args: str, timeout: float = 900) -> subprocess.CompletedProcess:  # 127 s alone on a slow 2-core day
     return subprocess.run([sys.executable, "-c", "from bench.cli import main; main()", *args],
                           capture_output=True, text=True, timeout=timeout)
 
