@@ -211,7 +211,7 @@ class OpenAIUser(FastHttpUser):
             body["stream_options"] = {"include_usage": True}
         path = plan.prefix + ("/v1/chat/completions" if spec.api == "chat" else "/v1/completions")
         payload = _dumps(body)
-        sent_at = time.time()
+        sent_at, start = clock_pair()
         due = sent_at if scheduled_at is None else scheduled_at
         wait = None if slot_at is None else max(0.0, slot_at - due)
         rec = {"request_id": str(index), "kind": spec.kind, "scheduled_at": due, "sent_at": sent_at,
@@ -229,10 +229,10 @@ class OpenAIUser(FastHttpUser):
             except GreenletExit:  # the run stopped before it went out: not sent, no record
                 plan.inflight.pop(rec["request_id"], None)
                 raise
-            sent_at = rec["sent_at"] = time.time()  # the wait, if any, is the client's lag (an open loop's)
+            sent_at, start = clock_pair()  # the wait, if any, is the client's lag (an open loop's)
+            rec["sent_at"] = sent_at
             if scheduled_at is None:  # a closed loop sends when it is ready: no schedule to lag behind
                 due = rec["scheduled_at"] = sent_at
-        start = time.perf_counter()
         rec["dispatch_lag_s"] = sent_at - due - (wait or 0.0)
         stream = Stream(start, plan.event_max)
         # known while it streams, so a run's end can tell a request that is already an SLO miss (late first token)
@@ -367,6 +367,19 @@ class OpenLoopUser(OpenAIUser):
 
 
 SPIN_S = 0.001  # libev rounds a timer's wait up to whole milliseconds: the last one is spent yielding instead
+
+
+def clock_pair() -> tuple[float, float]:
+    """time.time() and perf_counter() of one instant. Every timestamp of a request is the pair's time.time() plus a
+    perf_counter() delta, so a preemption between the two reads (a busy host's 1 ms scheduler tick) would move them
+    all, the first token to before the server made it; a read that straddles one is taken again."""
+    for _ in range(5):
+        before = time.perf_counter()
+        wall = time.time()
+        after = time.perf_counter()
+        if after - before < 50e-6:
+            break
+    return wall, (before + after) / 2
 
 
 def wait_until(due: float) -> None:

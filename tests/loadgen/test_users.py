@@ -4,11 +4,23 @@ import time
 
 import pytest
 
+from loadgen import users
 from loadgen.users import ClosedLoopUser, OpenLoopUser
 from tests.loadgen.conftest import drive, plan_config
 
 ONE = {"name": "one", "type": "constant", "params": {"rate": 1, "duration": 1}}  # a single request at t0+0.5 s
 CLOSED = {"name": "users", "type": "users", "params": {"users": 1, "duration": 1}}
+
+
+def test_a_clock_read_straddling_a_preemption_is_taken_again(monkeypatch):
+    """A request's timestamps are one time.time() plus perf_counter() deltas: a 1 ms preemption between the two reads
+    put a client's first token 1.0 ms before the twin made it, so such a read is taken again."""
+    perf = iter([10.0, 10.001, 20.0, 20.00001])  # the first pair straddles a 1 ms tick, the second does not
+    walls = iter([1000.0, 2000.0])
+    monkeypatch.setattr(users.time, "perf_counter", lambda: next(perf))
+    monkeypatch.setattr(users.time, "time", lambda: next(walls))
+    wall, start = users.clock_pair()
+    assert wall == 2000.0 and start == pytest.approx(20.000005)
 
 
 @pytest.mark.timing  # bounds of tens of ms: run alone (Makefile)
