@@ -21,12 +21,11 @@ from tests.e2e.test_browser import ARGS, CHROMIUM, SHOTS, _free_port
 ROOT = Path(__file__).resolve().parents[2]
 CAMPAIGN = """name: browser
 slo: "ttft=10s,tpot=200ms"
-duration: 10
 deployments:
-  - {name: glm, twin: "glm-4.6@h200x8,time_scale=20"}
+  - {name: glm, twin: "glm-4.6@h200x8,time_scale=5"}
 loads:
-  - {name: chat, workload: chat, profile: poisson, rate: 0.5}
-  - {name: again, workload: chat, profile: poisson, rate: 0.75}
+  - {name: chat, workload: chat, profile: poisson, rate: 0.5, duration: 40}
+  - {name: again, workload: chat, profile: poisson, rate: 0.75, duration: 5}
 """
 
 
@@ -38,19 +37,28 @@ loads:
 """
 
 
-def _requests(page) -> int:
-    text = page.get_by_test_id("stMetric").first.inner_text()
-    return int(re.sub(r"[^0-9]", "", text.split("\n")[-1]) or 0)
+def _live(page) -> tuple[str, int]:
+    """The running cell's line (which cell, which stage) and its request count, as the page shows them now."""
+    line, metric = page.evaluate("""() => [
+        [...document.querySelectorAll('[data-testid="stMarkdown"]')].map(e => e.innerText)
+            .find(t => t.includes(' of browser: ')) || '',
+        (document.querySelector('[data-testid="stMetric"]') || {innerText: ''}).innerText]""")
+    return line, int(re.sub(r"[^0-9]", "", metric.split("\n")[-1]) or 0)
 
 
-def _wait_for(page, ok, timeout_s: float = 30.0) -> int:
-    """The running cell's request count once ok(count), read as the page refreshes itself (no reload)."""
+def _rising(page, timeout_s: float) -> list[tuple[str, int]]:
+    """Readings of the live cell, taken as the page refreshes itself (no reload), until one stage's request count
+    rises between two of them: on a slow machine a refresh may come late in a stage, or after it."""
+    seen: list[tuple[str, int]] = []
     deadline = time.monotonic() + timeout_s
-    while True:
-        n = _requests(page)
-        if ok(n) or time.monotonic() > deadline:
-            return n
+    while time.monotonic() < deadline:
+        line, n = _live(page)
+        if not seen or seen[-1] != (line, n):
+            seen.append((line, n))
+        if len(seen) >= 2 and line and seen[-2][0] == line and n > seen[-2][1] > 0:
+            break
         page.wait_for_timeout(500)
+    return seen
 
 
 def test_a_queued_campaign_runs_live_in_the_browser(tmp_path):
@@ -91,9 +99,9 @@ def test_a_queued_campaign_runs_live_in_the_browser(tmp_path):
             page.get_by_role("button", name="Queue it").click()
             page.get_by_text("queued browser: 2 cells").wait_for(timeout=30_000)
             page.get_by_text("of browser: campaign glm/").first.wait_for(timeout=90_000)  # a run of a cell is live
-            first = _wait_for(page, lambda n: n > 0, 120.0)  # the fragment refreshes every 3 s
-            later = _wait_for(page, lambda n: n > first)
-            assert later > first > 0
+            seen = _rising(page, 180.0)  # the fragment refreshes every 3 s; the first stage is 40 s
+            (line, first), (_, later) = seen[-2:]
+            assert seen[-2][0] == line and later > first > 0, seen
             page.screenshot(path=str(SHOTS / "campaigns-live.png"))
             assert page.locator('[data-testid="stException"]').count() == 0  # the matrix of a running campaign
             page.get_by_text("No cell is running.").wait_for(timeout=120_000)
