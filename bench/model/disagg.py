@@ -28,7 +28,7 @@ import random
 from dataclasses import dataclass, replace
 from functools import cache
 
-from bench.model import catalog, interconnect
+from bench.model import catalog, interconnect, queues
 from bench.model.calibration import Efficiency, load_efficiency
 from bench.model.capacity import Deployment, capacity, cell_bytes, mem_fraction_static, memory_tier, weight_bytes
 from bench.model.option import HOURS_PER_MONTH
@@ -215,13 +215,6 @@ def kv_bytes(shape: Shape, tokens: float) -> float:
     return cell_bytes(m, shape.kv_dtype, 1) * tokens
 
 
-def _wait_quantile(service_s: float, rho: float, q: float) -> float:
-    """The q-quantile of the wait in an M/M/1 queue at utilization rho with this mean service time."""
-    if rho <= 1 - q:
-        return 0.0
-    return service_s / (1 - rho) * math.log(rho / (1 - q))
-
-
 @dataclass
 class Answer:
     """What one shape serves, per instance of each role, and what a target load then needs."""
@@ -307,14 +300,18 @@ def batch_candidates(cap: int) -> list[int]:
     return sorted({max(1, cap * k // 32) for k in range(1, 33)}) if cap >= 1 else []
 
 
-def decode_batch(shape: Shape, ln: Lengths, slo: Slo, eff: Efficiency | None = None) -> tuple[int, float, str]:
-    """(batch per rank, step seconds, what limits it): of the batches the KV pool and max running requests allow,
-    the one with the most output tokens/s whose step meets the TPOT bound (past the CUDA-graph size a bigger batch
-    can be slower); 0 when not even one request meets them."""
+def decode_batch(shape: Shape, ln: Lengths, slo: Slo, eff: Efficiency | None = None,
+                 in_flight: int | None = None) -> tuple[int, float, str]:
+    """(batch per rank, step seconds, what limits it): of the batches the KV pool, max running requests and a
+    client's cap of `in_flight` requests per decode instance allow, the one with the most output tokens/s whose
+    step meets the TPOT bound (past the CUDA-graph size a bigger batch can be slower); 0 when not even one request
+    meets them."""
     pool = decode_pool(shape)
     seq = ln.prompt + ln.output
     by_kv = int(pool.tokens_per_rank // seq) if pool.fits else 0
     cap = min(by_kv, pool.max_running_per_rank)
+    by_client = math.ceil(in_flight / shape.deployment("decode").dp) if in_flight else cap
+    capped, cap = by_client < cap, min(cap, by_client)
     ctx = ln.prompt + ln.output / 2
     best, best_step = 0, 0.0
     for b in batch_candidates(cap):
@@ -322,7 +319,8 @@ def decode_batch(shape: Shape, ln: Lengths, slo: Slo, eff: Efficiency | None = N
         if (slo.tpot_s is None or step <= slo.tpot_s) and (best == 0 or b / step > best / best_step):
             best, best_step = b, step
     if best == cap:
-        limit = "KV pool" if by_kv <= pool.max_running_per_rank else "max running requests"
+        limit = (f"concurrency cap ({in_flight} in flight)" if capped else
+                 "KV pool" if by_kv <= pool.max_running_per_rank else "max running requests")
     elif best and slo.tpot_s is not None and decode_step_s(shape, min(cap, best * 2), ctx, eff) > slo.tpot_s:
         limit = f"TPOT p{slo.percentile}"
     else:
@@ -331,8 +329,11 @@ def decode_batch(shape: Shape, ln: Lengths, slo: Slo, eff: Efficiency | None = N
 
 
 def evaluate(shape: Shape, ln: Lengths, slo: Slo, target_rps: float, price: float | None = None,
-             transfer: bool = True, eff: Efficiency | None = None) -> Answer:
-    """What one shape serves. transfer=False: the KV transfer and the router cost nothing (the ideal case)."""
+             transfer: bool = True, eff: Efficiency | None = None, in_flight: int | None = None) -> Answer:
+    """What one shape serves. transfer=False: the KV transfer and the router cost nothing (the ideal case).
+    in_flight: a client keeps at most that many requests in flight to each decode instance (a plan's cap "to each
+    instance"): the decode batch is capped, and the decode instance serves the rate at which the wait for a slot
+    (held TTFT + output x TPOT) plus TTFT stays within the TTFT bound (queues.py); TTFT then includes that wait."""
     price = catalog.gpu(shape.gpu).price_per_gpu_hour if price is None else price
     ans = Answer(shape, ln, price, target_rps, 0.0, 0.0, 0, 0, 0, 0.0, 0.0, 0.0, "-", "-")
     pre, dec = shape.deployment("prefill"), shape.deployment("decode")
@@ -349,7 +350,7 @@ def evaluate(shape: Shape, ln: Lengths, slo: Slo, target_rps: float, price: floa
                                 f"{shape.redundant('decode')} redundant experts) cannot hold the longest request "
                                 f"({ln.longest:,} tokens)")
         return ans
-    batch, step, ans.decode_limited_by = decode_batch(shape, ln, slo, eff)
+    batch, step, ans.decode_limited_by = decode_batch(shape, ln, slo, eff, in_flight)
     if batch < 1:
         ans.rejected_because = (f"no decode batch meets the TPOT bound ({slo.tpot_s * 1e3:,.0f} ms)" if slo.tpot_s
                                 else "a decode rank holds no request")
@@ -369,7 +370,7 @@ def evaluate(shape: Shape, ln: Lengths, slo: Slo, target_rps: float, price: floa
     q = slo.percentile / 100
 
     def ttft(rho: float) -> float:
-        return service + _wait_quantile(per_request, rho, q) + extra
+        return service + queues.mm1_wait_quantile(per_request, rho, q) + extra
 
     if slo.ttft_s is None:
         rho, ans.prefill_limited_by = 1.0, "prefill compute"
@@ -389,4 +390,11 @@ def evaluate(shape: Shape, ln: Lengths, slo: Slo, target_rps: float, price: floa
         nic = pre.tp * interconnect.nic_bytes_per_s(pre.gpu) / kv_bytes(shape, ln.prompt)
         if nic < ans.prefill_rps:
             ans.prefill_rps, ans.prefill_limited_by = nic, "KV transfer (NIC)"
+    if in_flight:
+        hold = ans.ttft_s + ln.output * step
+        rate = queues.capped_rate(in_flight, hold, ans.ttft_s, slo.ttft_s, q)
+        if rate < ans.decode_rps:
+            ans.decode_rps = rate
+            ans.decode_limited_by = f"concurrency cap ({in_flight} in flight, the wait for a slot)"
+            ans.ttft_s += queues.slot_wait_quantile(rate, in_flight, hold, q)
     return ans

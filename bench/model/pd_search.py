@@ -44,9 +44,10 @@ def colocated_rps(shape: Shape, ln: Lengths, slo: Slo, eff: Efficiency | None = 
 
 def search(model: str, gpus: list[str], ln: Lengths, slo: Slo, target_rps: float, max_nodes: int = 16,
            kv_dtypes: tuple[str, ...] = ("bf16", "fp8_e4m3"), price_of=None, context: int | None = None,
-           transfer: bool = True) -> list[Answer]:
+           transfer: bool = True, in_flight: int | None = None) -> list[Answer]:
     """Every shape: prefill and decode instances of 1, 2, 4, ... nodes (up to max_nodes each), both KV dtypes,
-    native weights, EPLB on; cheapest first (those that serve), then the rejected."""
+    native weights, EPLB on; cheapest first (those that serve), then the rejected. in_flight: a client's cap per
+    decode instance (disagg.evaluate)."""
     out = []
     for gpu_id in gpus:
         per = catalog.gpu(gpu_id).gpus_per_node
@@ -57,5 +58,5 @@ def search(model: str, gpus: list[str], ln: Lengths, slo: Slo, target_rps: float
                 for d in sizes:
                     for dpa in (True, False):
                         shape = Shape(model, gpu_id, p, d, kv, context=context, prefill_dp_attention=dpa)
-                        out.append(evaluate(shape, ln, slo, target_rps, price, transfer))
+                        out.append(evaluate(shape, ln, slo, target_rps, price, transfer, in_flight=in_flight))
     return sorted(out, key=lambda a: (not a.serves, a.monthly_cost or 0.0, a.gpus_per_rps))

@@ -74,7 +74,7 @@ def compare(plan: Plan, max_nodes: int = MAX_NODES, gpus: tuple[str, ...] | None
     ln = disagg.lengths(q.request_mix())
     search = list(gpus or q.search_gpus or (q.gpu,))
     answers = pd_search.search(q.model, search, ln, q.slo, q.target_rate_rps, max_nodes, price_of=q.price_of,
-                            context=q.context)
+                               context=q.context, in_flight=q.max_concurrency)
     d = next((a for a in answers if a.serves), None)
     c = plan.recommended
     share = None
@@ -111,7 +111,7 @@ def compare(plan: Plan, max_nodes: int = MAX_NODES, gpus: tuple[str, ...] | None
     if d is None and answers:
         v.why.append(f"No PD shape serves it: {answers[0].rejected_because}.")
     if q.max_concurrency is not None:
-        v.why.append(f"The disaggregated figures are without the concurrency cap ({q.max_concurrency} in flight): the "
-                     "analytic PD model takes none, so the two sides answer different loads (the PD simulator, "
-                     "pd_simulate.py, plays a capped client; a campaign's prediction uses it).")
+        v.why.append(f"Both sides hold the concurrency cap ({q.max_concurrency} in flight to each instance; for PD, to "
+                     "each decode instance): arrivals wait in the client for a free slot, and the wait counts in the "
+                     "TTFT the SLO judges (simulated colocated; for PD in closed form, M/M/c, which errs long).")
     return v
