@@ -331,10 +331,9 @@ def decode_batch(shape: Shape, ln: Lengths, slo: Slo, eff: Efficiency | None = N
 def evaluate(shape: Shape, ln: Lengths, slo: Slo, target_rps: float, price: float | None = None,
              transfer: bool = True, eff: Efficiency | None = None, in_flight: int | None = None) -> Answer:
     """What one shape serves. transfer=False: the KV transfer and the router cost nothing (the ideal case).
-    in_flight: a client keeps at most that many requests in flight to each decode instance (a plan's cap "to each
-    instance"): the decode batch is capped, and the decode instance serves the rate at which the wait for a slot
-    (held TTFT + output x TPOT) plus TTFT stays within the TTFT bound (queues.py); TTFT then includes that wait.
-    The prefill instances are sized to spend the TTFT budget, so the slot's wait gets what is left: conservative."""
+    in_flight: a client's cap per decode instance (a plan's "to each instance"): the decode batch is capped, and
+    the instance serves the rate at which the wait for a slot (held TTFT + output x TPOT) plus TTFT meets the TTFT
+    bound (queues.py; the prefill side spent the budget first, the wait gets the rest: conservative)."""
     price = catalog.gpu(shape.gpu).price_per_gpu_hour if price is None else price
     ans = Answer(shape, ln, price, target_rps, 0.0, 0.0, 0, 0, 0, 0.0, 0.0, 0.0, "-", "-")
     pre, dec = shape.deployment("prefill"), shape.deployment("decode")
