@@ -20,6 +20,7 @@ from bench.model import Slo, StageSample, stage_sample
 from bench.store import Store
 
 RUN_ERRORS_OK = 0.01  # a stage with a larger share of failed requests misses the SLO
+FLUSH_WAIT_S = 30.0  # how long a stage waits for the server to go idle and empty its prefix cache
 FAR = 1e9  # the latency counted for a request the stage's end cut off: past any bound
 CUT_OFF_KINDS = ("aborted", "cancelled")  # a request the run's end stopped (loadgen says cancelled)
 COUNTS = ("sent", "completed", "within_slo", "missed", "cut_off", "errored")
@@ -146,12 +147,14 @@ def twin_behind_s(url: str) -> float | None:
 
 def flush_cache(url: str, api_key_env: str | None = None) -> bool:
     """Empty the server's prefix cache (SGLang's /flush_cache, which the twin and the PD router also serve) so that a
-    stage can resend the stage before's prompts and find none of them cached; False when it would not."""
+    stage can resend the stage before's prompts and find none of them cached; False when it would not. SGLang
+    flushes only when idle: `timeout` lets the stage before's cut-off requests leave first (0.5.23 waits up to it;
+    an older SGLang ignores it and refuses while any run)."""
     import httpx
 
     secret = os.environ.get(api_key_env, "") if api_key_env else ""
     try:
-        r = httpx.post(url.rstrip("/") + "/flush_cache", timeout=10,
+        r = httpx.post(url.rstrip("/") + "/flush_cache", params={"timeout": FLUSH_WAIT_S}, timeout=FLUSH_WAIT_S + 10,
                        headers={"Authorization": f"Bearer {secret}"} if secret else None)
         return r.status_code == 200
     except httpx.HTTPError:

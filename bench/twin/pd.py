@@ -11,8 +11,6 @@ from __future__ import annotations
 import asyncio
 import time
 
-from aiohttp import web
-
 from bench.model import Request, Scheduler, capacity, disagg, interconnect
 from bench.twin.config import TwinConfig, pd_shape
 from bench.twin.server import Twin, TwinRequest
@@ -92,10 +90,14 @@ class PDTwin(Twin):
                 self.sched.prefill_cached[req] = shadow.cached_tokens
                 loop.call_later(self.transfer_s(req) / scale, self._arrive, req)
 
-    async def flush_cache(self, request: web.Request) -> web.Response:
+    def idle(self) -> bool:
+        p = self.prefill
+        return super().idle() and not (self.shadows or p.waiting or p.inbox or p.num_running)
+
+    def flush(self) -> None:
         """Both instances' prefix caches, as SGLang's router flushes every worker."""
         self.prefill.flush_cache()
-        return await super().flush_cache(request)
+        super().flush()
 
     def server_info(self) -> dict:
         info = super().server_info()

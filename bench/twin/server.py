@@ -297,8 +297,27 @@ class Twin:
             req.event.clear()
         return web.Response(status=200)
 
-    async def flush_cache(self, _: web.Request) -> web.Response:
+    def idle(self) -> bool:
+        s = self.sched
+        return not (s.waiting or s.inbox or s.num_running)
+
+    def flush(self) -> None:
         self.sched.flush_cache()
+
+    async def flush_cache(self, request: web.Request) -> web.Response:
+        """SGLang 0.5.23's: only with no request running or waiting (a request still running would put its prefix
+        back after the flush); `?timeout=S` waits up to S wall seconds for that, else 400 at once."""
+        try:
+            timeout = max(0.0, float(request.query.get("timeout") or 0.0))
+        except ValueError:
+            return web.Response(status=400, text="timeout: a number of seconds\n")
+        deadline = time.monotonic() + timeout
+        while not self.idle() and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        if not self.idle():
+            return web.Response(status=400, text="Timed out waiting for idle state." if timeout else
+                                "Flush cache failed.\n")
+        self.flush()
         return web.Response(text="Cache flushed.\n")
 
     def server_info(self) -> dict:

@@ -317,3 +317,24 @@ def test_stream_interval_sends_the_first_token_at_once_then_every_n_as_sglang_do
     assert all(n >= 4 for n in reads[1:-1]) and len(reads) <= 4  # 1, then 4, 4, 4 (the last group at the finish)
     with pytest.raises(BadInput, match="stream_interval"):
         parse_twin_spec("twin:kimi-k2-thinking@h200x8,stream_interval=0")
+
+
+def test_flush_cache_waits_for_idle_as_sglang_does():
+    """SGLang 0.5.23 flushes only with nothing running or waiting (a request still running would put its prefix back
+    after the flush): 400 at once while a stream runs, 400 after `?timeout=` if it still runs, 200 once the client
+    has left (the twin aborts its request) or with nothing in flight."""
+    with serve_in_thread(TwinConfig(time_scale=1)) as h, httpx.Client(base_url=h.url, timeout=30) as http:
+        assert http.post("/flush_cache").status_code == 200  # idle
+        body = {"model": "m", "prompt": "hello " * 50, "max_tokens": 4000, "ignore_eos": True, "stream": True}
+        with http.stream("POST", "/v1/completions", json=body) as stream:
+            lines = stream.iter_lines()  # kept: a dropped generator would close the stream
+            next(lines)  # it runs: its first token is out
+            busy = http.post("/flush_cache")
+            assert busy.status_code == 400 and "failed" in busy.text.lower()
+            t = time.monotonic()
+            waited = http.post("/flush_cache", params={"timeout": 0.3})
+            assert waited.status_code == 400 and "idle" in waited.text and time.monotonic() - t >= 0.3
+        t = time.monotonic()
+        assert http.post("/flush_cache", params={"timeout": 10}).status_code == 200  # the client left: aborted
+        assert time.monotonic() - t < 5
+        assert http.post("/flush_cache", params={"timeout": "soon"}).status_code == 400
