@@ -36,7 +36,7 @@ def capped_rate(slots: int, hold_s: float, ttft_s: float, ttft_bound: float | No
     top = slots / hold_s * 0.999
     if ttft_bound is None:
         return top
-    if ttft_s + slot_wait_quantile(0.0, slots, hold_s, q) > ttft_bound:
+    if ttft_s > ttft_bound:  # no wait at all is already too late
         return 0.0
     lo, hi = 0.0, top
     for _ in range(50):
