@@ -47,6 +47,8 @@ class PDTwin(Twin):
                                  pcap.max_running_requests, disagg.chunk(shape) * pre.dp, BLOCK)
         self.prefill_wake = asyncio.Event()
         self.shadows: dict[Request, TwinRequest] = {}
+        self.shadow_of: dict[TwinRequest, Request] = {}
+        self.crossing: set[TwinRequest] = set()  # prefilled, its KV on the wire to the decode instance
         self.router_s = interconnect.assumptions()["router_ms"] * 1e-3
         self.transfers = 0
 
@@ -54,6 +56,7 @@ class PDTwin(Twin):
         shadow = Request(rid=req.rid, prompt_len=req.prompt_len, max_new=1, arrival=req.arrival,
                          prompt_keys=req.prompt_keys)
         self.shadows[shadow] = req
+        self.shadow_of[req] = shadow
         self.prefill.submit(shadow)
         self.prefill_wake.set()
 
@@ -62,6 +65,9 @@ class PDTwin(Twin):
 
     def _arrive(self, req: TwinRequest) -> None:
         """The KV has crossed: the prompt's blocks are in the decode instance's cache; it decodes from there."""
+        if req not in self.crossing:  # its client left on the way
+            return
+        self.crossing.discard(req)
         self.sched.cache.add_free(req.prompt_keys)
         self.sched.submit(req)
         self.transfers += 1
@@ -87,12 +93,27 @@ class PDTwin(Twin):
             _, done = self.prefill.commit(step, time.time())
             for shadow in done:
                 req = self.shadows.pop(shadow)
+                del self.shadow_of[req]
                 self.sched.prefill_cached[req] = shadow.cached_tokens
+                self.crossing.add(req)
                 loop.call_later(self.transfer_s(req) / scale, self._arrive, req)
+
+    def abort(self, req: TwinRequest) -> None:
+        """Aborted on both instances, as SGLang's router does: in prefill, on the wire or decoding."""
+        shadow = self.shadow_of.pop(req, None)
+        if shadow is not None:
+            self.shadows.pop(shadow, None)
+            self.prefill.abort(shadow)
+            self.prefill_wake.set()
+        if req in self.crossing:
+            self.crossing.discard(req)
+            self.sched.prefill_cached.pop(req, None)
+            req.state = "aborted"
+        super().abort(req)
 
     def idle(self) -> bool:
         p = self.prefill
-        return super().idle() and not (self.shadows or p.waiting or p.inbox or p.num_running)
+        return super().idle() and not (self.shadows or self.crossing or p.waiting or p.inbox or p.num_running)
 
     def flush(self) -> None:
         """Both instances' prefix caches, as SGLang's router flushes every worker."""

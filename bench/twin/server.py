@@ -174,6 +174,11 @@ class Twin:
         self.sched.submit(req)
         self.wake.set()
 
+    def abort(self, req: TwinRequest) -> None:
+        """The client left: free what the request holds, wherever it is (SGLang's abort_request)."""
+        self.sched.abort(req)
+        self.wake.set()
+
     def timestamps(self, req: TwinRequest) -> dict:
         return {"id": req.rid, "state": req.state, "arrival": req.arrival_wall, "first_token": req.first_token_wall,
                 "finish": req.finish_wall, "prompt_tokens": req.prompt_len,
@@ -203,12 +208,10 @@ class Twin:
                 return await self._stream(request, req, created)
             return await self._complete(req, created)
         except asyncio.CancelledError:
-            self.sched.abort(req)
-            self.wake.set()
+            self.abort(req)
             raise
         except ConnectionResetError:  # the client left mid-stream: free its KV; there is no one to answer
-            self.sched.abort(req)
-            self.wake.set()
+            self.abort(req)
             return web.Response(status=499)
 
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:

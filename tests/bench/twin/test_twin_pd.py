@@ -2,6 +2,7 @@
 measured against what the PD model predicts at an idle server, and beside a colocated twin on the same GPUs."""
 
 import statistics
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -10,6 +11,8 @@ import pytest
 from bench.errors import BadInput
 from bench.model import disagg, interconnect
 from bench.twin import TwinConfig, parse_twin_spec, serve_in_thread
+from bench.twin.pd import PDTwin
+from bench.twin.server import TwinRequest
 
 SCALE = 0.5  # half real speed: the twin's own Python overhead (HTTP, tokenizing) stays small beside its steps
 PD = dict(model="kimi-k2-thinking", gpu="h200", tp=8, dp=8, kv_dtype="fp8_e4m3", time_scale=SCALE)
@@ -86,3 +89,37 @@ def test_a_flush_empties_both_instances_prefix_caches():
         assert httpx.post(h.url + "/flush_cache", timeout=10).status_code == 200
         flushed = cached(h.url)
     assert first == 0 and again > 2000 and flushed == 0, (first, again, flushed)
+
+
+def test_a_client_that_leaves_during_prefill_is_aborted_on_both_instances():
+    """SGLang's router aborts a request on both instances when its client leaves: the twin's prefill instance drops
+    it, its KV never crosses and the decode instance never decodes it, so a campaign's flush finds the twin idle at
+    once instead of waiting for an orphan to decode to its end."""
+    with serve_in_thread(TwinConfig(**{**PD, "time_scale": 0.05}, prefill_tp=8)) as h, \
+            httpx.Client(base_url=h.url, timeout=30) as http:
+        body = {"model": "m", "prompt": "word " * 30000, "max_tokens": 2000, "ignore_eos": True, "stream": True}
+
+        def leave() -> None:  # the stream's headers come with its first token, long after this client gave up
+            with pytest.raises(httpx.ReadTimeout):
+                httpx.post(h.url + "/v1/completions", json=body, timeout=1.0)
+
+        with ThreadPoolExecutor(1) as pool:
+            left = pool.submit(leave)
+            time.sleep(0.5)
+            assert http.post("/flush_cache").status_code == 400  # in prefill: not idle
+            left.result()
+        t = time.monotonic()
+        assert http.post("/flush_cache", params={"timeout": 10}).status_code == 200
+        assert time.monotonic() - t < 1.0
+        time.sleep(0.2)
+        assert http.get("/get_server_info").json()["disaggregation"]["kv_transfers"] == 0
+
+
+def test_a_request_aborted_while_its_kv_crosses_never_reaches_the_decode_instance():
+    twin = PDTwin(TwinConfig(**PD, prefill_tp=8))
+    req = TwinRequest(rid="r", prompt_len=64, max_new=8, arrival=0.0, prompt_keys=[1, 2, 3, 4])
+    twin.crossing.add(req)
+    assert not twin.idle()
+    twin.abort(req)
+    twin._arrive(req)  # the transfer's timer fires after the abort
+    assert twin.idle() and twin.transfers == 0 and not twin.sched.inbox and not twin.sched.waiting
