@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from bench.model import corpus, disagg, interconnect, pd_search
+from bench.model import corpus, disagg, interconnect, pd_interval, pd_search
 from bench.model.disagg import Answer
 from bench.model.option import Option
 from bench.model.plan import Plan
@@ -25,12 +25,14 @@ class Versus:
     winner: str  # "colocated" | "disaggregated" | "neither"
     why: list[str] = field(default_factory=list)
     evidence: list[str] = field(default_factory=list)
+    interval: dict | None = None  # the disaggregated answer's (pd_interval.for_answer)
 
     def to_json(self) -> dict:
         c = self.colocated
         return {"winner": self.winner, "why": self.why, "evidence": self.evidence, "interference": self.interference,
                 "colocated": c.to_row() if c else None,
                 "disaggregated": self.disaggregated.to_row() if self.disaggregated else None,
+                "disaggregated_interval": self.interval,
                 "disaggregated_searched": len(self.answers),
                 "disaggregated_serving": sum(a.serves for a in self.answers)}
 
@@ -68,6 +70,19 @@ def _reasons(c: Option | None, d: Answer | None, share: float | None) -> list[st
     return out
 
 
+def _overlap(c: Option | None, pd: dict | None) -> list[str]:
+    """Whether the evidence decides the comparison: the two answers' monthly costs at both ends of their intervals."""
+    ci = c.interval() if c is not None else None
+    if ci is None or pd is None:
+        return []
+    (c_lo, c_hi), (d_lo, d_hi) = ci["monthly_cost"], pd["monthly_cost"]
+    said = (f"Monthly cost at the two ends of the intervals: colocated ${c_lo:,.0f}-${c_hi:,.0f} (80 %), "
+            f"disaggregated ${d_lo:,.0f}-${d_hi:,.0f} (not calibrated)")
+    if c_hi < d_lo or d_hi < c_lo:
+        return [said + ": the ranges do not overlap, so the winner holds at every end the evidence allows."]
+    return [said + ": they overlap, so the evidence does not decide between them; measure both before buying."]
+
+
 def compare(plan: Plan, max_nodes: int = MAX_NODES, gpus: tuple[str, ...] | None = None) -> Versus:
     """The plan's colocated recommendation beside the cheapest PD shape on the asked GPU(s)."""
     q = plan.question
@@ -96,7 +111,8 @@ def compare(plan: Plan, max_nodes: int = MAX_NODES, gpus: tuple[str, ...] | None
         winner = "colocated"
     else:
         winner = "disaggregated"
-    v = Versus(c, d, answers, share, winner, evidence=evidence(q.model))
+    v = Versus(c, d, answers, share, winner, evidence=evidence(q.model),
+               interval=pd_interval.for_answer(d) if d is not None else None)
     if winner != "neither":
         costs = {"colocated": c.monthly_cost if c else None, "disaggregated": d.monthly_cost if d else None}
         other = "disaggregated" if winner == "colocated" else "colocated"
@@ -107,7 +123,7 @@ def compare(plan: Plan, max_nodes: int = MAX_NODES, gpus: tuple[str, ...] | None
                     "it has no router or KV transfer to run).")
         else:
             head = f"{winner.capitalize()} wins: ${costs[winner]:,.0f} a month vs ${costs[other]:,.0f}."
-        v.why = [head, *_reasons(c, d, share)]
+        v.why = [head, *_reasons(c, d, share), *_overlap(c, v.interval)]
     if d is None and answers:
         v.why.append(f"No PD shape serves it: {answers[0].rejected_because}.")
     if q.max_concurrency is not None:

@@ -11,8 +11,15 @@ def _money(x: float | None) -> str:
     return "-" if x is None else f"${x:,.0f}"
 
 
-COLUMNS = ("", "deployment", "instances", "GPUs", "$ / month", "$ / 1M output", "TTFT", "TPOT", "decode batch",
-           "figures from")
+COLUMNS = ("", "deployment", "instances", "GPUs", "$ / month", "$ / month, interval", "$ / 1M output", "TTFT", "TPOT",
+           "decode batch", "figures from")
+
+
+def _span(iv: dict | None, how: str) -> str:
+    if iv is None:
+        return "-"
+    lo, hi = iv["monthly_cost"]
+    return f"${lo:,.0f}-${hi:,.0f} ({how})"
 
 
 def versus_rows(v: pd_versus.Versus) -> list[dict]:
@@ -23,14 +30,16 @@ def versus_rows(v: pd_versus.Versus) -> list[dict]:
     if c is not None:
         p = c.prediction
         rows.append(dict(zip(COLUMNS, ("colocated", c.label, str(c.instances_needed), str(c.gpus_needed),
-                                       _money(c.monthly_cost), f"${c.usd_per_m_output:,.2f}", f"{p.ttft_s:,.2f} s",
+                                       _money(c.monthly_cost), _span(c.interval(), "80 %"),
+                                       f"${c.usd_per_m_output:,.2f}", f"{p.ttft_s:,.2f} s",
                                        f"{p.tpot_s * 1e3:,.0f} ms", f"{p.batch} per instance",
                                        "simulator (rate.py), validated"), strict=True)))
     else:
         rows.append({"": "colocated", "deployment": "none serves the load", **none})
     if d is not None:
         rows.append(dict(zip(COLUMNS, ("disaggregated", d.shape.label, d.ratio, str(d.gpus_needed),
-                                       _money(d.monthly_cost), f"${d.usd_per_m_output:,.2f}", f"{d.ttft_s:,.2f} s",
+                                       _money(d.monthly_cost), _span(v.interval, "not calibrated"),
+                                       f"${d.usd_per_m_output:,.2f}", f"{d.ttft_s:,.2f} s",
                                        f"{d.tpot_s * 1e3:,.0f} ms", f"{d.batch_per_rank} per rank",
                                        "analytic PD model (disagg.py), little evidence"), strict=True)))
     else:
@@ -48,7 +57,22 @@ def versus_table(v: pd_versus.Versus) -> Table:
 
 
 def versus_lines(v: pd_versus.Versus) -> list[str]:
-    return [*v.why, *v.evidence]
+    return [*v.why, *interval_lines(v), *v.evidence]
+
+
+def interval_lines(v: pd_versus.Versus) -> list[str]:
+    """The disaggregated answer's bounds in one sentence, then why they are not a calibrated interval."""
+    iv = v.interval
+    if iv is None:
+        return []
+    lo, hi = iv["gpus_needed"]
+    return [f"Disaggregated, optimistic to pessimistic end: {iv['ratio'][0]} to {iv['ratio'][1]} ({lo}-{hi} GPUs), "
+            f"${iv['monthly_cost'][0]:,.0f}-${iv['monthly_cost'][1]:,.0f} a month, "
+            f"${iv['usd_per_m_output'][0]:,.2f}-${iv['usd_per_m_output'][1]:,.2f} per 1M output tokens, "
+            f"{iv['prefill_rps'][0]:,.2f}-{iv['prefill_rps'][1]:,.2f} req/s per prefill instance, "
+            f"{iv['decode_rps'][0]:,.2f}-{iv['decode_rps'][1]:,.2f} per decode instance, TTFT "
+            f"{iv['ttft_s'][0]:,.2f}-{iv['ttft_s'][1]:,.2f} s, TPOT {iv['tpot_s'][0] * 1e3:,.0f}-"
+            f"{iv['tpot_s'][1] * 1e3:,.0f} ms.", iv["evidence"][0].upper() + iv["evidence"][1:] + "."]
 
 
 def launch_lines(v: pd_versus.Versus) -> list[str]:
