@@ -9,7 +9,7 @@ A sweep offers Poisson rates start, start x factor, ... while the SLO holds (the
 rate within the SLO; the model's figure is the same sweep (rates, stage length in the deployment's own time, warm-up
 share) played by the simulator (bench/model/simulate.py) for the same deployment, workload and SLO, so both answer
 one question. A short stage is not steady state: `capbench plan`'s converged rate (search_rate) is the longer-run
-answer.
+answer. A stage on a twin that fell behind its modelled pace measured this host's CPU: it is measured once more.
 """
 
 from __future__ import annotations
@@ -49,6 +49,8 @@ from bench.errors import BadInput
 from bench.model import Interval, behind_said, bootstrap, catalog, mean_interval, usd_per_million
 from bench.store import Store
 from bench.sweep import Found, Search, sweep
+
+RERUNS_BEHIND = 1  # more would stretch the demo past its 5 minutes on a host that is busy throughout
 
 
 class Interrupt:
@@ -182,6 +184,17 @@ def _cell(store: Store, cid: str, dep: DeploymentSpec, load: Load, server: Launc
     key_env = guard.secret_env(dep.sglang.get("flags", []))
 
     def stage(rate: float | None, users: int | None = None, seed: int = 0) -> Stage:
+        """One load point; on a twin that fell behind its modelled pace (its host's CPU, not the modelled GPU), measured
+        once more and the attempt that kept closer to its pace kept (both stay in the DB)."""
+        s, reruns = attempt(rate, users, seed), 0
+        while reruns < RERUNS_BEHIND and behind_said(s.summary.get("twin_behind")):
+            say(f"{key}: {'' if rate is None else f'{rate:.3g} req/s: '}measured again: the twin fell behind")
+            reruns += 1
+            s = min(s, attempt(rate, users, seed), key=lambda x: x.summary.get("twin_behind") or 0.0)
+            s.summary["reruns"] = reruns
+        return s
+
+    def attempt(rate: float | None, users: int | None, seed: int) -> Stage:
         stop.check()
         stages_run[0] += 1
         # Each stage of a repeat resends the same prompts, at its own rate (a nested Poisson profile: common
@@ -312,7 +325,7 @@ def _result(dep: DeploymentSpec, load: Load, found: list[Found]) -> dict:
                     # at the SLO's percentile, what the latency-against-load charts draw
                     "ttft": shown(s.summary.get(f"ttft_p{load.slo.percentile}"), scale),
                     "tpot": shown(s.summary.get(f"tpot_p{load.slo.percentile}"), scale),
-                    "twin_behind": s.summary.get("twin_behind"),
+                    "twin_behind": s.summary.get("twin_behind"), "reruns": s.summary.get("reruns", 0),
                     **{c: s.summary.get(c) for c in COUNTS}} for k, f in enumerate(found) for s in f.stages],
         "twin_behind": max((s.summary.get("twin_behind") or 0.0 for f in found for s in f.stages), default=None)
         if dep.kind == "twin" else None,

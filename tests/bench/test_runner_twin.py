@@ -129,8 +129,15 @@ def test_a_twin_that_cannot_keep_its_modelled_pace_says_so(tmp_path):
     assert hurried and all("behind its modelled pace" in x for x in hurried[:1]), lines
     with duckdb.connect(str(db), read_only=True) as con:
         rows = dict(con.execute("SELECT cell, result FROM campaign_cells").fetchall())
+        runs = dict(con.execute("SELECT label, count(*) FROM runs WHERE label LIKE 'campaign %' GROUP BY label")
+                    .fetchall())
     hurried_share = json.loads(rows["hurried/a"])["twin_behind"]
     calm = json.loads(rows["calm/a"])
+    # the hurried stage measured its host, so it was measured once more (both runs kept), and said so
+    said = out.stdout.splitlines() + out.stderr.splitlines()
+    assert sum("hurried/a: measured again: the twin fell behind" in x for x in said) == 1, said
+    assert runs["campaign hurried/a"] == 2 and json.loads(rows["hurried/a"])["points"][0]["reruns"] == 1
+    assert runs["campaign calm/a"] == 1 + calm["points"][0]["reruns"]
     assert hurried_share > 0.05 and calm["points"][0]["completed"] > 0
     assert calm["twin_behind"] < hurried_share / 3, (calm["twin_behind"], hurried_share)
 
