@@ -81,8 +81,7 @@ class Twin:
         self.metrics = Metrics(self.name)
         self.records: OrderedDict[str, TwinRequest] = OrderedDict()
         self.wake = asyncio.Event()
-        self.nonce = 0
-        self.peak_running = 0
+        self.nonce = self.peak_running = 0
         self.last_gen = (time.time(), 0)
         self.gen_throughput = 0.0
         self.parser = ThreadPoolExecutor(1, thread_name_prefix="twin-parse")  # one thread: requests keep their order
@@ -90,10 +89,9 @@ class Twin:
 
     # ---- the scheduler loop
     async def run(self) -> None:
-        """Plan a step, wait out its modelled duration / time_scale, commit it, wake the requests it served.
-        Waits under a millisecond are not slept (a timer costs at least that): they add up on `due` and are
-        slept once they pass 1 ms, so short steps keep their average pace, and a late wake-up is made up on
-        the next steps. A loop more than CATCH_UP_S behind does not catch up: the twin's overhead then shows."""
+        """Plan a step, wait out its modelled duration / time_scale, commit it, wake the requests it served. Waits
+        under a millisecond add up on `due` and are slept once they pass 1 ms (a timer costs that much), and a late
+        wake-up is made up on the next steps, up to CATCH_UP_S: past it the twin's overhead shows."""
         loop = asyncio.get_running_loop()
         due = loop.time()
         while True:
@@ -174,8 +172,7 @@ class Twin:
         self.sched.submit(req)
         self.wake.set()
 
-    def abort(self, req: TwinRequest) -> None:
-        """The client left: free what the request holds, wherever it is (SGLang's abort_request)."""
+    def abort(self, req: TwinRequest) -> None:  # the client left: free what it holds (SGLang's abort_request)
         self.sched.abort(req)
         self.wake.set()
 
