@@ -102,14 +102,15 @@ class PDTwin(Twin):
         """Aborted on both instances, as SGLang's router does: in prefill, on the wire or decoding."""
         shadow = self.shadow_of.pop(req, None)
         if shadow is not None:
-            self.shadows.pop(shadow, None)
+            del self.shadows[shadow]
             self.prefill.abort(shadow)
             self.prefill_wake.set()
-        if req in self.crossing:
+            req.state = "aborted"
+        elif req in self.crossing:
             self.crossing.discard(req)
             self.sched.prefill_cached.pop(req, None)
             req.state = "aborted"
-        super().abort(req)
+        super().abort(req)  # decoding (or done: nothing)
 
     def idle(self) -> bool:
         p = self.prefill

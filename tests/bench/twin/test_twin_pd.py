@@ -123,3 +123,4 @@ def test_a_request_aborted_while_its_kv_crosses_never_reaches_the_decode_instanc
     twin.abort(req)
     twin._arrive(req)  # the transfer's timer fires after the abort
     assert twin.idle() and twin.transfers == 0 and not twin.sched.inbox and not twin.sched.waiting
+    assert req.state == "aborted"
