@@ -117,7 +117,9 @@ def matrix_section() -> None:
     if not camps:
         st.info(f"No campaigns in {db} yet: `make demo` runs the built-in one, `capbench serve` runs queued ones.")
         return
-    labels = {c["campaign_id"]: f"{c['name']} ({c['campaign_id']}, {c['status']})" for c in camps}
+    # no status here: the picker keeps an option's label from its first drawing (a finished campaign read "running");
+    # the matrix's own titles below say its status
+    labels = {c["campaign_id"]: f"{c['name']} ({c['campaign_id']})" for c in camps}
     cid = st.selectbox("Campaign", list(labels), format_func=labels.get, key="campaign")
     matrix = campaign_matrix(db, cid)
     if matrix.status not in ("queued", "running"):
