@@ -13,11 +13,11 @@ the words say so.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from functools import cache
 
 from bench.model import corpus, interval, validate_pd
 from bench.model.disagg import Answer
-from bench.model.perfmodel import usd_per_million
 
 FIGURE = {"prefill": "input", "decode": "output"}
 
@@ -52,15 +52,9 @@ def role_bands(a: Answer) -> dict[str, tuple[float, float]]:
             "decode": _stretch((tps.low, tps.high) if tps else None, res.get("decode", ()))}
 
 
-def _end(a: Answer, p: float, d: float) -> dict:
-    """The answer's figures if each role ran at p and d times its predicted rate."""
-    prefill, decode = a.prefill_rps * p, a.decode_rps * d
-    pi = max(1, math.ceil(a.target_rps / prefill - 1e-9))
-    di = max(1, math.ceil(a.target_rps / decode - 1e-9))
-    gpus = pi * a.shape.prefill_gpus + di * a.shape.decode_gpus
-    served = min(pi * prefill, di * decode)
-    return {"ratio": f"{pi}P:{di}D", "gpus": gpus, "monthly_cost": gpus * a.price * interval.HOURS_PER_MONTH,
-            "usd_per_m_output": usd_per_million(a.price, gpus, served * a.lengths.output)}
+def _end(a: Answer, p: float, d: float) -> Answer:
+    """The answer if each role ran at p and d times its predicted rate (its own instance and cost arithmetic)."""
+    return replace(a, prefill_rps=a.prefill_rps * p, decode_rps=a.decode_rps * d)
 
 
 def for_answer(a: Answer) -> dict | None:
@@ -76,9 +70,9 @@ def for_answer(a: Answer) -> dict | None:
     return {"method": "not calibrated: the colocated regime's 80 % band stretched to hold every published PD case",
             "cases": n, "prefill_rps": (a.prefill_rps * p_lo, a.prefill_rps * p_hi),
             "decode_rps": (a.decode_rps * d_lo, a.decode_rps * d_hi),
-            "ratio": (best["ratio"], worst["ratio"]), "gpus_needed": (best["gpus"], worst["gpus"]),
-            "monthly_cost": (best["monthly_cost"], worst["monthly_cost"]),
-            "usd_per_m_output": (best["usd_per_m_output"], worst["usd_per_m_output"]),
+            "ratio": (best.ratio, worst.ratio), "gpus_needed": (best.gpus_needed, worst.gpus_needed),
+            "monthly_cost": (best.monthly_cost, worst.monthly_cost),
+            "usd_per_m_output": (best.usd_per_m_output, worst.usd_per_m_output),
             "ttft_s": (a.ttft_s / p_hi, a.ttft_s / p_lo), "tpot_s": (a.tpot_s / d_hi, a.tpot_s / d_lo),
             "evidence": (f"{n.get('prefill', 0)} published prefill and {n.get('decode', 0)} decode PD runs stand "
                          "behind these bounds, too few to calibrate an 80 % interval: each role's band is the "
