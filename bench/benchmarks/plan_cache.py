@@ -1,10 +1,11 @@
 """The answers shipped for the built-in questions: `make plan-cache` runs the plan search for the README's first
-question and the Planner's defaults (and its model changed to GLM-4.6) with an empty cache, with the Planner's
-latency-against-load curve, and writes every answer it found to data/plan-cache/rates.json.
+question, the Planner's defaults (and its model changed to GLM-4.6) and the demo's capacity report with an empty
+cache, with the Planner's latency-against-load curve and every configuration's curve over concurrency, and writes
+every answer it found to data/plan-cache/rates.json.
 Each answer is keyed by a hash of its inputs and of the simulator's source (bench/model/rate.py), so after a change
 to the model, the catalog, a workload or the simulator the shipped answers are simply not found: run this again.
 
-    python -m bench.benchmarks.plan_cache [--questions readme,planner]
+    python -m bench.benchmarks.plan_cache [--questions readme,planner,demo]
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench import demo
 from bench.model import Question, Slo, catalog, make_plan, rate
 from bench.report import load
 
@@ -38,7 +40,8 @@ def planner_question(model_id: str = "kimi-k2-thinking") -> Question:
 
 
 QUESTIONS = {"readme": [readme_question(20.0), readme_question(50.0)],
-             "planner": [planner_question(), planner_question("glm-4.6")]}
+             "planner": [planner_question(), planner_question("glm-4.6")],
+             "demo": [demo.report_question(m) for m in demo.MODELS]}
 
 
 def main() -> None:
@@ -55,6 +58,7 @@ def main() -> None:
                 if plan.recommended is not None:  # the Planner's latency-against-load curve beside it
                     rec = plan.recommended
                     load.predicted(rec.config.deployment(q.model, q.context), q.request_mix(), q.slo, rec.prediction)
+                plan.curves()  # every configuration's curve over concurrency, as the Planner and the report draw them
                 print(f"{name}: {q.model}, {q.workload}, {q.target_rate_rps:g} req/s: {len(plan.simulated)} "
                       f"simulated in {time.perf_counter() - t:.1f} s")
         answers = json.loads((Path(tmp) / "rates.json").read_text())

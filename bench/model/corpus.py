@@ -171,12 +171,15 @@ def _flag_int(flags: object, name: str) -> int | None:
     return None
 
 
+SAFE = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml's, where PyYAML has it: the same documents, 7x faster
+
+
 @cache
 def load(folder: Path = MEASUREMENTS) -> tuple[Case, ...]:
     cases = []
     for path in sorted(folder.glob("*.yaml")):
         try:
-            raw = yaml.safe_load(path.read_text()) or {}
+            raw = yaml.load(path.read_text(), Loader=SAFE) or {}
             s = raw["source"]
             source = Source(str(s["id"]), str(s.get("org") or s["id"]), str(s.get("title", "")),
                             str(s.get("url", "")), str(s.get("date", "")), str(s.get("kind", "")))

@@ -10,14 +10,13 @@ TPOT. The band: throughput per GPU by the interval of output tok/s, tokens/s per
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass
 
 from bench.model import interval
 from bench.model.calibration import Efficiency
 from bench.model.capacity import Deployment, capacity
 from bench.model.corpus import Case
-from bench.model.simulate import run
+from bench.model.rate import closed_loop
 from bench.model.workload import Workload
 
 CONCURRENCY = (1, 4, 16, 64, 256)
@@ -51,7 +50,7 @@ def curve(label: str, dep: Deployment, wl: Workload, eff: Efficiency | None = No
     for c in levels:
         if c > cap.max_running_requests:
             break
-        p = run(dep, wl, math.inf, max(REQUESTS_PER_SLOT * c, 24), eff=eff, concurrency=c)
+        p = closed_loop(dep, wl, c, max(REQUESTS_PER_SLOT * c, 24), eff)
         if p.output_tok_s <= 0 or not p.tpot_p50 > 0:
             continue
         per_gpu, per_user = p.output_tok_s / dep.tp, 1.0 / p.tpot_p50

@@ -1,6 +1,6 @@
 """The plan's caches: the answers shipped for the README's first question are today's full search's, found without
-a single simulation; a change to any input of an answer misses them; workers add answers side by side without
-losing any; a rewritten calibration file is read again."""
+a single simulation, and so are the demo report's curves; a change to any input of an answer misses them; workers
+add answers side by side without losing any; a rewritten calibration file is read again."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from dataclasses import replace
 
 import pytest
 
+from bench import demo
 from bench.benchmarks.plan_cache import QUESTIONS, readme_question
 from bench.model import calibration, make_plan, rate, simulate
 from bench.model.workload import load_workload
@@ -62,6 +63,18 @@ def test_the_shipped_file_covers_each_built_in_question(empty_cache, monkeypatch
     calls = _counting(monkeypatch)
     assert rate.search_rate(dep, wl, q.slo).rate_rps == shipped[key]["rate_rps"]
     assert calls[0] == 0
+
+
+@pytest.mark.slow
+def test_the_demo_reports_curves_come_from_the_shipped_file_and_match_a_fresh_simulation(empty_cache, monkeypatch):
+    q = demo.report_question("glm-4.6")
+    calls = _counting(monkeypatch)
+    shipped = make_plan(q, workers=1).curves()
+    assert calls[0] == 0 and len(shipped["points"]) >= 10  # every point of every curve came from the shipped file
+    monkeypatch.setenv("CAPBENCH_SHIPPED_CACHE", "0")
+    monkeypatch.setattr(rate, "_memory", {})
+    (empty_cache / "rates.json").unlink(missing_ok=True)
+    assert make_plan(q, workers=1).curves() == shipped and calls[0] > 0
 
 
 def test_a_change_to_any_input_of_an_answer_is_a_change_of_key():
