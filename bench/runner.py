@@ -95,10 +95,12 @@ class RunResult:
 def discover_model(target: str, api_key_env: str | None) -> str:
     import httpx
 
+    from bench import http
+
     headers = {"Authorization": f"Bearer {os.environ.get(api_key_env, '')}"} if api_key_env else {}
     url = target.rstrip("/").removesuffix("/v1") + "/v1/models"
     try:
-        r = httpx.get(url, headers=headers, timeout=10)
+        r = http.get(url, headers=headers, timeout=10)
         r.raise_for_status()
         model = r.json()["data"][0]["id"]
         if not isinstance(model, str) or not model:

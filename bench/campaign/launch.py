@@ -23,6 +23,7 @@ from pathlib import Path
 
 import httpx
 
+from bench import http
 from bench.campaign import own
 from bench.campaign.spec import DeploymentSpec
 from bench.campaign.templates import CONTAINER_PYTHON, Template, runtime
@@ -134,7 +135,7 @@ class Launched:
             if interrupted():
                 raise KeyboardInterrupt
             try:
-                if httpx.get(f"{self.url}/health", timeout=5).status_code == 200:
+                if http.get(f"{self.url}/health", timeout=5).status_code == 200:
                     return
             except httpx.HTTPError:
                 pass
@@ -158,7 +159,7 @@ class Launched:
         if self.target is not None and self.target.proc.poll() is not None:
             return f"the twin exited with code {self.target.proc.returncode}"
         try:
-            httpx.get(f"{self.url}/health", timeout=10).raise_for_status()
+            http.get(f"{self.url}/health", timeout=10).raise_for_status()
         except httpx.HTTPError as e:
             return f"{self.url}/health no longer answers ({type(e).__name__})"
         if self.expected:

@@ -27,6 +27,7 @@ from typing import IO
 
 import httpx
 
+from bench import http
 from bench.errors import BadInput
 from bench.store import Store
 
@@ -228,7 +229,7 @@ def identity(url: str) -> dict:
     colocated: SGLang's "null"), KV pool (tokens); {} when it says nothing."""
     for path in ("/server_info", "/get_server_info"):
         try:
-            r = httpx.get(url + path, timeout=10)
+            r = http.get(url + path, timeout=10)
             if r.status_code == 200 and isinstance(info := r.json(), dict):
                 kv = info.get("kv_cache_dtype")
                 mode = info.get("disaggregation_mode")
@@ -238,7 +239,7 @@ def identity(url: str) -> dict:
         except (httpx.HTTPError, ValueError):
             continue
     try:
-        data = httpx.get(url + "/v1/models", timeout=10).json()["data"][0]
+        data = http.get(url + "/v1/models", timeout=10).json()["data"][0]
         return {"model": data.get("root") or data.get("id")}
     except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError):
         return {}

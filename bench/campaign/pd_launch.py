@@ -19,6 +19,7 @@ from pathlib import Path
 
 import httpx
 
+from bench import http
 from bench.campaign import own
 from bench.campaign.launch import LaunchFailed, free_port, halt, sglang_launch, spawn, tail
 from bench.campaign.pd_spec import PDSpec, Role, nodes_per_instance
@@ -250,7 +251,7 @@ def router_workers(url: str) -> dict[str, list[str]] | None:
     """The prefill and decode URLs the router says it routes to, sorted (sglang-router's GET /workers:
     {"workers": [{"url": ..., "worker_type": "prefill" | "decode" | ...}, ...]}); None when it lists none so."""
     try:
-        r = httpx.get(f"{url}/workers", timeout=10)
+        r = http.get(f"{url}/workers", timeout=10)
         body = r.json() if r.status_code == 200 else None
     except (httpx.HTTPError, ValueError):
         return None
@@ -267,6 +268,6 @@ def router_workers(url: str) -> dict[str, list[str]] | None:
 
 def _healthy(url: str) -> bool:
     try:
-        return httpx.get(f"{url}/health", timeout=5).status_code == 200
+        return http.get(f"{url}/health", timeout=5).status_code == 200
     except httpx.HTTPError:
         return False

@@ -139,8 +139,10 @@ def twin_behind_s(url: str) -> float | None:
     could not keep up); None for a server that is not a twin or does not answer."""
     import httpx
 
+    from bench import http
+
     try:
-        return float(httpx.get(url.rstrip("/") + "/get_server_info", timeout=5).json()["capbench"]["behind_s"])
+        return float(http.get(url.rstrip("/") + "/get_server_info", timeout=5).json()["capbench"]["behind_s"])
     except (httpx.HTTPError, ValueError, KeyError, TypeError):
         return None
 
@@ -152,10 +154,12 @@ def flush_cache(url: str, api_key_env: str | None = None) -> bool:
     an older SGLang ignores it and refuses while any run)."""
     import httpx
 
+    from bench import http
+
     secret = os.environ.get(api_key_env, "") if api_key_env else ""
     try:
-        r = httpx.post(url.rstrip("/") + "/flush_cache", params={"timeout": FLUSH_WAIT_S}, timeout=FLUSH_WAIT_S + 10,
-                       headers={"Authorization": f"Bearer {secret}"} if secret else None)
+        r = http.post(url.rstrip("/") + "/flush_cache", params={"timeout": FLUSH_WAIT_S}, timeout=FLUSH_WAIT_S + 10,
+                      headers={"Authorization": f"Bearer {secret}"} if secret else None)
         return r.status_code == 200
     except httpx.HTTPError:
         return False
