@@ -79,6 +79,7 @@ def _gains(cells: list[dict]) -> list[dict]:
                     "measured_gain": measured, "predicted_gain": predicted,
                     "gain_interval": [g.low, g.high] if g else [None, None], "gain_method": g.method if g else "",
                     "verdict": gain_words(g),
+                    "twin_behind": max((x.get("twin_behind") or 0.0 for x in (c, base)), default=0.0) or None,
                     "error": measured / predicted - 1 if measured and predicted else None})
     return out
 
@@ -88,7 +89,11 @@ def gain_said(g: dict) -> str:
     say it so)."""
     lo, hi = (g.get("gain_interval") or [None, None])[:2]
     how = f" ({g['gain_method']})" if lo is not None and hi is not None and g.get("gain_method") else ""
-    return g.get("verdict", "") + how
+    lag = g.get("twin_behind")
+    behind = (f"; a twin fell {lag:.0%} of a stage behind its modelled pace in these cells (this host's CPU, not the "
+              "modelled GPUs): less sure than its interval says, measure again on a quiet host") if behind_said(lag) \
+        else ""
+    return g.get("verdict", "") + how + behind
 
 
 def _f(v: float | None, spec: str = ".3g", suffix: str = "") -> str:

@@ -30,14 +30,19 @@ def _cell(dep: str, base: str | None, rates: list[float], kv: str) -> dict:
                         "cut_off": 2, "errored": 0, "ttft_p90": 12.0, "tpot_p90": 0.05, "why": ""}]}
 
 
-def test_gains_carry_their_interval_and_say_when_they_are_not_distinguishable():
-    from bench.report.campaign import _gains
+def test_gains_carry_their_interval_and_say_when_they_are_not_distinguishable_or_a_twin_fell_behind():
+    from bench.report.campaign import _gains, gain_said
 
     clear = _gains([_cell("b", None, [1.0, 1.05, 0.95], "bf16"), _cell("f", "b", [2.0, 2.1, 1.9], "fp8_e4m3")])[0]
     lo, hi = clear["gain_interval"]
     assert lo < clear["measured_gain"] < hi and lo > 1.0 and clear["verdict"] == "a gain"
     blur = _gains([_cell("b", None, [1.0, 1.2, 0.9], "bf16"), _cell("f", "b", [1.1, 0.95, 1.2], "fp8_e4m3")])[0]
     assert blur["verdict"] == "not distinguishable from no gain"
+    assert "behind" not in gain_said(clear)  # twins that kept their pace: nothing to add
+    lagging = _cell("f", "b", [2.0, 2.1, 1.9], "fp8_e4m3") | {"twin_behind": 0.15}
+    late = _gains([_cell("b", None, [1.0, 1.05, 0.95], "bf16") | {"twin_behind": 0.03}, lagging])[0]
+    assert late["twin_behind"] == 0.15 and "a twin fell 15% of a stage behind" in gain_said(late)
+    assert "measure again on a quiet host" in gain_said(late)
     m = Matrix("c1", "study", "completed", [_cell("b", None, [1.0, 1.2, 0.9], "bf16"),
                                             _cell("f", "b", [1.1, 0.95, 1.2], "fp8_e4m3")])
     m.gains = _gains(m.cells)
