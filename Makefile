@@ -18,7 +18,8 @@ ROUTER  := sglang-router==0.3.2
 .venv/core.stamp:
 	test -x $(PY) || python3 -m venv .venv
 	$(PIP) install -q --no-compile -e .
-	$(PY) -m compileall -q -j 0 -x '/(tests?|pip|setuptools)/' .venv/lib bench loadgen dashboard engine_patches > /dev/null
+	$(PY) -m compileall -q -j 0 -x '/(tests?|pip|setuptools)/' .venv/lib bench loadgen dashboard engine_patches > /dev/null \
+	  || true  # a file that does not compile (torch's py312-only test helper) cannot be imported either
 	touch $@
 
 # Tests need torch (pinned first so nothing pulls a CUDA build), triton, and SGLang's CPU set-up.
