@@ -277,16 +277,8 @@ def simulated(dep: Deployment, wl: Workload, rate: float, requests: int, eff: Ef
               ) -> simulate.Point:
     """simulate.run at one rate, cached like the rates (the latency-against-load curve beside a plan)."""
     eff = eff or load_efficiency(dep.gpu.id)
-    key = "point" + _key(dep, wl, Slo(), eff) + f"{rate!r}/{requests}"
-    hit = _memory[key] if key in _memory else _read(key)
-    if isinstance(hit, dict):
-        try:
-            return simulate.Point(**hit)
-        except TypeError:
-            pass  # a Point of another shape: computed again
-    p = simulate.run(dep, wl, rate, requests, eff=eff)
-    _store(key, p)
-    return p
+    return _point("point" + _key(dep, wl, Slo(), eff) + f"{rate!r}/{requests}",
+                  lambda: simulate.run(dep, wl, rate, requests, eff=eff))
 
 
 def closed_loop(dep: Deployment, wl: Workload, concurrency: int, requests: int, eff: Efficiency | None = None
@@ -294,13 +286,17 @@ def closed_loop(dep: Deployment, wl: Workload, concurrency: int, requests: int, 
     """simulate.run with `concurrency` requests always in flight (a configuration's curve), cached like the rates:
     the curves beside a plan are ~100 such runs (12-16 s of the demo's capacity report when not cached)."""
     eff = eff or load_efficiency(dep.gpu.id)
-    key = "closed" + _key(dep, wl, Slo(), eff) + f"{concurrency}/{requests}"
+    return _point("closed" + _key(dep, wl, Slo(), eff) + f"{concurrency}/{requests}",
+                  lambda: simulate.run(dep, wl, math.inf, requests, eff=eff, concurrency=concurrency))
+
+
+def _point(key: str, compute: Callable[[], simulate.Point]) -> simulate.Point:
     hit = _memory[key] if key in _memory else _read(key)
     if isinstance(hit, dict):
         try:
             return simulate.Point(**hit)
         except TypeError:
             pass  # a Point of another shape: computed again
-    p = simulate.run(dep, wl, math.inf, requests, eff=eff, concurrency=concurrency)
+    p = compute()
     _store(key, p)
     return p

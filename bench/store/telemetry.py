@@ -166,9 +166,7 @@ class ServerSampler:
     def start(self) -> ServerSampler:
         import httpx
 
-        from bench.http import tls
-
-        self._client = httpx.Client(timeout=self.timeout_s, headers=self.headers, verify=tls())
+        self._client = httpx.Client(timeout=self.timeout_s, headers=self.headers)
         self._thread = threading.Thread(target=_every, args=(self.interval_ms / 1000, self._stop, self._tick),
                                         name="capbench-server-sampler", daemon=True)
         self._thread.start()
