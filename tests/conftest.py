@@ -4,7 +4,7 @@ import os
 # aiohttp, ...) it recurses forever. So the tests that import Locust run in a pytest process of their own, which
 # patches first of all: `make test` runs `pytest` (everything else), then `CAPBENCH_TESTS=locust pytest`.
 LOCUST_TESTS = ("tests/loadgen", "tests/bench/test_runner.py", "tests/bench/test_runner_twin.py",
-                "tests/bench/test_load_sweep.py",
+                "tests/bench/test_load_sweep.py", "tests/bench/test_calibrate.py",
                 "tests/bench/cli/test_cli_fuzz.py",
                 "tests/e2e/test_demo.py")
 LOCUST_PART = os.environ.get("CAPBENCH_TESTS") == "locust"

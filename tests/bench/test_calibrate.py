@@ -43,6 +43,7 @@ def capbench(*args: str, timeout: float = 180) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=timeout)
 
 
+@pytest.mark.timing  # fits efficiencies to a twin's wall-clock latencies: beside other tests it fitted the host (CI)
 def test_calibrate_a_twin_with_hidden_efficiencies(tmp_path):
     hidden = tmp_path / "hidden.json"
     hidden.write_text(json.dumps(HIDDEN))
