@@ -79,7 +79,7 @@ def _gains(cells: list[dict]) -> list[dict]:
                     "measured_gain": measured, "predicted_gain": predicted,
                     "gain_interval": [g.low, g.high] if g else [None, None], "gain_method": g.method if g else "",
                     "verdict": gain_words(g),
-                    "twin_behind": max((x.get("twin_behind") or 0.0 for x in (c, base)), default=0.0) or None,
+                    "twin_behind": max(c.get("twin_behind") or 0.0, base.get("twin_behind") or 0.0) or None,
                     "error": measured / predicted - 1 if measured and predicted else None})
     return out
 
