@@ -163,12 +163,12 @@ def evidence(reg: Regime, rows: tuple[Row, ...] | None = None) -> str | None:
     own = [r.residual["output_tok_s"] for r in rows if r.regime.kind == reg.kind and "output_tok_s" in r.residual]
     n = sum(1 for r in rows if r.regime.kind == reg.kind)
     k = sum(1 for x in left_out() if x.kind == reg.kind)
-    also = (f"; {k} more published run{'s' if k > 1 else ''} of it {'are' if k > 1 else 'is'} left out as anomalous "
-            "(data/calibration/outliers.yaml says why)") if k else ""
+    also = (f"; {k} more published run{'s' if k > 1 else ''} of it {'are' if k > 1 else 'is'} left out of the "
+            "evidence (data/calibration/outliers.yaml says why)") if k else ""
     if n < THIN:
         what = "no published evidence" if n == 0 else f"only {n} published case{'s' if n > 1 else ''}"
-        return (f"{what} for {reg.describe()}{also}: the interval is the corpus's spread widened; measure before "
-                f"buying (campaign file: {CAMPAIGN} with this deployment)")
+        return (f"{what} for {reg.describe()}{_delivered(own)}{also}: the interval is the corpus's spread widened; "
+                f"measure before buying (campaign file: {CAMPAIGN} with this deployment)")
     b = band("output_tok_s", reg, rows)
     slower = [x for x in own if b and x < math.log(b.low)]
     faster = [x for x in own if b and x > math.log(b.high)]
@@ -179,6 +179,16 @@ def evidence(reg: Regime, rows: tuple[Row, ...] | None = None) -> str | None:
                     f"the interval is the corpus's, not this regime's; measure before buying (campaign file: "
                     f"{CAMPAIGN} with this deployment)")
     return None
+
+
+def _delivered(residuals: list[float]) -> str:
+    """What a thin regime's own cases delivered against their predictions (a planner reads two cases that both
+    came in at 0.6x differently from two on either side of 1x)."""
+    if not residuals:
+        return ""
+    lo, hi = math.exp(min(residuals)), math.exp(max(residuals))
+    said = f"{lo:.2f}x" if f"{lo:.2f}" == f"{hi:.2f}" else f"{lo:.2f}-{hi:.2f}x"
+    return f" ({'it' if len(residuals) == 1 else 'they'} delivered {said} the predicted throughput)"
 
 
 def predicted_range(model_id: str, gpu: str, weights: str, figure: str, value: float,

@@ -56,8 +56,17 @@ def test_a_regime_with_runs_left_out_as_anomalous_says_how_many():
     """Kimi K2.5 on 8x H200 (INT4 experts): five cookbook runs whose best second was 2.8-6.6x their mean are left
     out (data/calibration/outliers.yaml); the three one-request runs remain, too few for the regime's own band."""
     words = interval.evidence(interval.regime("kimi-k2-thinking", "h200", "native", 32))
-    assert words.startswith("only 3 published cases for INT4 experts, MLA on Hopper; 5 more published runs of it "
-                            "are left out as anomalous") and "measure before buying" in words
+    assert words.startswith("only 3 published cases for INT4 experts, MLA on Hopper (they delivered ")
+    assert "the predicted throughput); 5 more published runs of it are left out of the evidence" in words
+    assert "measure before buying" in words
+
+
+def test_a_thin_regime_says_what_its_own_cases_delivered():
+    """AMD's two stock runs of Kimi K2.5 (INT4 experts) on 8x MI300X came in at 0.56x and 0.60x of the prediction:
+    a plan for that regime says so, beside 'only 2 published cases', and counts the two FlyDSL runs as left out."""
+    words = interval.evidence(interval.regime("kimi-k2.5", "mi300x", "native", 32))
+    assert words.startswith("only 2 published cases for INT4 experts, MLA on MI300X (they delivered 0.56-0.60x the "
+                            "predicted throughput); 2 more published runs of it are left out"), words
 
 
 def test_the_band_brackets_the_prediction_as_published_over_predicted():
