@@ -164,4 +164,5 @@ def test_a_rescore_counts_an_organisation_added_after_the_fit_out_of_sample(tmp_
 
 def test_every_organisation_in_the_goal_is_scored_out_of_sample():
     goal_orgs = {c.source.org for c in corpus.load() if fit.in_goal(c) is None}
-    assert {r["org"] for r in stored()["out_of_sample"]["cases"]} == goal_orgs
+    scored = {r["org"] for r in stored()["out_of_sample"]["cases"]}
+    assert scored == goal_orgs, f"run `capbench validate --rescore` (or --fit): not scored {goal_orgs - scored}"
