@@ -169,8 +169,10 @@ def _peak_running(config: TwinConfig, n: int, prompt: int, out: int) -> int:
 
 
 def test_fp8_kv_twin_admits_twice_the_long_context_sequences():
-    bf16 = _peak_running(TwinConfig(time_scale=1000), 20, 100_000, 600)
-    fp8 = _peak_running(TwinConfig(kv_dtype="fp8_e4m3", time_scale=1000), 20, 100_000, 600)
+    """At 100x a request lasts long enough that all 20 (600 KB of JSON each) are in before the first wave ends; at
+    1000x, on a CI host busy with the rest of the suite, FP8's peak once read 11 for 15 (arrivals spread out)."""
+    bf16 = _peak_running(TwinConfig(time_scale=100), 20, 100_000, 600)
+    fp8 = _peak_running(TwinConfig(kv_dtype="fp8_e4m3", time_scale=100), 20, 100_000, 600)
     assert bf16 >= 6 and fp8 / bf16 == pytest.approx(2, abs=0.35)
 
 
