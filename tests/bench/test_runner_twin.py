@@ -181,13 +181,17 @@ def test_a_twin_makes_up_short_stalls_and_counts_a_long_one():
     assert 0.012 < CATCH_UP_S < 0.080
     target = Target("twin:glm-4.6@h200x8,time_scale=4")
     try:
-        calm = sorted(_answer_through_stalls(target, [])[0] for _ in range(3))[1]
+        noise = host.measure()
+        # the fastest of three: a busy host only ever adds to an answer's time (a median of three read 746 ms in a
+        # CI run where the answer through three short stalls took 724 ms)
+        calm = min(_answer_through_stalls(target, [])[0] for _ in range(3))
         took, lost = _answer_through_stalls(target, [0.012, 0.012, 0.012])
         print(f"answer alone {calm * 1e3:.0f} ms, with 3 x 12 ms stalls {took * 1e3:.0f} ms, lost {lost * 1e3:.1f} ms")
         assert took > 0.6, took  # the answer outlasts the stalls: they fell inside it
-        assert lost < 0.005 and took - calm < 0.020, (took, calm, lost)
+        late = 0.020 if noise.quiet else 0.020 * max(1.0, noise.slowdown) + 4 * noise.wake_p99_ms / 1e3
+        assert lost < 0.005 and took - calm < late, (took, calm, lost, str(noise))
         took_long, lost_long = _answer_through_stalls(target, [0.080])
-        print(f"with one 80 ms stall {took_long * 1e3:.0f} ms, lost {lost_long * 1e3:.1f} ms")
-        assert lost_long > 0.070 and took_long - calm > 0.060, (took_long, calm, lost_long)
+        print(f"with one 80 ms stall {took_long * 1e3:.0f} ms, lost {lost_long * 1e3:.1f} ms; {noise}")
+        assert lost_long > 0.070 and took_long - calm > 0.060, (took_long, calm, lost_long, str(noise))
     finally:
         target.close()
