@@ -31,7 +31,10 @@ def test_streamed_request_times_tokens_and_gaps(stub_server):
     r = recs[0]
     assert r["status"] == "ok" and r["tokens_from"] == "usage" and r["completion_tokens"] == 5
     assert r["prompt_tokens"] == 8 and r["phase"] == "measured"
-    assert len(r["itl_s"]) == 4 and all(0.015 < g < 0.1 for g in r["itl_s"])
+    # each gap is the stub's 20 ms give or take a late wake-up, which shortens the gap after it: the four together
+    # keep the pace (with 0.015 s a gap, this test failed once in a timing run on 2026-12-03, the assertion not
+    # kept, and passed in the seven runs after; a shortened gap is the likeliest on a noisy host)
+    assert len(r["itl_s"]) == 4 and all(0.005 < g < 0.1 for g in r["itl_s"]) and 0.07 < sum(r["itl_s"]) < 0.2
     # one clock: due <= sent < first token < finished, and the durations agree with the timestamps
     assert r["scheduled_at"] <= r["sent_at"] < r["first_token_at"] < r["finished_at"]
     assert abs(r["ttft_s"] - (r["first_token_at"] - r["scheduled_at"])) < 1e-9
