@@ -305,10 +305,7 @@ def plan(
         console.print(wording.interval(rec, q.slo.percentile))
     you = result.chosen
     if you is not rec and you.serves:  # the deployment asked about (--gpu, --tp, ...), as the Planner shows it
-        console.print(f"[bold]Yours:[/bold] {you.label}: {you.instances_needed} instance(s), {you.gpus_needed} GPUs, "
-                      f"${you.monthly_cost:,.0f} a month, ${you.usd_per_m_output:,.2f} per 1M output tokens")
-        if said := wording.interval(you, q.slo.percentile):
-            console.print(said)
+        console.print(f"[bold]Yours:[/bold] {wording.choice(you, q.slo.percentile)}")
     sim = sorted(result.simulated, key=lambda o: (o.monthly_cost is None, o.monthly_cost or 0))
     console.print(terminal.plan_table([o for o in sim if o.pareto], "Pareto front: output tokens/s per GPU vs tokens/s "
                                       "per user", q))

@@ -178,10 +178,7 @@ def answer_lines(r: Report) -> list[str]:
     lines += [sentence + "." for sentence in wording.savings(plan, r.drift)]
     you = plan.chosen
     if you is not rec and you.serves:
-        said = wording.interval(you, plan.question.slo.percentile)
-        lines.append(f"Your choice, {you.label}: {you.gpus_needed} GPUs, {wording.money(you.monthly_cost)} a month, "
-                     f"{wording.money(you.usd_per_m_output, ',.2f')} per 1M output tokens."
-                     + (f" {said}." if said else ""))
+        lines.append(f"Your choice, {wording.choice(you, plan.question.slo.percentile)}.")
     cheaper = [o for o in r.other_gpus if o.monthly_cost is not None and o.monthly_cost < rec.monthly_cost]
     if cheaper:
         o = min(cheaper, key=lambda o: o.monthly_cost)

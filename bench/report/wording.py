@@ -190,6 +190,13 @@ def interval(o: Option, percentile: int | None = None) -> str | None:
     return text
 
 
+def choice(o: Option, percentile: int | None = None) -> str:
+    """The asker's own deployment in one line, with its interval and evidence: CLI ('Yours:') and report."""
+    said = interval(o, percentile)
+    return (f"{o.label}: {o.instances_needed} instance(s), {o.gpus_needed} GPUs, {money(o.monthly_cost)} a month, "
+            f"{money(o.usd_per_m_output, ',.2f')} per 1M output tokens" + (f". {said}" if said else ""))
+
+
 def question_text(q: Question) -> str:
     return (f"How many GPUs does {catalog.model(q.model).name} need on SGLang 0.5.23 to serve "
             f"{q.target_rate_rps:g} requests/s of {q.describe_workload()}{q.describe_cap()} within {q.slo.describe()} "
