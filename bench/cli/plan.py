@@ -116,7 +116,10 @@ def simulate(
         points = [sim.run(replace(dep, kv_dtype=kv), wl, rate, num_requests, seed, eff, min_seconds, max_concurrency)
                   for kv in kvs]
         if as_json:
-            print(json.dumps([{"kv_dtype": kv, **p.to_dict()} for kv, p in zip(kvs, points, strict=True)], indent=2))
+            print(json.dumps(_json_safe([
+                {"kv_dtype": kv, **p.to_dict(), "interval": terminal.point_intervals(
+                    replace(dep, kv_dtype=kv), p, target.percentile, math.isinf(p.rate))}
+                for kv, p in zip(kvs, points, strict=True)]), indent=2))
         else:
             for kv, p in zip(kvs, points, strict=True):
                 terminal.print_point(p, target, replace(dep, kv_dtype=kv), wl, num_requests)
@@ -132,7 +135,8 @@ def simulate(
         sweeps = (sim.compare_kv(dep, wl, target, num_requests, seed, eff, tick, min_seconds) if compare_kv
                   else [sim.sweep(dep, wl, target, num_requests, seed, eff, tick, min_seconds=min_seconds)])
     if as_json:
-        print(json.dumps([s.to_dict() for s in sweeps], indent=2))
+        print(json.dumps(_json_safe([{**s.to_dict(), "intervals": terminal.sweep_intervals(dep, s)} for s in sweeps]),
+                         indent=2))
     else:
         terminal.print_sweeps(sweeps, dep, wl, num_requests, min_seconds)
 
@@ -337,6 +341,17 @@ def _print_versus(console, versus) -> None:
         console.print("Launch commands of the disaggregated answer (replace the *_NODE0 hosts):")
         for line in lines:
             console.print(line, markup=False, soft_wrap=True)
+
+
+def _json_safe(obj):
+    """JSON has no inf/nan: they become null, in nested lists, tuples and dicts too."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: _json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_json_safe(v) for v in obj]
+    return obj
 
 
 def _finite(row: dict) -> dict:

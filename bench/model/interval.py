@@ -9,8 +9,9 @@ the deployment's regime. So a regime with many published cases gets the corpus's
 one, one with none about 1.4x wider and a sentence saying so.
 
 A regime is the GPU family, the attention kind (MLA, GQA), the routed experts' format (FP8, BF16, INT4) and the
-load (latency-bound: at most LATENCY_BOUND requests running; batch-bound: more). The load only labels coverage:
-width depends on the first three. Why not each regime's own residuals: they cluster by source more than by regime
+load (latency-bound: at most LATENCY_BOUND requests running; a burst: more, all sent at once with no cap;
+batch-bound: the rest). The load only labels coverage and adds words for bursts: width depends on the first
+three. Why not each regime's own residuals: they cluster by source more than by regime
 (on the corpus of 2026-12-01 a regime's own rows, leave one source out, covered 11-61 % of the left-out cases; the
 pooled ones with a width for evidence, 75-85 %), so a regime's rows set how wide, all rows set the shape.
 
@@ -34,6 +35,7 @@ from bench.model import catalog
 from bench.model.capacity import weight_formats
 
 if TYPE_CHECKING:
+    from bench.model.corpus import Case
     from bench.model.option import Option
     from bench.model.plan import Plan
 
@@ -52,7 +54,7 @@ class Regime:
     family: str  # GPU family
     attention: str  # mla | gqa
     experts: str  # fp8 | bf16 | int4
-    load: str = "batch"  # latency | batch
+    load: str = "batch"  # latency | batch | burst
 
     @property
     def kind(self) -> tuple[str, str, str]:
@@ -63,14 +65,23 @@ class Regime:
         return f"{self.experts.upper()} experts, {self.attention.upper()} on {self.family}"
 
     def label(self) -> str:
-        return f"{self.describe()}, {self.load}-bound"
+        return f"{self.describe()}, {'all at once' if self.load == 'burst' else self.load + '-bound'}"
 
 
-def regime(model_id: str, gpu: str, weights: str, running: float | None = None) -> Regime:
+def regime(model_id: str, gpu: str, weights: str, running: float | None = None, burst: bool = False) -> Regime:
+    """burst: every request sent at once with no cap on those in flight."""
     m = catalog.model(model_id)
     experts = weight_formats(m, weights)[0].split("-")[0]
-    load = "latency" if running is not None and running <= LATENCY_BOUND else "batch"
+    load = "latency" if running is not None and running <= LATENCY_BOUND else "burst" if burst else "batch"
     return Regime(FAMILY.get(gpu, gpu), m.attention, experts, load)
+
+
+def case_regime(c: Case) -> Regime:
+    """A published case's regime, its load read from how its benchmark sent the requests."""
+    w = c.workload
+    running = (w.max_concurrency or w.num_prompts) if w else None
+    burst = bool(w and w.max_concurrency is None and w.request_rate is not None and math.isinf(w.request_rate))
+    return regime(c.model, c.gpu, c.weights, running, burst)
 
 
 @dataclass(frozen=True)
@@ -104,10 +115,7 @@ def rows_of(validation: dict | None, cases: dict) -> list[Row]:
         c = cases.get(r["case"])
         if c is None or not r["errors"]:
             continue
-        w = c.workload
-        running = (w.max_concurrency or w.num_prompts) if w else None
-        out.append(Row(r["case"], r["org"], regime(c.model, c.gpu, c.weights, running),
-                       {f: -math.log1p(e) for f, e in r["errors"].items()}))
+        out.append(Row(r["case"], r["org"], case_regime(c), {f: -math.log1p(e) for f, e in r["errors"].items()}))
     return out
 
 
@@ -128,8 +136,7 @@ def left_out() -> tuple[Regime, ...]:
     for key in fit.outliers():
         c = cases.get(key)
         if c is not None:
-            w = c.workload
-            out.append(regime(c.model, c.gpu, c.weights, (w.max_concurrency or w.num_prompts) if w else None))
+            out.append(case_regime(c))
     return tuple(out)
 
 
@@ -158,8 +165,14 @@ def band(figure: str, reg: Regime, rows: tuple[Row, ...] | list[Row] | None = No
 
 def evidence(reg: Regime, rows: tuple[Row, ...] | None = None) -> str | None:
     """A sentence when the regime has no or few published cases, or when most of its own cases fall outside the
-    band on one side (the pooled shape does not fit it); None otherwise."""
+    band on one side (the pooled shape does not fit it), and for a burst what the published bursts' first tokens
+    did; None otherwise."""
     rows = shipped_rows() if rows is None else rows
+    said = [s for s in (_evidence(reg, rows), burst_evidence(reg, rows) if reg.load == "burst" else None) if s]
+    return "; ".join(said) or None
+
+
+def _evidence(reg: Regime, rows: tuple[Row, ...]) -> str | None:
     own = [r.residual["output_tok_s"] for r in rows if r.regime.kind == reg.kind and "output_tok_s" in r.residual]
     n = sum(1 for r in rows if r.regime.kind == reg.kind)
     k = sum(1 for x in left_out() if x.kind == reg.kind)
@@ -179,6 +192,46 @@ def evidence(reg: Regime, rows: tuple[Row, ...] | None = None) -> str | None:
                     f"the interval is the corpus's, not this regime's; measure before buying (campaign file: "
                     f"{CAMPAIGN} with this deployment)")
     return None
+
+
+def burst_evidence(reg: Regime, rows: tuple[Row, ...] | None = None) -> str | None:
+    """What the published all-at-once bursts' time to first token did against the model, whose burst waits only
+    in the scheduler's queue after a fixed per-request overhead (docs/planning.md says what was checked)."""
+    rows = shipped_rows() if rows is None else rows
+    bursts = [r for r in rows if r.regime.load == "burst" and "ttft_ms" in r.residual]
+    own = [r for r in bursts if r.regime.kind == reg.kind]
+    pick, where = (own, reg.describe()) if len(own) >= THIN else (bursts, "any regime")
+    b = band("ttft_ms", reg, rows)
+    if not pick or b is None:
+        return "no published all-at-once burst to check this burst's time to first token against"
+    ratios = [math.exp(r.residual["ttft_ms"]) for r in pick]
+    above = sum(1 for x in ratios if x > b.high)
+    return (f"in the {len(pick)} published all-at-once bursts of {where} the time to first token was "
+            f"{min(ratios):.2f}-{max(ratios):.2f}x the model's ({above} beyond this interval's upper end): what "
+            "delays a burst's first tokens beyond the scheduler's queue is not modelled (docs/planning.md)")
+
+
+def for_point(model_id: str, gpu: str, weights: str, point, percentile: int, at_capacity: bool) -> dict | None:
+    """80 % intervals on one simulated point (capbench simulate): TTFT and TPOT at the percentile and, where the
+    point is at the deployment's capacity (all at once, or a sweep's highest rate within the SLO), its output tok/s,
+    request rate and $ per 1M output tokens, which scale with the throughput error. Below capacity the offered
+    load is served whatever the error, so those get none. None when the corpus gives no interval."""
+    burst = math.isinf(point.rate)
+    reg = regime(model_id, gpu, weights, point.mean_running, burst)
+    tps, ttft, tpot = (band(f, reg) for f in FIGURES)
+    if tps is None:
+        return None
+    out = {"level": LEVEL, "regime": reg.label(), "cases": tps.cases, "evidence": _evidence(reg, shipped_rows()),
+           "burst_evidence": burst_evidence(reg) if burst else None, "percentile": percentile}
+    if ttft:
+        out["ttft_s"] = ttft.of(getattr(point, f"ttft_p{percentile}"))
+    if tpot:
+        out["tpot_s"] = tpot.of(getattr(point, f"tpot_p{percentile}"))
+    if at_capacity:
+        out["output_tps"] = tps.of(point.output_tok_s)
+        out["rate_rps"] = tps.of(point.achieved_rps if burst else point.rate)
+        out["usd_per_m_output"] = (point.usd_per_million / tps.high, point.usd_per_million / tps.low)
+    return out
 
 
 def _delivered(residuals: list[float]) -> str:

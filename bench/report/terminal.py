@@ -9,8 +9,9 @@ import pandas as pd
 from rich import box
 from rich.console import Console
 from rich.table import Column, Table
+from rich.text import Text
 
-from bench.model import Capacity, Deployment, Point, Slo, Sweep, Workload
+from bench.model import Capacity, Deployment, Point, Slo, Sweep, Workload, interval
 from bench.model import capacity as capacity_model
 
 GB = 1e9
@@ -85,18 +86,49 @@ def _s(x: float) -> str:
     return "-" if math.isnan(x) else f"{x:,.2f}"
 
 
-def points_table(rows: list[tuple[str, Point]], slo: Slo, title: str):
+def _range(value: str, iv: dict | None, key: str, fmt, sep: str = "\n") -> str:
+    """A figure with its 80 % interval in brackets, when it has one (below it in a table's cell)."""
+    r = (iv or {}).get(key)
+    if r is None or not all(math.isfinite(x) for x in r):
+        return value
+    return f"{value}{sep}[{fmt(r[0])}-{fmt(r[1])}]"
+
+
+def points_table(rows: list[tuple[str, Point, dict | None]], slo: Slo, title: str):
+    """Each row: its label, the simulated point and its intervals (interval.for_point), shown in brackets."""
     q = slo.percentile
     table = Table(title=title)
     for col in ("rate req/s", "achieved req/s", "output tok/s", "TTFT p50 s", f"TTFT p{q} s", "TPOT p50 ms",
                 f"TPOT p{q} ms", "running", "cache hit", "retracted", "$/1M out", "meets SLO"):
-        table.add_column(col, justify="right")
-    for label, p in rows:
-        table.add_row(label, f"{p.achieved_rps:.2f}", f"{p.output_tok_s:,.0f}", _s(p.ttft_p50),
-                      _s(getattr(p, f"ttft_p{q}")), _ms(p.tpot_p50), _ms(getattr(p, f"tpot_p{q}")),
+        wide = col.startswith(("output", f"TTFT p{q}", f"TPOT p{q}", "$"))  # a figure with its interval
+        table.add_column(col, justify="right", overflow="fold", min_width=15 if wide else None)
+    for label, p, iv in rows:
+        table.add_row(*(Text(c) for c in (label, f"{p.achieved_rps:.2f}",
+                      _range(f"{p.output_tok_s:,.0f}", iv, "output_tps", lambda x: f"{x:,.0f}"), _s(p.ttft_p50),
+                      _range(_s(getattr(p, f"ttft_p{q}")), iv, "ttft_s", _s), _ms(p.tpot_p50),
+                      _range(_ms(getattr(p, f"tpot_p{q}")), iv, "tpot_s", _ms),
                       f"{p.mean_running:.0f}", f"{p.cache_hit_rate:.0%}", str(p.retractions),
-                      f"{p.usd_per_million:.2f}", "yes" if slo.met(p) else "no")
+                      _range(f"{p.usd_per_million:.2f}", iv, "usd_per_m_output", lambda x: f"{x:.2f}"),
+                      "yes" if slo.met(p) else "no")))
     return table
+
+
+def point_intervals(dep: Deployment, p: Point, percentile: int, at_capacity: bool) -> dict | None:
+    return interval.for_point(dep.model.id, dep.gpu.id, dep.weights, p, percentile, at_capacity)
+
+
+def interval_caption(ivs: list[dict | None]) -> str | None:
+    """What the brackets are, from how many published cases, and the evidence's words once each."""
+    ivs = [iv for iv in ivs if iv]
+    if not ivs:
+        return None
+    first = ivs[0]
+    said = list(dict.fromkeys(iv[k] for iv in ivs for k in ("evidence", "burst_evidence") if iv.get(k)))
+    head = (f"[in brackets]: the {first['level']:.0%} interval, from the model's out-of-sample errors on the "
+            f"published corpus ({first['cases']} case(s) of {first['regime'].rsplit(', ', 1)[0]}; "
+            "bench/model/interval.py). Output tok/s and $/1M get one only at capacity (all at once, or the highest "
+            "rate within the SLO): below it the offered load is served whatever the error.")
+    return "\n".join([head, *(f"Evidence: {e}." for e in said)])
 
 
 def _title(dep: Deployment, kv_dtype: str, wl: Workload, what: str) -> str:
@@ -105,35 +137,59 @@ def _title(dep: Deployment, kv_dtype: str, wl: Workload, what: str) -> str:
             f"{dep.weights} weights, workload {wl.name}, {what}")
 
 
-def verdict(sw: Sweep) -> str:
+def verdict(sw: Sweep, iv: dict | None = None) -> str:
+    """The sweep's answer; iv: the intervals of its best point (interval.for_point at capacity)."""
     slo, q = sw.slo, sw.slo.percentile
     head = f"{sw.kv_dtype} KV: highest rate meeting {slo.describe()}"
     if sw.best is None:
         return f"{head}: none (the lowest rate tried, {sw.points[0].rate:.3f} req/s, misses it)"
     b = sw.best
-    return (f"{head}: {sw.best_rate:.2f} req/s ({b.output_tok_s:,.0f} output tok/s, TTFT p{q} "
-            f"{getattr(b, f'ttft_p{q}'):.2f} s, TPOT p{q} {getattr(b, f'tpot_p{q}') * 1e3:.0f} ms, "
-            f"${b.usd_per_million:.2f} per 1M output tokens)")
+    rate = _range(f"{sw.best_rate:.2f}", iv, "rate_rps", lambda x: f"{x:.2f}", " ")
+    usd = _range(f"${b.usd_per_million:.2f}", iv, "usd_per_m_output", lambda x: f"${x:.2f}", " ")
+    tps = _range(f"{b.output_tok_s:,.0f}", iv, "output_tps", lambda x: f"{x:,.0f}", " ")
+    ttft = _range(f"{getattr(b, f'ttft_p{q}'):.2f}", iv, "ttft_s", lambda x: f"{x:.2f}", " ")
+    tpot = _range(f"{getattr(b, f'tpot_p{q}') * 1e3:.0f}", iv, "tpot_s", lambda x: f"{x * 1e3:.0f}", " ")
+    return (f"{head}: {rate} req/s ({tps} output tok/s, TTFT p{q} {ttft} s, TPOT p{q} {tpot} ms, "
+            f"{usd} per 1M output tokens)")
+
+
+def sweep_intervals(dep: Deployment, sw: Sweep) -> dict:
+    """Each point's intervals (the all-at-once and the best point at capacity) and the best point's: the one
+    source of the brackets in the tables, the verdict and --json."""
+    q = sw.slo.percentile
+    d = replace(dep, kv_dtype=sw.kv_dtype)
+    return {"saturation": point_intervals(d, sw.saturation, q, True),
+            "points": [point_intervals(d, p, q, p is sw.best) for p in sw.points],
+            "best": point_intervals(d, sw.best, q, True) if sw.best is not None else None}
 
 
 def print_sweeps(sweeps: list[Sweep], dep: Deployment, wl: Workload, n: int, min_seconds: float) -> None:
-    console = Console(width=max(Console().width, 150))
-    for sw in sweeps:
-        rows = [("all at once", sw.saturation)] + [(f"{p.rate:.2f}", p) for p in sw.points]
+    console = Console(width=max(Console().width, 170))
+    ivs = [sweep_intervals(dep, sw) for sw in sweeps]
+    for sw, iv in zip(sweeps, ivs, strict=True):
+        rows = [("all at once", sw.saturation, iv["saturation"])] + [
+            (f"{p.rate:.2f}", p, piv) for p, piv in zip(sw.points, iv["points"], strict=True)]
         what = f"per rate {n}+ requests, {min_seconds:g}+ s of arrivals"
         console.print(points_table(rows, sw.slo, _title(dep, sw.kv_dtype, wl, what)))
-    for sw in sweeps:
-        console.print(verdict(sw))
+    for sw, iv in zip(sweeps, ivs, strict=True):
+        console.print(verdict(sw, iv["best"]))
     if len(sweeps) == 2 and all(s.best_rate for s in sweeps):
         bf16, fp8 = sweeps
         console.print(f"FP8 KV vs BF16 KV at the SLO: {fp8.best_rate / bf16.best_rate:.2f}x the request rate, "
                       f"{fp8.best.output_tok_s / bf16.best.output_tok_s:.2f}x the output throughput, "
                       f"{fp8.best.usd_per_million / bf16.best.usd_per_million:.2f}x the cost per token")
+    caption = interval_caption([i for iv in ivs for i in (iv["saturation"], iv["best"])])
+    if caption:
+        console.print(caption, markup=False)
 
 
 def print_point(p: Point, slo: Slo, dep: Deployment, wl: Workload, n: int) -> None:
-    console = Console(width=max(Console().width, 150))
-    console.print(points_table([(f"{p.rate:g}", p)], slo, _title(dep, dep.kv_dtype, wl, f"{n}+ requests")))
+    console = Console(width=max(Console().width, 170))
+    iv = point_intervals(dep, p, slo.percentile, math.isinf(p.rate))
+    console.print(points_table([(f"{p.rate:g}", p, iv)], slo, _title(dep, dep.kv_dtype, wl, f"{n}+ requests")))
+    caption = interval_caption([iv])
+    if caption:
+        console.print(caption, markup=False)
 
 
 def runs_table(runs: pd.DataFrame):
@@ -212,7 +268,7 @@ def _money(v: float | None, digits: int = 2) -> str:
     return "-" if v is None else f"${v:,.{digits}f}"
 
 
-def _s(v: float | None) -> str:
+def _duration(v: float | None) -> str:
     return "-" if v is None else (f"{v * 1e3:,.0f} ms" if v < 1 else f"{v:,.1f} s")
 
 
@@ -231,8 +287,8 @@ def plan_table(options: list, title: str, q) -> Table:
         table.add_row(mark, o.config.gpu, o.config.parallelism(), o.short_label,
                       (f"{pr.rate_rps:,.2f}" + (f" ({iv['rate_rps'][0]:,.2f}-{iv['rate_rps'][1]:,.2f})" if iv else ""))
                       if pr else "-", f"{o.output_tps_per_gpu:,.0f}" if o.serves else "-",
-                      f"{pr.tps_per_user:,.0f}" if o.serves else "-", _s(pr.ttft_s if pr else None),
-                      _s(pr.tpot_s if pr else None), _s(pr.e2e_s if pr else None),
+                      f"{pr.tps_per_user:,.0f}" if o.serves else "-", _duration(pr.ttft_s if pr else None),
+                      _duration(pr.tpot_s if pr else None), _duration(pr.e2e_s if pr else None),
                       (pr.limited_by + ("" if pr.converged else " (not converged)")) if pr else "-",
                       _money(o.usd_per_m_output), str(o.instances_needed or "-"),
                       f"{o.gpus_needed} ({iv['gpus_needed'][0]}-{iv['gpus_needed'][1]})" if iv else "-",

@@ -3,6 +3,7 @@ way they are used (a source the intervals never saw), wider where the evidence i
 there is none."""
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -87,3 +88,61 @@ def test_validate_json_reports_coverage_per_regime():
     cov = json.loads(out.stdout)["interval_coverage"]
     assert cov["output_tok_s"]["coverage"] == pytest.approx(interval.coverage()["output_tok_s"]["coverage"])
     assert any("MLA on Hopper" in k for k in cov["ttft_ms"]["by_regime"])
+
+
+def test_an_all_at_once_burst_is_its_own_load_and_says_what_published_bursts_did():
+    """GPUStack's 1000-prompt ShareGPT bursts are labelled 'all at once' (their own coverage row), not batch-bound;
+    a burst's evidence counts the published bursts whose first token came later than the band allows."""
+    from bench.model import corpus
+
+    cases = {c.key: c for c in corpus.load()}
+    burst = interval.case_regime(cases["gpustack-perf-lab-glm-4.6-h100/h100-tp8-fp8-sharegpt"])
+    assert burst.load == "burst" and burst.label() == "FP8 experts, GQA on Hopper, all at once"
+    capped = [c for c in cases.values() if c.workload and c.workload.max_concurrency and c.workload.max_concurrency > 4]
+    assert capped and all(interval.case_regime(c).load == "batch" for c in capped)
+    rows = interval.shipped_rows()
+    own = [r for r in rows if r.regime.load == "burst" and r.regime.kind == burst.kind and "ttft_ms" in r.residual]
+    high = interval.band("ttft_ms", burst).high
+    later = sum(1 for r in own if r.residual["ttft_ms"] > math.log(high))
+    assert len(own) >= interval.THIN and later >= 1  # GLM-4.6 FP8 on 8x H100: 5-8x the model's TTFT
+    words = interval.burst_evidence(burst)
+    assert words.startswith(f"in the {len(own)} published all-at-once bursts of FP8 experts, GQA on Hopper")
+    assert f"({later} beyond this interval's upper end)" in words
+    assert words in interval.evidence(burst)
+    assert interval.evidence(interval.regime("glm-4.6", "h100-sxm", "fp8", 600)) is None  # not a burst: no words
+
+
+def test_a_simulated_point_gets_throughput_and_cost_intervals_only_at_capacity():
+    from bench.model import Deployment, catalog, fixed_workload
+    from bench.model import simulate as sim
+
+    dep = Deployment(catalog.model("glm-4.5-air"), catalog.gpu("h100-sxm"), 4, 1, "bf16", "native", None)
+    wl = fixed_workload("1000", "200")
+    below = sim.run(dep, wl, 2.0, 60, 0, None, 5)
+    burst = sim.run(dep, wl, math.inf, 60, 0, None, 5)
+    a = interval.for_point("glm-4.5-air", "h100-sxm", "native", below, 90, False)
+    b = interval.for_point("glm-4.5-air", "h100-sxm", "native", burst, 90, True)
+    assert "output_tps" not in a and "usd_per_m_output" not in a and a["burst_evidence"] is None
+    lo, hi = a["ttft_s"]
+    assert lo < below.ttft_p90 < hi
+    lo, hi = b["output_tps"]
+    assert lo < burst.output_tok_s < hi
+    assert b["usd_per_m_output"] == pytest.approx((burst.usd_per_million * burst.output_tok_s / hi,
+                                                    burst.usd_per_million * burst.output_tok_s / lo))
+    assert b["regime"].endswith("all at once") and "published all-at-once bursts" in b["burst_evidence"]
+
+
+def test_simulate_prints_and_gives_json_intervals_with_the_burst_evidence():
+    env = {**os.environ, "NO_COLOR": "1", "COLUMNS": "200"}
+    cli = [sys.executable, "-c", "from bench.cli import main; main()", "simulate", "--model", "glm-4.6", "--gpu",
+           "h100-sxm", "--tp", "8", "--weights", "fp8", "--input-len", "200", "--output-len", "200", "--rate", "inf",
+           "--num-requests", "200"]
+    text = subprocess.run(cli, capture_output=True, text=True, env=env, timeout=300)
+    assert text.returncode == 0, text.stderr[-2000:]
+    assert "[in brackets]: the 80% interval" in text.stdout
+    assert "Evidence: in the" in text.stdout and "published all-at-once bursts" in text.stdout
+    out = subprocess.run([*cli, "--json"], capture_output=True, text=True, env=env, timeout=300)
+    point = json.loads(out.stdout)[0]
+    iv = point["interval"]
+    assert iv["output_tps"][0] < point["output_tok_s"] < iv["output_tps"][1]
+    assert f"{iv['output_tps'][0]:,.0f}-{iv['output_tps'][1]:,.0f}" in text.stdout.replace("\n", "")
