@@ -195,8 +195,12 @@ def answer_lines(r: Report) -> list[str]:
                    "not the hardware)" if twins == len(r.runs) else
                    f" ({twins} against capbench's twin, the rest against real servers)" if twins else
                    " against real servers")
+        judged = [row["inside"] for m in r.runs if m.vs_predicted.get("steady") for row in m.vs_predicted["rows"]
+                  if row.get("inside") is not None]
+        inside = (f" {sum(judged)} of {len(judged)} measured figures lie inside the model's 80 % interval."
+                  if judged else "")
         lines.append(f"Measured: {len(r.runs)} run(s) in {r.db}{against}{worst}."
-                     + (" Treat the predictions as that uncertain." if errs else ""))
+                     + (" Treat the predictions as that uncertain." if errs else "") + inside)
     else:
         lines.append(f"Nothing was measured ({r.why_unmeasured}): every figure here is a prediction from the "
                      "capacity model and capbench simulate. Measure before buying: see 'How to measure'.")
@@ -264,7 +268,7 @@ def tables(r: Report) -> dict[str, tuple[list[str], list[list[str]]]]:
                            f"{_ms(m.summary['ttft_p50'])} / {_ms(m.summary['ttft_p99'])}",
                            f"{_ms(m.summary['tpot_p50'])} / {_ms(m.summary['tpot_p99'])}"] for m in r.runs])
         figures = list(dict.fromkeys(row["figure"] for m in r.runs for row in m.vs_predicted["rows"]))
-        t["vs"] = (["run", *(f"{f}: measured / predicted (error)" for f in figures)],
+        t["vs"] = (["run", *(f"{f}: measured / predicted [80 % interval] (error)" for f in figures)],
                    [[m.label, *(_vs_cell(next((x for x in m.vs_predicted["rows"] if x["figure"] == f), None))
                                 for f in figures)] for m in r.runs])
         checked = [m for m in r.runs if m.integrity["has_data"]]
@@ -289,7 +293,8 @@ def _vs_cell(row: dict | None) -> str:
     if row is None:
         return "-"
     err = "" if row["error"] is None else f" ({row['error']:+.0%})"
-    return f"{_num(row['measured'], ',.1f')} / {_num(row['predicted'], ',.1f')}{err}"
+    band = "" if row.get("low") is None else f" [{_num(row['low'], ',.1f')}-{_num(row['high'], ',.1f')}]"
+    return f"{_num(row['measured'], ',.1f')} / {_num(row['predicted'], ',.1f')}{band}{err}"
 
 
 def _none(row: dict) -> str:

@@ -6,18 +6,21 @@ from __future__ import annotations
 import duckdb
 
 from bench.errors import BadInput
-from bench.model import Slo, catalog, fixed_workload, load_workload, simulate, workload
+from bench.model import Slo, catalog, fixed_workload, interval, load_workload, simulate, workload
 from bench.model import capacity as cap
 from bench.store import runinfo
 
 STEADY_REQUESTS = 50  # fewer measured requests than this: too short a run to judge a prediction by
+CAPACITY = 0.95  # a replay that serves less than this share of the offered rate runs at the deployment's capacity
 
 
 def measured_vs_predicted(con: duckdb.DuckDBPyConnection, run_id: str, slo: Slo | None = None) -> dict:
     """The run's measured throughput and latencies beside `capbench simulate`'s replay of it: the same deployment,
     workload (its named mix, else fixed lengths at its measured means), rate (the profile's, else the achieved
     one) and number of requests, so a short run is compared with an equally short simulation; error = predicted /
-    measured - 1. out["steady"] is False for runs under STEADY_REQUESTS requests."""
+    measured - 1; low, high: the prediction's 80 % interval (bench/model/interval.py; output tokens/s only where
+    the replay runs at capacity: below it the offered load is served whatever the error) and whether the measured
+    figure lies inside. out["steady"] is False for runs under STEADY_REQUESTS requests."""
     s = runinfo.summary(con, run_id, slo)  # in the modelled GPUs' time, as the prediction
     cfg = runinfo.run_deployment(con, run_id)
     out = {"run_id": run_id, "summary": s, "config": cfg, "predicted": None, "rows": []}
@@ -42,14 +45,20 @@ def measured_vs_predicted(con: duckdb.DuckDBPyConnection, run_id: str, slo: Slo 
     rate = cfg["rate"] / scale if cfg["rate"] else s["achieved_rate_rps"]
     p = simulate.run(dep, wl, rate, max(1, s["measured"]), min_seconds=0)
     out["predicted"], out["workload"], out["steady"] = p, wl.name, s["measured"] >= STEADY_REQUESTS
-    for name, measured, predicted in (
-        ("output tokens/s", _per(runinfo.window_output_tps(con, run_id), scale), p.output_tok_s),
-        ("TPOT p50 (ms)", _ms(s["tpot_p50"]), p.tpot_p50 * 1e3),
-        ("TTFT p50 (ms)", _ms(s["ttft_p50"]), p.ttft_p50 * 1e3),
+    at_capacity = not cfg["rate"] or p.achieved_rps < CAPACITY * rate
+    for name, figure, measured, predicted in (
+        ("output tokens/s", "output_tok_s", _per(runinfo.window_output_tps(con, run_id), scale), p.output_tok_s),
+        ("TPOT p50 (ms)", "tpot_ms", _ms(s["tpot_p50"]), p.tpot_p50 * 1e3),
+        ("TTFT p50 (ms)", "ttft_ms", _ms(s["ttft_p50"]), p.ttft_p50 * 1e3),
     ):
         err = predicted / measured - 1 if measured else None
+        band = None
+        if (at_capacity or figure != "output_tok_s") and predicted == predicted and predicted > 0:
+            band = interval.predicted_range(dep.model.id, dep.gpu.id, dep.weights, figure, predicted, p.mean_running)
+        low, high = band or (None, None)
+        inside = None if band is None or measured is None else low <= measured <= high
         out["rows"].append({"run_id": run_id, "figure": name, "measured": measured, "predicted": predicted,
-                            "error": err})
+                            "error": err, "low": low, "high": high, "inside": inside})
     return out
 
 

@@ -143,10 +143,15 @@ if not pred_rows.empty:
     common.chart(st, charts.measured_vs_predicted(pred_rows))
     shown = pred_rows[["run", "figure", "measured", "predicted", "error"]].copy()
     shown["error"] = shown["error"].map(lambda e: "n/a" if pd.isna(e) else f"{e:+.1%}")
+    shown["80 % interval"] = [("-" if pd.isna(lo) else f"{lo:,.1f}-{hi:,.1f}")
+                              for lo, hi in zip(pred_rows["low"], pred_rows["high"], strict=True)]
+    shown["inside"] = pred_rows["inside"].map(lambda x: "-" if x is None or pd.isna(x) else "yes" if x else "no")
     st.dataframe(shown, hide_index=True, key="prediction_table")
     st.caption("Prediction: capbench simulate replays each run (same deployment, workload, rate and number of "
                "requests); output tokens/s over the arrival window less its first 20 %, as the simulator counts it; "
-               "error = predicted / measured - 1. Runs under 50 requests are too short to judge a model by.")
+               "error = predicted / measured - 1. The 80 % interval is the model's out-of-sample error on the "
+               "published corpus (output tokens/s only where the replay runs at capacity: below it the offered load "
+               "is served whatever the error). Runs under 50 requests are too short to judge a model by.")
 
 drift = common.read(runinfo.drift)
 if drift is not None:  # the drift table exists (capbench drift); quality next to speed

@@ -49,6 +49,24 @@ def test_compare_shows_the_chosen_runs_and_their_gains(db):
     row = next(r for r in mvp["rows"] if r["figure"] == "output tokens/s")
     shown = pred[(pred.figure == "output tokens/s") & pred.run.str.endswith(f"({chosen[0][-6:]})")].iloc[0]
     assert shown.predicted == row["predicted"] and shown.error == f"{row['error']:+.1%}"
+    # the prediction's 80 % interval: TTFT and TPOT always; output tokens/s only where the replay runs at capacity
+    # (below it the offered 4 req/s is served whatever the error)
+    tpot = next(r for r in mvp["rows"] if r["figure"] == "TPOT p50 (ms)")
+    assert tpot["low"] < tpot["predicted"] < tpot["high"]
+    assert tpot["inside"] == (tpot["low"] <= tpot["measured"] <= tpot["high"])
+    shown = pred[(pred.figure == "TPOT p50 (ms)") & pred.run.str.endswith(f"({chosen[0][-6:]})")].iloc[0]
+    assert shown["80 % interval"] == f"{tpot['low']:,.1f}-{tpot['high']:,.1f}"
+    assert shown["inside"] == ("yes" if tpot["inside"] else "no")
+    offered = mvp["config"]["rate"] / mvp["summary"]["time_scale"]  # in the modelled GPUs' time, as the replay
+    if mvp["predicted"].achieved_rps >= 0.95 * offered:
+        assert row["low"] is None and row["inside"] is None and shown_tps_interval(pred, chosen[0]) == "-"
+    else:
+        assert row["low"] < row["predicted"] < row["high"] and shown_tps_interval(pred, chosen[0]) != "-"
+
+
+def shown_tps_interval(pred, run_id: str) -> str:
+    return pred[(pred.figure == "output tokens/s") & pred.run.str.endswith(f"({run_id[-6:]})")].iloc[0][
+        "80 % interval"]
 
 
 def test_drift_section_only_when_the_table_exists(db_copy):
