@@ -121,8 +121,8 @@ def simulate(
                     replace(dep, kv_dtype=kv), p, target.percentile, math.isinf(p.rate))}
                 for kv, p in zip(kvs, points, strict=True)]), indent=2))
         else:
-            for kv, p in zip(kvs, points, strict=True):
-                terminal.print_point(p, target, replace(dep, kv_dtype=kv), wl, num_requests)
+            terminal.print_points(list(zip(kvs, points, strict=True)), target, dep, wl, num_requests)
+            _own_factors(calibration)
         return
     if max_concurrency is not None:
         raise BadInput("--max-concurrency applies to one --rate; a --sweep offers open-loop Poisson rates")
@@ -139,6 +139,13 @@ def simulate(
                          indent=2))
     else:
         terminal.print_sweeps(sweeps, dep, wl, num_requests, min_seconds)
+        _own_factors(calibration)
+
+
+def _own_factors(calibration: str | None) -> None:
+    if calibration:
+        print(f"The intervals measure the shipped factors' errors on the published corpus, not those of {calibration}: "
+              "factors fitted to your own runs have no interval until their runs are scored like the corpus.")
 
 
 def validate(

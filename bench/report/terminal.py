@@ -183,11 +183,15 @@ def print_sweeps(sweeps: list[Sweep], dep: Deployment, wl: Workload, n: int, min
         console.print(caption, markup=False)
 
 
-def print_point(p: Point, slo: Slo, dep: Deployment, wl: Workload, n: int) -> None:
+def print_points(points: list[tuple[str, Point]], slo: Slo, dep: Deployment, wl: Workload, n: int) -> None:
+    """One table per KV dtype's point at the offered rate, then what the brackets are, once."""
     console = Console(width=max(Console().width, 170))
-    iv = point_intervals(dep, p, slo.percentile, math.isinf(p.rate))
-    console.print(points_table([(f"{p.rate:g}", p, iv)], slo, _title(dep, dep.kv_dtype, wl, f"{n}+ requests")))
-    caption = interval_caption([iv])
+    ivs = []
+    for kv, p in points:
+        d = replace(dep, kv_dtype=kv)
+        ivs.append(point_intervals(d, p, slo.percentile, math.isinf(p.rate)))
+        console.print(points_table([(f"{p.rate:g}", p, ivs[-1])], slo, _title(d, kv, wl, f"{n}+ requests")))
+    caption = interval_caption(ivs)
     if caption:
         console.print(caption, markup=False)
 

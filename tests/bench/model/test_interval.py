@@ -146,3 +146,8 @@ def test_simulate_prints_and_gives_json_intervals_with_the_burst_evidence():
     iv = point["interval"]
     assert iv["output_tps"][0] < point["output_tok_s"] < iv["output_tps"][1]
     assert f"{iv['output_tps'][0]:,.0f}-{iv['output_tps'][1]:,.0f}" in text.stdout.replace("\n", "")
+    own = subprocess.run([*cli, "--compare-kv", "--calibration", "data/calibration/default.yaml"],
+                         capture_output=True, text=True, env=env, timeout=300)
+    assert own.returncode == 0, own.stderr[-2000:]
+    assert own.stdout.count("[in brackets]") == 1 and own.stdout.count("fp8_e4m3 KV (") == 1
+    assert "The intervals measure the shipped factors' errors on the published corpus, not those of" in own.stdout
