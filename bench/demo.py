@@ -46,6 +46,8 @@ def run_demo(db: Path = Path("data/capbench.duckdb"), report: Path = Path("repor
     gains = [g for g in matrix.gains if g["what"] == "FP8 KV"]
     for g in gains:
         console.print(f"FP8 KV, {gain_line(g)}", highlight=False)
+    if gains:
+        console.print(f"({rep.PREDICTED_GAIN})", highlight=False)
     report.parent.mkdir(parents=True, exist_ok=True)
     campaign_html = rep.write_campaign(matrix, report.with_name(report.stem + "-campaign.html"))
     reports = []  # one section per model the campaign ran, each with that model's best run per cell

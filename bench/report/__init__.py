@@ -14,6 +14,7 @@ curves     a campaign's latency against load: measured stages beside the model's
 
 from bench.report import charts, load, pd, plancharts, terminal, wording
 from bench.report.campaign import (
+    PREDICTED_GAIN,
     Matrix,
     campaign_html,
     campaign_list,
@@ -34,4 +35,5 @@ from bench.report.render import render, write
 __all__ = ["charts", "load", "plancharts", "terminal", "wording", "Report", "build", "compared", "gpu_bests",
            "newest_deployment", "predicted_table", "STEADY_REQUESTS", "measured_vs_predicted", "render", "write",
            "Matrix", "campaign_html", "campaign_matrix", "campaign_sections", "campaign_tables", "latest_campaign",
-           "write_campaign", "campaign_list", "live_cell", "pd", "gain_said", "campaign_curves", "run_stage"]
+           "write_campaign", "campaign_list", "live_cell", "pd", "gain_said", "campaign_curves", "run_stage",
+           "PREDICTED_GAIN"]

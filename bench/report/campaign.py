@@ -106,6 +106,19 @@ def _predicted(c: dict) -> str:
     return _f(c.get("predicted_rps")) + (f" ({lo:.3g}-{hi:.3g})" if lo is not None and hi is not None else "")
 
 
+def _predicted_usd(c: dict) -> str:
+    """The model's $ per 1M output tokens with its 80 % interval: the inverse of the rate's."""
+    usd, rps, lo, hi = (c.get(k) for k in ("predicted_usd_per_m", "predicted_rps", "predicted_rps_low",
+                                            "predicted_rps_high"))
+    if not (usd and rps and lo and hi):
+        return _f(usd, ",.2f")
+    return f"{usd:,.2f} ({usd * rps / hi:,.2f}-{usd * rps / lo:,.2f})"
+
+
+PREDICTED_GAIN = ("predicted gain: the model's ratio of two predictions that share their regime's error, so the 80 % "
+                  "intervals do not bound it, and no published pair of runs measures such a gain: it has no interval")
+
+
 def _how(c: dict) -> str:
     """How many repeats, and how the cell's intervals were found."""
     n = str(c.get("repeats", "-"))
@@ -128,7 +141,7 @@ def campaign_sections(m: Matrix, detail: bool = False) -> list[tuple[str, list[s
               + (" (lower bound)" if c.get("lower_bound") else ""),
               _predicted(c) if not c.get("not_predicted") else "not predicted",
               _fi(c.get("measured_usd_per_m"), c.get("measured_usd_per_m_interval"), ",.2f"),
-              _f(c.get("predicted_usd_per_m"), ",.2f"), _how(c),
+              _predicted_usd(c), _how(c),
               _f(c.get("bracket") and c["bracket"] * 100, ".1f", " %"), str(c.get("stages", "-")),
               (c.get("saturation") or _first_line(c.get("error"))) + _behind(c)]
              for c in m.cells]
@@ -139,10 +152,10 @@ def campaign_sections(m: Matrix, detail: bool = False) -> list[tuple[str, list[s
     out = [
         (f"Campaign {m.name} ({m.campaign_id}, {m.status}): highest rate within the SLO per cell "
          "(mean of the repeats [90 % interval]; bracket: how close the first rate past the SLO was)",
-         ["cell", "status", "measured req/s", "predicted req/s (80 %)", "measured $/1M out", "predicted $/1M out",
-          "repeats (interval)", "bracket", "stages", "saturation / error"], cells),
+         ["cell", "status", "measured req/s", "predicted req/s (80 %)", "measured $/1M out",
+          "predicted $/1M out (80 %)", "repeats (interval)", "bracket", "stages", "saturation / error"], cells),
         ("Against the baseline at saturation (gain: highest rate within the SLO / the baseline's [90 % interval]; "
-         "below 1x for the checksum is its overhead)",
+         f"below 1x for the checksum is its overhead; {PREDICTED_GAIN})",
          ["deployment", "baseline", "load", "what differs", "measured gain", "what it says", "predicted gain",
           "measured vs predicted"], gains),
     ]

@@ -51,3 +51,20 @@ def test_gains_carry_their_interval_and_say_when_they_are_not_distinguishable_or
     assert "Conditions of each cell" in html and "--mem-fraction-static 0.7" in html and "8x h200" in html
     assert "<td>20</td><td>18</td><td>3</td><td>2</td><td>0</td>" in html
     assert "not distinguishable from no gain" in html and "x [" in html
+
+
+def test_the_predicted_cost_carries_the_rates_interval_and_the_predicted_gain_says_it_has_none():
+    """$ per 1M output tokens is the rate's inverse: its 80 % interval runs from the rate's high end to its low end;
+    a predicted gain is a ratio of two predictions sharing one regime's error, so it is said to have no interval."""
+    from bench.report.campaign import PREDICTED_GAIN, _gains
+
+    base = _cell("b", None, [1.0, 1.05, 0.95], "bf16") | {
+        "predicted_rps": 1.0, "predicted_rps_low": 0.5, "predicted_rps_high": 1.6, "predicted_usd_per_m": 8.0}
+    fp8 = _cell("f", "b", [2.0, 2.1, 1.9], "fp8_e4m3") | {"predicted_rps": 2.0, "predicted_usd_per_m": 4.0}
+    m = Matrix("c1", "study", "completed", [base, fp8])
+    m.gains = _gains(m.cells)
+    (_, head, cells), (title, _, gains) = campaign_sections(m)
+    usd = head.index("predicted $/1M out (80 %)")
+    assert cells[0][usd] == "8.00 (5.00-16.00)"  # 8 x 1.0 / 1.6 .. 8 x 1.0 / 0.5
+    assert cells[1][usd] == "4.00"  # no rate interval given: no cost interval
+    assert PREDICTED_GAIN in title and gains[0][6] == "2.00x"
