@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from bench.model.corpus import Case
     from bench.model.option import Option
     from bench.model.plan import Plan
+    from bench.model.simulate import Point
 
 LEVEL = 0.8
 FIGURES = ("output_tok_s", "ttft_ms", "tpot_ms")
@@ -211,7 +212,8 @@ def burst_evidence(reg: Regime, rows: tuple[Row, ...] | None = None) -> str | No
             "delays a burst's first tokens beyond the scheduler's queue is not modelled (docs/planning.md)")
 
 
-def for_point(model_id: str, gpu: str, weights: str, point, percentile: int, at_capacity: bool) -> dict | None:
+def for_point(model_id: str, gpu: str, weights: str, point: Point, percentile: int,
+              at_capacity: bool) -> dict | None:
     """80 % intervals on one simulated point (capbench simulate): TTFT and TPOT at the percentile and, where the
     point is at the deployment's capacity (all at once, or a sweep's highest rate within the SLO), its output tok/s,
     request rate and $ per 1M output tokens, which scale with the throughput error. Below capacity the offered
