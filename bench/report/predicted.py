@@ -3,6 +3,8 @@ requests, so the error says how far the model is from what was measured (the Com
 
 from __future__ import annotations
 
+import math
+
 import duckdb
 
 from bench.errors import BadInput
@@ -53,7 +55,7 @@ def measured_vs_predicted(con: duckdb.DuckDBPyConnection, run_id: str, slo: Slo 
     ):
         err = predicted / measured - 1 if measured else None
         band = None
-        if (at_capacity or figure != "output_tok_s") and predicted == predicted and predicted > 0:
+        if (at_capacity or figure != "output_tok_s") and math.isfinite(predicted) and predicted > 0:
             band = interval.predicted_range(dep.model.id, dep.gpu.id, dep.weights, figure, predicted, p.mean_running)
         low, high = band or (None, None)
         inside = None if band is None or measured is None else low <= measured <= high
