@@ -1,6 +1,7 @@
 """What we predict: pure arithmetic on data/ (no DB, no HTTP, no GPU).
 
 catalog    model and GPU facts from data/ (+ the user's override file)
+backend    SGLang 0.5.23's attention backends: its default, the ones that keep FP8 KV scales, the one a line names
 capacity   SGLang 0.5.23's memory arithmetic: weights per GPU, KV pool tokens, sequences that fit
 perfmodel  step times of one instance (roofline terms with calibrated efficiencies), and cost
 scheduler  continuous batching on the KV budget, as SGLang's scheduler does it (the twin runs it too)

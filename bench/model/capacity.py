@@ -24,6 +24,7 @@ import math
 from dataclasses import asdict, dataclass, field, replace
 
 from bench.errors import BadInput
+from bench.model import backend
 from bench.model.catalog import GPU, Model
 
 KV_DTYPES = {"bf16": 2, "fp8_e4m3": 1, "fp8_e5m2": 1}
@@ -203,10 +204,14 @@ class Deployment:
     mtp_steps: int = 3  # draft tokens per step (--speculative-num-steps, top-k 1)
     accept_length: float | None = None  # tokens kept per step on average; None: from the calibrated accept rate
     max_running: int | None = None  # SGLang --max-running-requests (default: SGLang's; 48 with MTP)
+    attention: str | None = None  # --attention-backend; None: the one a launch line names (backend.launch_backend)
 
     def __post_init__(self) -> None:
+        if self.attention is None and self.kv_dtype in KV_DTYPES:
+            object.__setattr__(self, "attention", backend.launch_backend(self.model, self.gpu, self.kv_dtype, self.tp))
         if self.page_size is None:
-            object.__setattr__(self, "page_size", self.gpu.default_page_size)
+            forced = backend.backend(self.attention).page_size if self.attention else None
+            object.__setattr__(self, "page_size", forced or self.gpu.default_page_size)
         # wide EP (DP attention and EP over every GPU, EPLB's redundant experts) runs on any GPU count, e.g. 72
         if self.tp < 1 or (self.tp & (self.tp - 1) and not self.dp == self.ep == self.tp):
             raise BadInput(f"--tp must be a power of two, got {self.tp}")

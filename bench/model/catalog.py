@@ -70,6 +70,7 @@ class GPU(BaseModel):
     id: str
     name: str
     vendor: Literal["nvidia", "amd"] = "nvidia"
+    arch: Literal["sm80", "sm90", "sm100", "gfx942"] | None = None  # what SGLang's backend choice keys on
     memory_mib_reported: Pos
     memory_gb_sold: Rate
     hbm_tbps: Rate

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from bench.model import catalog
 from bench.model.disagg import Answer, Shape, chunk, pd_mem_fraction
-from bench.model.launch import KV_FLAGS, model_path
+from bench.model.launch import KV_FLAGS, attention_backend, model_path
 
 PORT, BOOTSTRAP_PORT, DIST_PORT, ROUTER_PORT = 30000, 8998, 5000, 8000
 TRANSFER_BACKENDS = ("mooncake", "nixl")
@@ -34,6 +34,7 @@ def server_args(shape: Shape, role: str, batch_per_rank: int = 0, transfer: str 
             "--disaggregation-transfer-backend", transfer, "--tp", str(dep.tp), "--ep", str(dep.ep),
             "--moe-a2a-backend", "deepep", "--deepep-mode", "normal" if role == "prefill" else "low_latency",
             "--kv-cache-dtype", KV_FLAGS[shape.kv_dtype],
+            "--attention-backend", attention_backend(shape.model, shape.gpu, shape.kv_dtype, dep.tp),
             "--mem-fraction-static", f"{pd_mem_fraction(shape.model, shape.gpu):.3f}",
             "--enable-metrics", "--host", "0.0.0.0", "--port", str(PORT)]
     if dep.dp > 1:

@@ -10,7 +10,7 @@ import shlex
 from dataclasses import dataclass
 
 from bench.errors import BadInput
-from bench.model import catalog
+from bench.model import backend, catalog
 from bench.model.capacity import WEIGHTS
 
 A2A_BACKEND = "none"  # SGLang's default MoE path, the one the performance model prices for EP
@@ -44,11 +44,18 @@ def model_path(model_id: str, weights: str, tp: int = 8) -> tuple[str, str | Non
     return f"./{model_id}-{weights}", f"{weights} checkpoint of {m.hf_repo} (not the published format)"
 
 
+def attention_backend(model_id: str, gpu_id: str, kv_dtype: str, tp: int = 8) -> str:
+    """The --attention-backend a line names (bench/model/backend.py launch_backend): SGLang's default where it keeps
+    calibrated FP8 KV scales right, else one that does; the launcher refuses the others."""
+    return backend.launch_backend(catalog.model(model_id), catalog.gpu(gpu_id), kv_dtype, tp)
+
+
 def server_args(model_id: str, tp: int, kv_dtype: str, weights: str, context: int | None = None,
                 port: int = 30000, dp: int = 1, ep: int = 1, mem_fraction: float | None = None,
-                page_size: int | None = None) -> list[str]:
-    """The SGLang arguments of the priced deployment: every flag its price rests on (parallelism, KV dtype, the KV
-    pool's memory fraction and page size), so that read_back() gives the same configuration again."""
+                page_size: int | None = None, attention: str | None = None) -> list[str]:
+    """The SGLang arguments of the priced deployment: every flag its price rests on (parallelism, KV dtype, the
+    attention backend, the KV pool's memory fraction and page size), so that read_back() gives the same
+    configuration again."""
     path, _ = model_path(model_id, weights, tp)
     args = ["--model-path", path, "--tp", str(tp)]
     if dp > 1:  # DP attention: SGLang 0.5.23's spelling (--dp --enable-dp-attention is deprecated)
@@ -57,6 +64,10 @@ def server_args(model_id: str, tp: int, kv_dtype: str, weights: str, context: in
     if ep > 1:  # EP over the all-reduce MoE path capbench prices, not an all-to-all (DeepEP) backend
         args += ["--ep", str(ep), "--moe-a2a-backend", A2A_BACKEND]
     args += ["--kv-cache-dtype", KV_FLAGS[kv_dtype]]
+    if attention:
+        args += ["--attention-backend", attention]
+        forced = backend.backend(attention).page_size
+        page_size = forced if forced and page_size in (None, 1) else page_size
     if mem_fraction is not None:
         args += ["--mem-fraction-static", f"{mem_fraction:.3f}"]
     if page_size is not None:
@@ -90,6 +101,7 @@ class Launch:
     mem_fraction: float | None
     page_size: int | None
     nodes: int
+    attention: str | None = None
 
 
 def single_node(model_id: str, tp: int, kv_dtype: str, weights: str, context: int | None = None, **flags) -> str:
@@ -102,6 +114,7 @@ def multi_node(model_id: str, gpu_id: str, tp: int, kv_dtype: str, weights: str,
     """One command per node for one instance over ceil(tp / gpus_per_node) nodes; when tp fits one node, the
     same deployment at twice the tp over two nodes (for a longer context or more KV per instance): DP attention
     and EP that spanned all tp GPUs span all of them again."""
+    flags.setdefault("attention", attention_backend(model_id, gpu_id, kv_dtype, tp))
     per_node = catalog.gpu(gpu_id).gpus_per_node
     if tp <= per_node:
         scale = 2 * per_node // tp
@@ -116,7 +129,8 @@ def multi_node(model_id: str, gpu_id: str, tp: int, kv_dtype: str, weights: str,
 def commands(model_id: str, gpu_id: str, tp: int, kv_dtype: str, weights: str,
              context: int | None = None, **flags) -> tuple[str | None, list[str]]:
     """(one-node command, or None when tp spans nodes; one command per node for one instance over several nodes).
-    flags: dp, ep, mem_fraction, page_size of the priced configuration."""
+    flags: dp, ep, mem_fraction, page_size and attention (the backend) of the priced configuration."""
+    flags.setdefault("attention", attention_backend(model_id, gpu_id, kv_dtype, tp))
     per_node = catalog.gpu(gpu_id).gpus_per_node
     single = single_node(model_id, tp, kv_dtype, weights, context, **flags) if tp <= per_node else None
     return single, multi_node(model_id, gpu_id, tp, kv_dtype, weights, context, **flags)
@@ -158,7 +172,7 @@ def read_back(line: str) -> Launch:
                   int(_flag(argv, ("--ep", "--ep-size", "--expert-parallel-size")) or 1),
                   {v: k for k, v in KV_FLAGS.items()}.get(kv, kv), weights, int(ctx) if ctx else None,
                   float(mem) if mem else None, int(page) if page else None,
-                  int(_flag(argv, ("--nnodes",)) or 1))
+                  int(_flag(argv, ("--nnodes",)) or 1), _flag(argv, ("--attention-backend",)))
 
 
 def _model_of(path: str) -> tuple[str, str]:
