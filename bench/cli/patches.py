@@ -29,11 +29,15 @@ def sglang_launch(
     The patches reach SGLang's spawned scheduler processes through engine_patches/boot/sitecustomize.py, put first
     on PYTHONPATH, with the options in the CAPBENCH_PATCHES environment variable.
     """
-    from engine_patches.launch import BadLaunch, PatchOptions, launch
+    from bench.cli import attention_check
+    from engine_patches.launch import BadLaunch, PatchOptions, launch, server_arguments, validate
 
     args = list(ctx.args)
     try:
         options = PatchOptions(kv_checksum, kv_scrub_pages_per_s, integrity_log, kv_scales, record_kv_amax)
+        validate(options, args)
+        for note in attention_check.check(kv_scales, server_arguments(args)):
+            print(f"note: {note}")
         launch(options, args, dry_run=dry_run)
     except BadLaunch as e:
         raise BadInput(str(e)) from None

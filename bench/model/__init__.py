@@ -31,6 +31,7 @@ bootstrap  90 % intervals from one sweep: its stages' requests resampled, and a 
 """
 
 from bench.model import (
+    backend,
     bootstrap,
     calibration,
     capacity,
@@ -73,7 +74,8 @@ from bench.model.spec import Spec, parse_spec
 from bench.model.workload import Workload, fixed_workload, load_workload
 
 __all__ = [
-    "calibration", "capacity", "catalog", "corpus", "curve", "fit", "interval", "launch", "perfmodel", "plan", "rate",
+    "backend", "calibration", "capacity", "catalog", "corpus", "curve", "fit", "interval", "launch", "perfmodel",
+    "plan", "rate",
     "scheduler", "simulate", "slo", "spec", "validate", "workload", "Efficiency", "load_efficiency",
     "Capacity", "Deployment", "HOURS_PER_MONTH", "Config", "Option", "PerfModel", "Plan", "Question", "make_plan",
     "workload_names", "Prediction", "search_rate", "within_slo",

@@ -1,17 +1,17 @@
-"""Let GLM-4.x (MHA) and Kimi K2 / DeepSeek-V3 (MLA) load per-layer FP8 KV scales, and make FP8 MLA writes use them.
+"""Let GLM-4.x (MHA) and Kimi K2 / DeepSeek-V3 (MLA) load per-layer FP8 KV scales, and make FP8 MLA writes and
+reads use them on every attention backend that keeps them (data/attention_backends.yaml).
 
 SGLang 0.5.23 calls `model.load_kv_cache_scales(path)` after loading weights when `--kv-cache-dtype fp8_e4m3`
 and `--quantization-param-path` are given, and raises if the model lacks the method: glm4_moe.py and
 deepseek_v2.py lack it. We add it.
 
 - MHA (GLM): the scales go on each layer's RadixAttention (`k_scale`/`v_scale` tensors, `*_scale_float`), which
-  the MHA pool already divides by on write and the triton / fa3 backends already descale by on read.
-- MLA (Kimi): one scale per layer on `attn_mqa` (the absorbed decode attention; the triton backend divides K by
-  it before its MLA write and descales its reads; fa3 descales its MLA reads with it). The MLA pool's
-  `set_mla_kv_buffer` (used by fa3's MLA write and by the MHA-prefill path that writes the latent through
-  `attn_mha`) casts to FP8 with no scale: we make it divide by the layer's scale, and make `get_mla_kv_buffer`
-  (the MHA-prefill read of cached prefix chunks) multiply it back. flashinfer_mla upcasts the whole buffer with
-  no descale: do not combine MLA scales with `--attention-backend flashinfer`.
+  the MHA pool divides by on write and fa3, flashinfer, triton and trtllm_mha descale by on read.
+- MLA (Kimi): one scale per layer on `attn_mqa` (the absorbed attention), also tagged for backends.py. The MLA
+  pool's `set_mla_kv_buffer` (fa3's and flashinfer's MLA writes, and the MHA-prefill path that writes the latent
+  through `attn_mha`) casts to FP8 with no scale: we make it divide by the layer's scale, and make
+  `get_mla_kv_buffer` (the MHA-prefill read of cached prefix chunks) multiply it back. triton divides and descales
+  by itself; what fa3, flashinfer, flashmla and trtllm_mla leave out is done in backends.py.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import logging
 
 import torch
 
-from engine_patches.fp8_scales import draft
+from engine_patches.fp8_scales import backends, draft
 from engine_patches.fp8_scales.scales_file import read_draft_scales, read_kv_scales
 
 logger = logging.getLogger(__name__)
@@ -98,6 +98,7 @@ def deepseek_v2_load_kv_cache_scales(self, quantization_param_path: str) -> None
     for layer_id, attn, kv in _attention_modules(self, scales, "attn_mqa", quantization_param_path):
         s = max(kv)  # one cached row (latent | rope), one descale in the kernels
         set_attention_scales(attn, s, s, device)
+        setattr(attn, backends.SCALE_ATTR, s)
         MLA_SCALES[layer_id] = s
     logger.info("capbench: loaded FP8 KV scales for %d MLA layers from %s", len(scales), quantization_param_path)
 
@@ -138,3 +139,4 @@ def install() -> None:
     Glm4MoeForCausalLM.load_kv_cache_scales = glm4_moe_load_kv_cache_scales
     DeepseekV2ForCausalLM.load_kv_cache_scales = deepseek_v2_load_kv_cache_scales  # DeepseekV3 inherits it
     install_mla_pool_scaling()
+    backends.install()

@@ -33,9 +33,10 @@ def scales_file(tmp_path):
 
 def test_dry_run_passes_the_scales_to_sglang(scales_file):
     r = cli("sglang-launch", "--kv-scales", str(scales_file), "--dry-run", "--", "--model-path", "zai-org/GLM-4.6",
-            "--kv-cache-dtype", "fp8_e4m3")
+            "--kv-cache-dtype", "fp8_e4m3", "--attention-backend", "fa3")
     assert r.returncode == 0, r.stderr
-    assert f"--kv-cache-dtype fp8_e4m3 --quantization-param-path {scales_file}" in r.stdout
+    assert "--kv-cache-dtype fp8_e4m3 --attention-backend fa3" in r.stdout
+    assert r.stdout.rstrip().split("\n")[-3].endswith(f"--quantization-param-path {scales_file}")
     assert "fp8_kv_scales: on" in r.stdout and "kv_amax_recorder: off" in r.stdout
     line = next(x for x in r.stdout.splitlines() if x.startswith("CAPBENCH_PATCHES="))
     assert json.loads(line.split("=", 1)[1])["kv_scales"] == str(scales_file)
@@ -85,9 +86,70 @@ def test_loader_reaches_a_fresh_process(tmp_path, scales_file):
         from sglang.srt.mem_cache.memory_pool import MLATokenToKVPool
         from sglang.srt.models.deepseek_v2 import DeepseekV3ForCausalLM
         from sglang.srt.models.glm4_moe import Glm4MoeForCausalLM
+        from sglang.srt.layers.attention.trtllm_mla_backend import TRTLLMMLABackend  # imported after the trigger
         print(Glm4MoeForCausalLM.load_kv_cache_scales.__module__, DeepseekV3ForCausalLM.load_kv_cache_scales.__name__,
-              MLATokenToKVPool.set_mla_kv_buffer.__module__)
+              MLATokenToKVPool.set_mla_kv_buffer.__module__, TRTLLMMLABackend.forward_decode._capbench_scales,
+              TRTLLMMLABackend.__mro__[1].forward_extend._capbench_scales)
     """, tmp_path)
     assert r.returncode == 0, r.stderr[-2000:]
-    assert r.stdout.split()[-3:] == ["engine_patches.fp8_scales.loading", "deepseek_v2_load_kv_cache_scales",
-                                     "engine_patches.fp8_scales.loading"]
+    assert r.stdout.split()[-5:] == ["engine_patches.fp8_scales.loading", "deepseek_v2_load_kv_cache_scales",
+                                     "engine_patches.fp8_scales.loading", "True", "True"]
+
+
+# ---- the attention backend the server will run, named or SGLang's default on this host's GPU ----
+
+CAPBENCH = os.path.join(os.path.dirname(sys.executable), "capbench")
+KIMI = {"architectures": ["DeepseekV3ForCausalLM"], "kv_lora_rank": 512, "num_key_value_heads": 64}
+DEEPSEEK = {**KIMI, "num_key_value_heads": 128}
+
+
+def fake_gpu(tmp_path, tool: str, output: str) -> dict:
+    """A PATH whose nvidia-smi (or rocminfo) answers like that GPU's, and nothing else of the kind."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    (bin_dir / tool).write_text(f"#!/bin/sh\necho '{output}'\n")
+    (bin_dir / tool).chmod(0o755)
+    return {**os.environ, "PATH": f"{bin_dir}:{os.path.dirname(sys.executable)}:/usr/bin:/bin"}
+
+
+def launch_in(tmp_path, *args, env=None, config=None) -> subprocess.CompletedProcess:
+    """The installed capbench, from a scratch folder, with relative paths: an MLA scales file and a local checkpoint
+    folder holding only config.json."""
+    write_scales(build_scales("mla", {0: (1500.0, 300.0), 1: (20.0, 4.0)}, 2, 8), tmp_path / "kimi.json")
+    (tmp_path / "ckpt").mkdir(exist_ok=True)
+    (tmp_path / "ckpt" / "config.json").write_text(json.dumps(config or KIMI))
+    env = env or {**os.environ, "PATH": f"{os.path.dirname(sys.executable)}:/usr/bin:/bin"}
+    return subprocess.run([CAPBENCH, "sglang-launch", "--kv-scales", "kimi.json", "--dry-run", "--", "--model-path",
+                           "ckpt", "--tp", "8", "--kv-cache-dtype", "fp8_e4m3", *args], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--attention-backend", "aiter"], "use one of: fa3, flashmla, flashinfer, triton, trtllm_mla"),
+    (["--attention-back", "aiter"], "--attention-backend aiter (mla)"),  # argparse's prefix, as SGLang reads it
+    (["--attention-backend", "fa4"], "has not checked that backend"),
+    (["--attention-backend", "triton", "--decode-attention-backend", "aiter"], "aiter"),
+    ([], "name --attention-backend (no GPU found here"),
+])
+def test_a_backend_that_would_give_wrong_attention_is_refused(tmp_path, args, message):
+    r = launch_in(tmp_path, *args)
+    assert r.returncode == 2, r.stdout
+    assert r.stderr.count("\n") == 1 and message in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("tool,output,config,expected", [
+    ("nvidia-smi", "9.0", KIMI, "fa3"),  # Hopper: SGLang's default is fa3, accepted with the upcast note
+    ("nvidia-smi", "10.0", KIMI, "trtllm_mla"),  # Blackwell: the DeepSeek family's override
+    ("rocminfo", "  Name: gfx942", KIMI, "triton"),  # 8 KV heads a rank at tp8: ROCm's MLA default is triton
+])
+def test_sglangs_default_on_this_gpu_is_checked(tmp_path, tool, output, config, expected):
+    r = launch_in(tmp_path, env=fake_gpu(tmp_path, tool, output), config=config)
+    assert r.returncode == 0, r.stderr
+    assert "--attention-backend" not in r.stdout.split("exec:")[1]  # nothing added: SGLang picks it itself
+    assert ("upcasts the whole FP8 MLA layer" in r.stdout) == (expected == "fa3")
+
+
+def test_sglangs_aiter_default_is_refused_on_rocm(tmp_path):
+    """DeepSeek-V3's 128 KV heads are 16 a rank at tp8: SGLang picks aiter, whose FP8 MLA write is unscaled."""
+    r = launch_in(tmp_path, env=fake_gpu(tmp_path, "rocminfo", "  Name: gfx942"), config=DEEPSEEK)
+    assert r.returncode == 2 and "--attention-backend aiter (mla)" in r.stderr and "use one of: triton" in r.stderr
