@@ -62,6 +62,13 @@ def sglang_launch(server: list[str], kv_checksum: str = "off", kv_scales: str | 
     return ["capbench", "sglang-launch", *patch, "--", *server]
 
 
+def attention_args(model: str, gpu: str | None, kv_dtype: str, tp: int, flags: list) -> list[str]:
+    """`--attention-backend` as a plan's line names it (bench/model/backend.py), unless the flags name one."""
+    if not gpu or any(str(f).split("=")[0].startswith("--attention-backend") for f in flags):
+        return []
+    return ["--attention-backend", sglang_args.attention_backend(model, gpu, kv_dtype, tp)]
+
+
 def needs_patches(dep: DeploymentSpec) -> bool:
     """Whether the launch needs capbench's SGLang patches or its launcher: a KV checksum, FP8 KV scales, expert
     weights other than the checkpoint's own, or a secret flag given as env:NAME (filled in by the launcher)."""
@@ -82,6 +89,7 @@ def launch_command(dep: DeploymentSpec, port: int, host: str = "127.0.0.1", pyth
     for key, flag in (("dp", "--dp"), ("ep", "--ep")):
         if s.get(key):
             server += [flag, str(s[key])]
+    server += attention_args(dep.model, dep.gpu, dep.kv_dtype, dep.gpus, s.get("flags", []))
     if python and not needs_patches(dep):
         return [python, "-m", "sglang.launch_server", *server, *s.get("flags", [])]
     cmd = sglang_launch([*server, *s.get("flags", [])], dep.kv_checksum, s.get("kv_scales"))

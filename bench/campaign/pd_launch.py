@@ -21,7 +21,7 @@ import httpx
 
 from bench import http
 from bench.campaign import own
-from bench.campaign.launch import LaunchFailed, free_port, halt, sglang_launch, spawn, tail
+from bench.campaign.launch import LaunchFailed, attention_args, free_port, halt, sglang_launch, spawn, tail
 from bench.campaign.pd_spec import PDSpec, Role, nodes_per_instance
 from bench.campaign.spec import DeploymentSpec
 from bench.campaign.templates import Template
@@ -137,6 +137,7 @@ def server_command(dep: DeploymentSpec, role: Role, port: int, bootstrap: int | 
         argv += ["--ep", str(role.ep)]
     if bootstrap is not None:
         argv += ["--disaggregation-bootstrap-port", str(bootstrap)]
+    argv += attention_args(dep.model, dep.gpu, dep.kv_dtype, role.tp, list(role.flags))
     if "--mem-fraction-static" not in {f.split("=")[0] for f in role.flags}:  # as the PD model and plan assume
         argv += ["--mem-fraction-static", f"{disagg.pd_mem_fraction(dep.model, dep.gpu):.3f}"]
     argv += list(role.flags)

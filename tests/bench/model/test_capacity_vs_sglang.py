@@ -249,11 +249,12 @@ def test_pool_tokens_and_requests_end_to_end(resolve, monkeypatch, gpu_id, model
 @pytest.mark.parametrize("gpu_id", sorted(PLATFORMS))
 @pytest.mark.parametrize("model_id", MODELS)
 def test_default_page_size(resolve, gpu_id, model_id):
-    """SGLang's default --page-size is 1, except where the default attention backend forces pages (Blackwell:
-    trtllm_mla / trtllm_mha take 64, overrides.py _mla_backend_page_constraints); bench's default follows the
-    GPU's default_page_size in data/gpus.yaml."""
-    _, view = resolve(model_id, gpu_id, 8)
+    """SGLang's default --page-size is 1, except where the attention backend forces pages (trtllm_mla / trtllm_mha,
+    SGLang's defaults on Blackwell, and flashmla take 64: overrides.py _mla_backend_page_constraints); bench's
+    default follows the backend its launch line names (flashmla for an FP8 MLA cache on Hopper), else the GPU's
+    default_page_size in data/gpus.yaml."""
     dep = capacity.Deployment(catalog.model(model_id), catalog.gpu(gpu_id), 8, kv_dtype="fp8_e4m3")
-    if view.attention_backend in ("trtllm_mla", "trtllm_mha"):
+    _, view = resolve(model_id, gpu_id, 8, attention_backend=dep.attention)
+    if view.attention_backend in ("trtllm_mla", "trtllm_mha", "flashmla"):
         assert view.page_size == 64
     assert view.page_size == dep.page_size
