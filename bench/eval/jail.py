@@ -140,7 +140,7 @@ def main() -> None:
         if program == 0:
             drop_privileges(as_root)
             limit(job)
-            os.execv(python, [python, "-I", "-S", "-B", "main.py"])
+            os.execv(python, [python, "-I", "-S", "-B", "main.py", *job.get("args", [])])
         os._exit(exit_code(os.waitpid(program, 0)[1]))  # and with PID 1 every process of the namespace ends
     signal.signal(signal.SIGALRM, lambda *_: os.kill(child, signal.SIGKILL))
     signal.alarm(max(1, int(job["wall_s"])))

@@ -29,8 +29,8 @@ class Limits:
     work_mb: int = 16  # the tmpfs the program may write, and the largest file
     processes: int = 32
 
-    def job(self, program: str, paths: tuple[str, ...]) -> dict:
-        return {"program": program, "paths": list(paths), "cpu_s": self.cpu_s, "wall_s": self.wall_s,
+    def job(self, program: str, paths: tuple[str, ...], args: tuple[str, ...] = ()) -> dict:
+        return {"program": program, "paths": list(paths), "args": list(args), "cpu_s": self.cpu_s, "wall_s": self.wall_s,
                 "memory_bytes": self.memory_mb << 20, "work_bytes": self.work_mb << 20, "processes": self.processes}
 
 
@@ -53,11 +53,12 @@ def _python() -> str:
     return os.path.realpath(sys.executable)
 
 
-def start(program: str, paths: tuple[str, ...] = (), limits: Limits = Limits()) -> subprocess.Popen:
+def start(program: str, paths: tuple[str, ...] = (), limits: Limits = Limits(), args: tuple[str, ...] = ()
+          ) -> subprocess.Popen:
     """The jail started with `program`, its stdin and stdout open as pipes (for a program that answers in turns)."""
     proc = subprocess.Popen([_python(), "-I", "-S", "-B", str(JAIL)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, env={}, cwd="/", start_new_session=True)
-    proc.stdin.write((json.dumps(limits.job(program, paths)) + "\n").encode())
+    proc.stdin.write((json.dumps(limits.job(program, paths, args)) + "\n").encode())
     proc.stdin.flush()
     return proc
 
@@ -71,16 +72,18 @@ def stop(proc: subprocess.Popen) -> None:
     proc.wait()
 
 
-def run(program: str, paths: tuple[str, ...] = (), limits: Limits = Limits(), stdin: str = "") -> Outcome:
-    """Run `program` in the jail to its end, its limits or its wall-clock timeout."""
+def run(program: str, paths: tuple[str, ...] = (), limits: Limits = Limits(), stdin: str = "",
+        args: tuple[str, ...] = ()) -> Outcome:
+    """Run `program` (with `args` as its sys.argv[1:]) in the jail to its end, its limits or its wall-clock
+    timeout."""
     if (why := why_not()) is not None:
         return Outcome("not_run", None, "", why, 0.0)
-    return _run(program, paths, limits, stdin)
+    return _run(program, paths, limits, stdin, args)
 
 
-def _run(program: str, paths: tuple[str, ...], limits: Limits, stdin: str) -> Outcome:
+def _run(program: str, paths: tuple[str, ...], limits: Limits, stdin: str, args: tuple[str, ...] = ()) -> Outcome:
     began = time.monotonic()
-    proc = start(program, paths, limits)
+    proc = start(program, paths, limits, args)
     try:
         out, err = proc.communicate(stdin.encode(), timeout=limits.wall_s + 5)
     except subprocess.TimeoutExpired:

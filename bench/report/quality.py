@@ -113,3 +113,65 @@ def quality_beside(gain: dict, pairs: list[dict]) -> str:
     mine = [q for q in pairs if q["deployment"] == gain["deployment"] and q["load"] == gain["load"]]
     return "; ".join(f"{SUITE_NAMES.get(q['suite'], q['suite'])} {q['paired'].said()} (n={q['paired'].n}, "
                      f"{drop_gate(q['paired']).status})" for q in mine) or "-"
+
+
+def runs_table(con) -> list[dict]:
+    """Every eval run, per suite and side: the pass rate with its 90 % interval, unparsed tool calls, errors."""
+    from scipy import stats
+
+    if not con.execute("SELECT count(*) FROM information_schema.tables WHERE table_name = 'eval_answers'"
+                       ).fetchone()[0]:
+        return []
+    rows = con.execute("""
+        SELECT a.run_id, any_value(r.label), any_value(r.config), a.side, any_value(a.target), a.suite,
+               count(*) FILTER (WHERE outcome IN ('passed', 'failed')), count(*) FILTER (WHERE outcome = 'passed'),
+               count(*) FILTER (WHERE outcome = 'error'), count(*) FILTER (WHERE outcome = 'not_run'),
+               count(*) FILTER (WHERE unparsed AND outcome IN ('passed', 'failed'))
+        FROM eval_answers a LEFT JOIN runs r USING (run_id)
+        GROUP BY a.run_id, a.side, a.suite ORDER BY min(r.started_at) DESC, a.run_id, a.suite, a.side""").fetchall()
+    out = []
+    for run_id, label, config, side, target, suite, scored, passed, errors, not_run, unparsed in rows:
+        c = json.loads(config or "{}")
+        ci = stats.binomtest(passed, scored).proportion_ci(0.90, method="wilson") if scored else None
+        data = (c.get("suites") or {}).get(suite) or {}
+        out.append({"run": run_id, "label": label, "side": side, "target": target,
+                    "suite": SUITE_NAMES.get(suite, suite), "family": family((c.get("models") or [None])[0]),
+                    "pass rate [90 %]": rate_said({"pass_rate": 100 * passed / scored if scored else None,
+                                                   "interval": [100 * ci.low, 100 * ci.high] if ci else None,
+                                                   "scored": scored}),
+                    "unparsed": f"{unparsed / scored:.1%}" if scored and suite.startswith("bfcl") else "-",
+                    "endpoint errors": errors, "not run (sandbox)": not_run,
+                    "data": f"{data.get('package', '?')} {data.get('version', '')} sha256 "
+                            f"{str(data.get('sha256', ''))[:12]}", "twin": bool(c.get("twin"))})
+    return out
+
+
+def positions_table(con) -> list[dict]:
+    """Long generations per run and answer position: agreement, mean KL, answers that part there."""
+    if not con.execute("SELECT count(*) FROM information_schema.tables WHERE table_name = 'eval_positions'"
+                       ).fetchone()[0]:
+        return []
+    rows = con.execute("""
+        SELECT run_id, bin, min(bin_start), sum(positions), sum(agreed),
+               sum(mean_kl * kl_positions) / nullif(sum(kl_positions) FILTER (WHERE mean_kl IS NOT NULL), 0),
+               count(first_divergence)
+        FROM eval_positions GROUP BY run_id, bin ORDER BY run_id, min(bin_start)""").fetchall()
+    return [{"run": r, "answer tokens": b, "positions": n, "token agreement": f"{agreed / n:.1%}" if n else "-",
+             "mean KL (nats)": "-" if kl is None else f"{kl:.4f}", "answers parting here": parted}
+            for r, b, _, n, agreed, kl, parted in rows]
+
+
+def interval_chart(rows: list[dict]):
+    """B - A per family, change and suite with its 90 % interval, the gate's -2 points drawn."""
+    import altair as alt
+    import pandas as pd
+
+    df = pd.DataFrame([{"what": f"{r['family']} | {r['change']} | {r['suite']}", "diff": r["diff"],
+                        "low": r["low"], "high": r["high"], "verdict": r["verdict"]} for r in rows])
+    base = alt.Chart(df).encode(y=alt.Y("what:N", title=None))
+    bars = base.mark_rule(strokeWidth=2).encode(x=alt.X("low:Q", title="B - A, points (90 % interval)"), x2="high:Q",
+                                                color=alt.Color("verdict:N", title="gate"))
+    dots = base.mark_point(filled=True, size=60).encode(x="diff:Q", color="verdict:N",
+                                                        tooltip=["what", "diff", "low", "high", "verdict"])
+    bar = alt.Chart(pd.DataFrame({"x": [-MAX_DROP]})).mark_rule(strokeDash=[4, 4], color="gray").encode(x="x:Q")
+    return (bars + dots + bar).properties(title="Quality: B against A on the same problems")
