@@ -30,8 +30,9 @@ class Limits:
     processes: int = 32
 
     def job(self, program: str, paths: tuple[str, ...], args: tuple[str, ...] = ()) -> dict:
-        return {"program": program, "paths": list(paths), "args": list(args), "cpu_s": self.cpu_s, "wall_s": self.wall_s,
-                "memory_bytes": self.memory_mb << 20, "work_bytes": self.work_mb << 20, "processes": self.processes}
+        return {"program": program, "paths": list(paths), "args": list(args), "cpu_s": self.cpu_s,
+                "wall_s": self.wall_s, "memory_bytes": self.memory_mb << 20, "work_bytes": self.work_mb << 20,
+                "processes": self.processes}
 
 
 @dataclass
