@@ -111,8 +111,10 @@ def quality_beside(gain: dict, pairs: list[dict]) -> str:
     """The quality of one gain's deployment against its baseline, as the campaign report writes it beside the
     gain: 'HumanEval -0.6 points [-2.4, +1.2]; BFCL multi-turn -1.1 points [-3.0, +0.8]'; '-' without an eval."""
     mine = [q for q in pairs if q["deployment"] == gain["deployment"] and q["load"] == gain["load"]]
-    return "; ".join(f"{SUITE_NAMES.get(q['suite'], q['suite'])} {q['paired'].said()} (n={q['paired'].n}, "
+    said = "; ".join(f"{SUITE_NAMES.get(q['suite'], q['suite'])} {q['paired'].said()} (n={q['paired'].n}, "
                      f"{drop_gate(q['paired']).status})" for q in mine) or "-"
+    return said + (" (answered by twins: synthetic text, not a model's quality)" if any(q["twin"] for q in mine)
+                   else "")
 
 
 def runs_table(con) -> list[dict]:
