@@ -43,6 +43,8 @@ def campaign_matrix(db: str | Path, campaign_id: str) -> Matrix:
     gains = _gains(cells)
     for g in gains if pairs is not None else []:  # a campaign with eval stages: quality beside each gain
         g["quality"] = quality.quality_beside(g, pairs)
+        g["change"] = next((q["change"] for q in pairs if (q["deployment"], q["load"]) == (g["deployment"],
+                                                                                           g["load"])), g["what"])
     return Matrix(campaign_id, head[0], head[1], cells, gains)
 
 
@@ -193,8 +195,8 @@ QUALITY_HEAD = "quality vs the baseline (B - A points [90 %], problems, gate: no
 
 def headline(g: dict) -> str:
     """'FP8 KV: 1.52x [1.46-1.60] at saturation; HumanEval -0.6 points [-2.4, +1.2] (n=164, passed)'."""
-    return f"{g['what']}: {_fi(g['measured_gain'], g.get('gain_interval'), '.2f', 'x')} at saturation; " \
-           f"{g.get('quality') or 'quality not measured'}"
+    gain = _fi(g["measured_gain"], g.get("gain_interval"), ".2f", "x")
+    return f"{g.get('change', g['what'])}: {gain} at saturation; {g.get('quality') or 'quality not measured'}"
 
 
 def _conditions(c: dict) -> list[str]:
