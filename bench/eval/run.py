@@ -16,9 +16,9 @@ from bench.eval import longgen, suites
 from bench.eval.answer import Answer
 from bench.eval.client import Endpoint
 from bench.model import Paired, Verdict, drop_gate, paired_difference
+from bench.report import quality
 
-TWIN_NOTE = ("a twin answers synthetic text, not a model's: these figures measure the twin's text generator, "
-             "never a model's quality")
+TWIN_NOTE = quality.TWIN_NOTE
 
 
 @dataclass

@@ -14,6 +14,8 @@ SUITE_NAMES = {"humaneval": "HumanEval", "bfcl-simple": "BFCL simple", "bfcl-mul
                "bfcl-parallel": "BFCL parallel", "bfcl-multi-turn": "BFCL multi-turn",
                "retrieval": "retrieval 32k-120k"}
 MAX_DROP = 2.0  # points: the gate "no drop larger than 2 points"
+TWIN_NOTE = ("a twin answers synthetic text, not a model's: these figures measure the twin's text generator, "
+             "never a model's quality")
 
 
 def family(model: str | None) -> str:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from bench.eval import TWIN_NOTE
 from bench.report import quality
 from dashboard import common
 
@@ -37,7 +36,7 @@ st.subheader("Pass rates per run")
 if runs:
     st.dataframe(pd.DataFrame(runs), hide_index=True, key="quality_runs")
 if any(r["twin"] for r in runs) or any("twin" in r["source"] for r in ab):
-    st.warning(f"Some of these runs were against a twin: {TWIN_NOTE}.")
+    st.warning(f"Some of these runs were against a twin: {quality.TWIN_NOTE}.")
 positions = common.read(quality.positions_table)
 if positions:
     st.subheader("Long generations: A against B by answer position")

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from bench.benchmarks.fake_eval import humaneval_fake, serve
 from bench.store import Store
-from tests.bench.eval.fake_endpoint import humaneval_fake, serve
 
 CAPBENCH = str(Path(sys.executable).with_name("capbench"))
 

@@ -1,15 +1,15 @@
-"""The suites against fake endpoints with known behaviour (fake_endpoint.py): a known subset of HumanEval answered
-right gives exactly that pass rate; a set share of corrupted tool-call JSON gives exactly that unparsed rate; answers
-that drift after N tokens show it in the position table; an endpoint that hangs or answers garbage gives errors,
-never failures of the model."""
+"""The suites against fake endpoints with known behaviour (bench/benchmarks/fake_eval.py): a known subset of HumanEval
+answered right gives exactly that pass rate; a set share of corrupted tool-call JSON gives exactly that unparsed
+rate; answers that drift after N tokens show it in the position table; an endpoint that hangs or answers garbage
+gives errors, never failures of the model."""
 
 import random
 
 import pytest
 
+from bench.benchmarks.fake_eval import Fake, humaneval_fake, serve, tools_fake
 from bench.eval import bfcl, longgen, run
 from bench.eval.client import Endpoint
-from tests.bench.eval.fake_endpoint import Fake, humaneval_fake, serve, tools_fake
 
 
 @pytest.fixture(scope="module")

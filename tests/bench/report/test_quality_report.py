@@ -6,11 +6,11 @@ import json
 import random
 import time
 
+from bench.benchmarks.fake_eval import humaneval_fake, serve
 from bench.eval import run
 from bench.eval.client import Endpoint
 from bench.report import campaign_html, campaign_matrix, campaign_sections, quality
 from bench.store import Store
-from tests.bench.eval.fake_endpoint import humaneval_fake, serve
 
 
 def _eval_run(store: Store, url: str, limit: int) -> tuple[str, list]:

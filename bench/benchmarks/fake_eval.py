@@ -1,4 +1,4 @@
-"""OpenAI-compatible endpoints with known behaviour, for the eval tests and the A/B benchmark:
+"""OpenAI-compatible endpoints with known behaviour, for the eval tests and the A/B benchmark (eval_ab.py):
 
 - `humaneval`: answers the problems in `correct` with their canonical solution, every other one with wrong code;
 - `tools`: answers each BFCL problem with its ground truth's calls (multi-turn: turn by turn), its arguments'
