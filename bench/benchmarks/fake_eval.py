@@ -38,15 +38,22 @@ def _wrong(p: dict) -> str:
     return f"```python\ndef {p['entry_point']}(*args, **kwargs):\n    return None\n```"
 
 
+def _pick(options: list) -> object:
+    """The first acceptable value of a ground truth's options ("" means: may be left out), resolved: a dict's own
+    values are options again, and so are those of the dicts in a list."""
+    value = next((v for v in options if v != ""), None)
+    if isinstance(value, dict):
+        return {k: v for k, v in ((k, _pick(o)) for k, o in value.items()) if v is not None}
+    if isinstance(value, list) and value and all(isinstance(x, dict) for x in value):
+        return [{k: v for k, v in ((k, _pick(o)) for k, o in x.items()) if v is not None} for x in value]
+    return value
+
+
 def _calls_of_truth(truth: list[dict]) -> list[dict]:
     calls = []
     for i, call in enumerate(truth):
         (name, params), = call.items()
-        args = {}
-        for k, options in params.items():
-            value = next((v for v in options if v != ""), None)
-            if value is not None:
-                args[k] = value
+        args = {k: v for k, v in ((k, _pick(o)) for k, o in params.items()) if v is not None}
         calls.append({"name": name.replace(".", "_"), "args": args, "id": f"call_{i}"})
     return calls
 
