@@ -80,7 +80,7 @@ def test_the_same_endpoint_twice_passes_the_gate_only_with_enough_problems(tmp_p
     (["--suite", "nope"], "unknown suite 'nope'"),
     (["--limit", "0"], "--limit must be >= 1"),
     (["--suite", "long"], "the long suite compares two endpoints"),
-    (["--max-drop", "-1"], "--max-drop is in points"),
+    (["--max-drop", "-1"], "--max-drop must be >= 0"),
 ])
 def test_bad_values_end_in_one_line_and_exit_2(tmp_path, fakes, args, said):
     urls, _ = fakes
