@@ -5,6 +5,7 @@
   JSON cut short for the problems in `corrupt`;
 - `drift`: answers any prompt with a long deterministic token sequence and top logprobs, which after
   `drift_after` tokens (None: never) goes its own way;
+- `retrieval`: answers the access code its long prompt hides (for the problems in `correct`; others a wrong one);
 - `hang`: never answers within the client's timeout; `garbage`: answers 200 with something not a chat completion.
 """
 
@@ -13,6 +14,7 @@ from __future__ import annotations
 import ast
 import hashlib
 import json
+import re
 import threading
 import time
 from dataclasses import dataclass, field
@@ -120,6 +122,10 @@ def serve(fake: Fake) -> tuple[str, ThreadingHTTPServer]:
                 p = fake.problems[messages[-1]["content"]]
                 message = {"role": "assistant", "content": _canonical(p) if p["task_id"] in fake.correct
                            else _wrong(p)}
+            elif fake.mode == "retrieval":
+                found = re.search(r"archive is ([\w-]+)\.", messages[-1]["content"])
+                right = any(messages[-1]["content"].startswith(x) for x in fake.correct)
+                message = {"role": "assistant", "content": found.group(1) if found and right else "amber-0000"}
             elif fake.mode == "tools":
                 message = _tool_reply(fake, messages, body.get("tools") or [])
             else:

@@ -92,3 +92,20 @@ def test_an_endpoint_that_hangs_or_answers_garbage_gives_errors_not_failures(mod
     assert {a.detail for a in r.answers[1]} == ({"timeout"} if mode == "hang" else {"malformed_response"})
     p, verdict = run.compare(r, 2.0)
     assert p.n == 0 and verdict.status == "inconclusive"  # nothing paired: no verdict on the model
+
+
+def test_retrieval_problems_hide_a_code_at_their_depth_and_a_reader_finds_it():
+    problems = longgen.retrieval_problems(None, 0)
+    assert len(problems) == 9 and longgen.retrieval_problems(None, 0) == problems  # built, seeded
+    words = {p["id"]: len(p["messages"][0]["content"].split()) for p in problems}
+    assert words["retrieval-32k-50"] < words["retrieval-64k-50"] < words["retrieval-120k-50"]
+    assert 120_000 / 1.6 < words["retrieval-120k-10"] < 120_000 / 1.4
+    for p in problems:
+        text = p["messages"][0]["content"]
+        depth = text.index(p["answer"]) / len(text)
+        assert abs(depth - int(p["id"].rsplit("-", 1)[1]) / 100) < 0.02
+    right = {p["messages"][0]["content"][:200] for p in problems[::2]}
+    url, server = serve(Fake("retrieval", correct=right))
+    r = _one(url, "retrieval", 9)
+    server.shutdown()
+    assert [a.outcome == "passed" for a in r.answers[0]] == [i % 2 == 0 for i in range(9)]
