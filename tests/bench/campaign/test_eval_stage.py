@@ -49,6 +49,21 @@ def test_every_problem_of_an_eval_stage_is_one_line(value, said):
     assert all(line.count(":") >= 1 for line in str(e.value).splitlines()[1:])
 
 
+def test_the_stage_runs_capbench_eval_and_keeps_its_run_and_pass_rates(tmp_path):
+    from bench.benchmarks.fake_eval import humaneval_fake, serve
+    from bench.campaign.eval_stage import EvalStage, finish, start
+
+    url, server = serve(humaneval_fake(set()))  # every answer wrong
+    proc = start(EvalStage("humaneval", limit=3, when="during"), url, tmp_path / "s.duckdb", "campaign x eval", None)
+    got = finish(proc, kv_scales=True)
+    down = finish(start(EvalStage("humaneval", limit=2), "http://127.0.0.1:9", tmp_path / "s.duckdb", "x", None),
+                  kv_scales=False)
+    server.shutdown()
+    assert got["kv_scales"] is True and got["twin"] is False and got["suites"]["humaneval"]["passed"] == 0
+    assert got["suites"]["humaneval"]["scored"] == 3 and got["run_id"]
+    assert "cannot read the model name" in down["error"]  # said in place of the quality, not raised
+
+
 @pytest.mark.slow  # two twins, a load point and an eval stage each (about a minute on 2 busy cores)
 def test_a_campaign_of_twins_puts_quality_beside_the_gain(tmp_path):
     f = tmp_path / "q.yaml"
