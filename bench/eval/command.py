@@ -133,7 +133,8 @@ def show(run_id: str, targets: list[str], said: list[dict], twin: bool) -> None:
         sides = s["sides"]
         t.add_row(s["name"], str(s["problems"]), *(quality.rate_said(x) for x in sides),
                   " / ".join(str(x["errors"] + x["not_run"]) for x in sides),
-                  " / ".join("-" if x["unparsed"] is None else f"{x['unparsed']:.1%}" for x in sides),
+                  " / ".join("-" if x["unparsed"] is None or not s["suite"].startswith("bfcl") else
+                             f"{x['unparsed']:.1%}" for x in sides),
                   s["paired"]["said"] if "paired" in s else "-", s["gate"]["words"] if "gate" in s else "-")
     console.print(t)
     for s in said:

@@ -170,12 +170,14 @@ def interval_chart(rows: list[dict]):
     import altair as alt
     import pandas as pd
 
-    df = pd.DataFrame([{"what": f"{r['family']} | {r['change']} | {r['suite']}", "diff": r["diff"],
-                        "low": r["low"], "high": r["high"], "verdict": r["verdict"]} for r in rows])
-    base = alt.Chart(df).encode(y=alt.Y("what:N", title=None))
-    bars = base.mark_rule(strokeWidth=2).encode(x=alt.X("low:Q", title="B - A, points (90 % interval)"), x2="high:Q",
-                                                color=alt.Color("verdict:N", title="gate"))
-    dots = base.mark_point(filled=True, size=60).encode(x="diff:Q", color="verdict:N",
+    df = pd.DataFrame([{"what": f"{r['family']} | {r['change']} | {r['suite']} ({r['problems']}) | {r['source']}",
+                        "diff": r["diff"], "low": r["low"], "high": r["high"], "verdict": r["verdict"]} for r in rows])
+    base = alt.Chart(df).encode(y=alt.Y("what:N", title=None, axis=alt.Axis(labelLimit=560)))
+    color = alt.Color("verdict:N", title="gate", scale=alt.Scale(domain=["passed", "inconclusive", "failed"],
+                                                                 range=["#2e7d32", "#9e9e9e", "#c62828"]))
+    bars = base.mark_rule(strokeWidth=3).encode(x=alt.X("low:Q", title="B - A, points (90 % interval)"), x2="high:Q",
+                                                color=color)
+    dots = base.mark_point(filled=True, size=60).encode(x="diff:Q", color=color,
                                                         tooltip=["what", "diff", "low", "high", "verdict"])
     bar = alt.Chart(pd.DataFrame({"x": [-MAX_DROP]})).mark_rule(strokeDash=[4, 4], color="gray").encode(x="x:Q")
     return (bars + dots + bar).properties(title="Quality: B against A on the same problems")
