@@ -12,8 +12,7 @@ import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from bench.campaign import guard
-from bench.campaign.eval_stage import EvalStage, with_eval
+from bench.campaign import eval_stage, guard
 from bench.campaign.keys import with_caps, with_repeats, with_stop_grace, workload_path
 from bench.campaign.pd_spec import PDSpec, parse_pd, resolve
 from bench.campaign.templates import Template, check_runtime_use, launch_by, parse_template, runtime_keys
@@ -58,7 +57,7 @@ class Load:
     sweep: Sweep | None = None
     repeats: int = 1  # the whole sweep (or load point) this many times, seeds 0..N-1: its figures get intervals
     max_concurrency: int | None = None  # open loop: at most this many in flight, arrivals wait in the client
-    eval: EvalStage | None = None  # suites run on the cell's server after (or during) its load (eval_stage.py)
+    eval: eval_stage.EvalStage | None = None  # suites run on the cell's server after (or during) its load
 
 
 @dataclass(frozen=True)
@@ -164,7 +163,7 @@ def parse_campaign(text: str | bytes, source: str = "campaign", templates: dict[
     base = Path(source).parent if Path(source).is_file() else None
     loads = [_load(problems, f"loads[{i}]", x, slo, duration, base)
              for i, x in enumerate(_list(problems, "loads", raw.get("loads")))]
-    loads = with_eval(problems, raw, with_caps(problems, raw, with_repeats(problems, raw, loads)))
+    loads = eval_stage.with_eval(problems, raw, with_caps(problems, raw, with_repeats(problems, raw, loads)))
     deps, loads = [d for d in deps if d], [x for x in loads if x]
     for kind, items in (("deployments", deps), ("loads", loads)):
         names = [x.name for x in items]
