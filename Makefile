@@ -30,7 +30,7 @@ BFCL    := bfcl-eval==2026.3.23
 .venv/test.stamp: .venv/core.stamp pyproject.toml requirements/sglang-cpu.txt
 	$(PIP) install -q $(TORCH)
 	$(PIP) install -q -e '.[engine,dev]'
-	$(PIP) install -q --no-deps $(SGLANG) $(TVISION) $(ROUTER)
+	$(PIP) install -q --no-deps $(SGLANG) $(TVISION) $(ROUTER) $(BFCL)
 	$(PIP) install -q -r requirements/sglang-cpu.txt
 	touch $@
 
