@@ -7,6 +7,9 @@ SGLANG  := sglang==0.5.23
 TVISION := torchvision==0.28.0
 # sglang-router's parser checks the PD router line the Planner prints (its Rust extension is not run).
 ROUTER  := sglang-router==0.3.2
+# BFCL v4's data and checkers for `capbench eval`; --no-deps: its own requirements pin numpy 1.26 and pull every
+# provider's SDK, sentence-transformers and faiss, none of which its checkers need (bench/eval/bfcl.py).
+BFCL    := bfcl-eval==2026.3.23
 
 .PHONY: demo test test-fast lint bench plan-cache clean
 
@@ -18,6 +21,7 @@ ROUTER  := sglang-router==0.3.2
 .venv/core.stamp:
 	test -x $(PY) || python3 -m venv .venv
 	$(PIP) install -q --no-compile -e .
+	$(PIP) install -q --no-compile --no-deps $(BFCL)
 	$(PY) -m compileall -q -j 0 -x '/(tests?|pip|setuptools)/' .venv/lib bench loadgen dashboard engine_patches > /dev/null \
 	  || true  # a file that does not compile (torch's py312-only test helper) cannot be imported either
 	touch $@
@@ -26,7 +30,7 @@ ROUTER  := sglang-router==0.3.2
 .venv/test.stamp: .venv/core.stamp pyproject.toml requirements/sglang-cpu.txt
 	$(PIP) install -q $(TORCH)
 	$(PIP) install -q -e '.[engine,dev]'
-	$(PIP) install -q --no-deps $(SGLANG) $(TVISION) $(ROUTER)
+	$(PIP) install -q --no-deps $(SGLANG) $(TVISION) $(ROUTER) $(BFCL)
 	$(PIP) install -q -r requirements/sglang-cpu.txt
 	touch $@
 

@@ -16,6 +16,7 @@ pages = [
     st.Page(HERE / "views" / "runs.py", title="Runs"),
     st.Page(HERE / "views" / "compare.py", title="Compare"),
     st.Page(HERE / "views" / "integrity.py", title="Integrity"),
+    st.Page(HERE / "views" / "quality.py", title="Quality"),
     st.Page(HERE / "views" / "campaigns.py", title="Campaigns"),
 ]
 st.navigation(pages).run()

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.campaign import guard, own, predict, record
+from bench.campaign import eval_stage, guard, own, predict, record
 from bench.campaign.launch import Launched, LaunchFailed, tail
 from bench.campaign.pd_launch import PDLaunched
 from bench.campaign.predict import WARMUP_SHARE
@@ -249,6 +249,20 @@ def _cell(store: Store, cid: str, dep: DeploymentSpec, load: Load, server: Launc
     predicted = predict.predicted(dep, load, search) if search else {"predicted_rps": None,
                                                                       "predicted_usd_per_m": None}
     found = []
+    during = eval_stage.start(load.eval, server.url, store.path, f"campaign {key} eval", key_env) \
+        if load.eval and load.eval.when == "during" else None
+    try:
+        found = _repeats(load, key, search, predicted, stage, say)
+    except BaseException:
+        if during is not None:
+            during.kill()
+        raise
+    quality = _quality(load, dep, server.url, store, key, key_env, during, say)
+    return {**_result(dep, load, found), **predicted, **({"quality": quality} if quality else {})}
+
+
+def _repeats(load: Load, key: str, search: Search | None, predicted: dict, stage: Callable, say: Callable) -> list:
+    found = []
     for seed in range(load.repeats):
         if load.repeats > 1:
             say(f"{key}: repeat {seed + 1} of {load.repeats}")
@@ -260,7 +274,20 @@ def _cell(store: Store, cid: str, dep: DeploymentSpec, load: Load, server: Launc
         if load.sweep.from_model and predicted["predicted_rps"]:
             start = predicted["predicted_rps"]  # up or down from there by what the twin or server does
         found.append(sweep(lambda rate, seed=seed: stage(rate, None, seed), replace(search, start=start)))
-    return {**_result(dep, load, found), **predicted}
+    return found
+
+
+def _quality(load: Load, dep: DeploymentSpec, url: str, store: Store, key: str, key_env: str | None, during,
+             say: Callable[[str], None]) -> dict | None:
+    """The load's eval stage on the cell's server (eval_stage.py): its answers' run and pass rates, or its error."""
+    if load.eval is None:
+        return None
+    say(f"{key}: eval {load.eval.suites} ({load.eval.when} the load)")
+    proc = during or eval_stage.start(load.eval, url, store.path, f"campaign {key} eval", key_env)
+    q = eval_stage.finish(proc, bool(dep.sglang.get("kv_scales") or (dep.pd and dep.pd.kv_scales)))
+    say(f"{key}: eval " + (q["error"] if "error" in q else ", ".join(
+        f"{s} {x['passed']}/{x['scored']} passed" for s, x in q["suites"].items())))
+    return q
 
 
 def _search(load: Load) -> Search | None:

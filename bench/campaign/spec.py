@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from bench.campaign import guard
+from bench.campaign import eval_stage, guard
 from bench.campaign.keys import with_caps, with_repeats, with_stop_grace, workload_path
 from bench.campaign.pd_spec import PDSpec, parse_pd, resolve
 from bench.campaign.templates import Template, check_runtime_use, launch_by, parse_template, runtime_keys
@@ -23,7 +23,8 @@ KINDS = ("twin", "sglang", "url", "disaggregated")
 DEPLOYMENT_KEYS = {"name", "baseline", "health_timeout", "stop_grace", "model", "gpu", "gpus", *KINDS}
 SGLANG_KEYS = {"model", "model_path", "gpu", "tp", "dp", "ep", "kv_dtype", "weights", "kv_scales", "kv_checksum",
                "port", "flags", "template", "python", "image"}
-LOAD_KEYS = {"name", "workload", "profile", "rate", "users", "slo", "sweep", "duration", "repeats", "max_concurrency"}
+LOAD_KEYS = {"name", "workload", "profile", "rate", "users", "slo", "sweep", "duration", "repeats", "max_concurrency",
+             "eval"}
 SWEEP_KEYS = {"start", "factor", "max_stages", "refine", "min_gain", "from_model", "resolution"}
 TOP_KEYS = {"name", "description", "slo", "duration", "health_timeout", "stop_grace", "deployments", "loads",
             "python", "image"}
@@ -56,6 +57,7 @@ class Load:
     sweep: Sweep | None = None
     repeats: int = 1  # the whole sweep (or load point) this many times, seeds 0..N-1: its figures get intervals
     max_concurrency: int | None = None  # open loop: at most this many in flight, arrivals wait in the client
+    eval: eval_stage.EvalStage | None = None  # suites run on the cell's server after (or during) its load
 
 
 @dataclass(frozen=True)
@@ -161,7 +163,7 @@ def parse_campaign(text: str | bytes, source: str = "campaign", templates: dict[
     base = Path(source).parent if Path(source).is_file() else None
     loads = [_load(problems, f"loads[{i}]", x, slo, duration, base)
              for i, x in enumerate(_list(problems, "loads", raw.get("loads")))]
-    loads = with_caps(problems, raw, with_repeats(problems, raw, loads))
+    loads = eval_stage.with_eval(problems, raw, with_caps(problems, raw, with_repeats(problems, raw, loads)))
     deps, loads = [d for d in deps if d], [x for x in loads if x]
     for kind, items in (("deployments", deps), ("loads", loads)):
         names = [x.name for x in items]

@@ -39,6 +39,7 @@ LIMITS: dict[str | tuple[str, str], dict] = {
     "min_exact_match": {"low": 0, "high": 1}, "margin": {"low": 0, "high": 1e3, "above": True},
     "num_layers": {"low": 1, "high": 100_000}, "max_tokens": {"low": 1, "high": 1 << 24},
     "group_size": {"low": 1, "high": 1 << 16}, "kv_scrub_pages_per_s": {"low": 0, "high": 1e9},
+    "limit": {"low": 1, "high": 1_000_000}, "max_drop": {"low": 0, "high": 100},
 }
 OUTPUT_DIRS = {("export", "out"), ("quantize_int4", "out")}
 FILE_OR_NAME = ("workload", "profile", "calibration", "prompts")

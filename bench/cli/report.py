@@ -1,5 +1,5 @@
-"""What a person reads: `report` (a self-contained capacity report), `dashboard` (the Streamlit app) and `drift`
-(quality drift between two servers)."""
+"""What a person reads: `report` (a self-contained capacity report), `dashboard` (the Streamlit app), `drift`
+(quality drift between two servers) and `eval` (task suites scored by checkers, A/B with a gate)."""
 
 from __future__ import annotations
 
@@ -125,4 +125,36 @@ def drift(
     _, failures = drift_command(target, [Path(p) for p in prompts or []], Path(db), label, model, api_key_env,
                                 concurrency, as_json, Gate(max_mean_kl, min_token_agreement, min_exact_match))
     if failures:
+        raise typer.Exit(1)
+
+
+def eval(  # noqa: A001 (the command's name)
+    target: list[str] = typer.Option(..., help="One server, or two (A then B) to compare on the same problems: URLs "
+                                     "or twin:SPEC (a twin's answers are synthetic text, not a model's)."),
+    suite: str = typer.Option("humaneval", help="Comma-separated: humaneval, bfcl-simple, bfcl-multiple, "
+                              "bfcl-parallel, bfcl-multi-turn, retrieval, long (two targets); bfcl = its four; all."),
+    limit: int = typer.Option(None, help="Problems per suite, drawn with --seed (default: all)."),
+    seed: int = typer.Option(0, help="Seed of the problems drawn and of every request."),
+    db: str = typer.Option("data/capbench.duckdb", help="Results DB (the run and every answer)."),
+    label: str = typer.Option("", help="A label for the run."),
+    model: str = typer.Option(None, help="Model name to send (default: each server's /v1/models)."),
+    api_key_env: str = typer.Option(None, help="Environment variable holding the API key."),
+    concurrency: int = typer.Option(4, help="Problems in flight at once."),
+    timeout: float = typer.Option(600.0, help="Seconds one request may take; past it, an endpoint error."),
+    max_drop: float = typer.Option(2.0, help="Gate (two targets): fail (exit 1) when B's pass rate is surely more "
+                                   "than this many points below A's."),
+    change: str = typer.Option("", help="What B changes against A, for the per-change report "
+                               "(e.g. 'FP8 KV, scale 1.0')."),
+    ignore_eos: bool = typer.Option(False, help="long: generate to 16k tokens whatever the model's end token."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
+) -> None:
+    """Task suites scored by checkers: HumanEval run in a sandbox, BFCL v4 tool calls, long generations and
+    long-context retrieval. With two targets, B against A on the same problems with a 90 % interval and a gate."""
+    from pathlib import Path
+
+    from bench.eval import Options, eval_command
+
+    _, passed = eval_command(Options(target, suite, limit, seed, Path(db), label, model, api_key_env, concurrency,
+                                     timeout, max_drop, change, ignore_eos, as_json))
+    if not passed:
         raise typer.Exit(1)

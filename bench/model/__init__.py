@@ -28,6 +28,7 @@ disagg_launch  SGLang --disaggregation-mode and router command lines for a PD an
 validate_pd    the published PD / wide-EP runs replayed through disagg
 confidence 90 % intervals of measured figures from repeats, and of a gain between two deployments
 bootstrap  90 % intervals from one sweep: its stages' requests resampled, and a gain between two cells
+paired     A/B on the same problems: the pass-rate difference with its 90 % interval, McNemar's p, a drop gate
 """
 
 from bench.model import (
@@ -64,6 +65,7 @@ from bench.model.calibration import Efficiency, load_efficiency
 from bench.model.capacity import Capacity, Deployment
 from bench.model.confidence import Interval, behind_said, gain_interval, gain_words, mean_interval
 from bench.model.option import HOURS_PER_MONTH, Config, Option
+from bench.model.paired import Paired, Verdict, drop_gate, paired_difference
 from bench.model.perfmodel import PerfModel, usd_per_million
 from bench.model.plan import Plan, Question, make_plan, workload_names
 from bench.model.rate import Prediction, search_rate, within_slo
@@ -74,6 +76,7 @@ from bench.model.spec import Spec, parse_spec
 from bench.model.workload import Workload, fixed_workload, load_workload
 
 __all__ = [
+    "Paired", "Verdict", "drop_gate", "paired_difference",
     "backend", "calibration", "capacity", "catalog", "corpus", "curve", "fit", "interval", "launch", "perfmodel",
     "plan", "rate",
     "scheduler", "simulate", "slo", "spec", "validate", "workload", "Efficiency", "load_efficiency",

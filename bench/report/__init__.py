@@ -10,9 +10,10 @@ predicted  a measured run beside the performance model's replay of it
 terminal   rich tables for the CLI
 campaign   a campaign's matrix: highest rate within the SLO per cell, gains against the baseline
 curves     a campaign's latency against load: measured stages beside the model's curve, the SLO drawn
+quality    pass rates with intervals, A/B per model family and per change, quality beside a campaign's gains
 """
 
-from bench.report import charts, load, pd, plancharts, terminal, wording
+from bench.report import charts, load, pd, plancharts, quality, terminal, wording
 from bench.report.campaign import (
     PREDICTED_GAIN,
     Matrix,
@@ -36,4 +37,4 @@ __all__ = ["charts", "load", "plancharts", "terminal", "wording", "Report", "bui
            "newest_deployment", "predicted_table", "STEADY_REQUESTS", "measured_vs_predicted", "render", "write",
            "Matrix", "campaign_html", "campaign_matrix", "campaign_sections", "campaign_tables", "latest_campaign",
            "write_campaign", "campaign_list", "live_cell", "pd", "gain_said", "campaign_curves", "run_stage",
-           "PREDICTED_GAIN"]
+           "PREDICTED_GAIN", "quality"]

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench.model import behind_said, cell_gain, gain_words
+from bench.report import quality
 from bench.store import Store, replacing
 
 
@@ -32,13 +33,19 @@ def campaign_matrix(db: str | Path, campaign_id: str) -> Matrix:
         head = con.execute("SELECT name, status FROM campaigns WHERE campaign_id = ?", [campaign_id]).fetchone()
         rows = con.execute("SELECT cell, deployment, load, status, result, error, log FROM campaign_cells "
                            "WHERE campaign_id = ? ORDER BY started_at", [campaign_id]).fetchall()
-    if head is None:
-        from bench.errors import BadInput
+        if head is None:
+            from bench.errors import BadInput
 
-        raise BadInput(f"no campaign {campaign_id} in {db}")
-    cells = [{"cell": c, "deployment": d, "load": x, "status": s, "error": e, "log": lg,
-              **(json.loads(r) if r else {})} for c, d, x, s, r, e, lg in rows]
-    return Matrix(campaign_id, head[0], head[1], cells, _gains(cells))
+            raise BadInput(f"no campaign {campaign_id} in {db}")
+        cells = [{"cell": c, "deployment": d, "load": x, "status": s, "error": e, "log": lg,
+                  **(json.loads(r) if r else {})} for c, d, x, s, r, e, lg in rows]
+        pairs = quality.cell_pairs(con, campaign_id=campaign_id) if any(c.get("quality") for c in cells) else None
+    gains = _gains(cells)
+    for g in gains if pairs is not None else []:  # a campaign with eval stages: quality beside each gain
+        g["quality"] = quality.quality_beside(g, pairs)
+        g["change"] = next((q["change"] for q in pairs if (q["deployment"], q["load"]) == (g["deployment"],
+                                                                                           g["load"])), g["what"])
+    return Matrix(campaign_id, head[0], head[1], cells, gains)
 
 
 def latest_campaign(db: str | Path) -> str | None:
@@ -149,6 +156,10 @@ def campaign_sections(m: Matrix, detail: bool = False) -> list[tuple[str, list[s
               _fi(g["measured_gain"], g.get("gain_interval"), ".2f", "x"), gain_said(g),
               _f(g["predicted_gain"], ".2f", "x"), _f(g["error"] and g["error"] * 100, "+.0f", " %")]
              for g in m.gains]
+    with_quality = any("quality" in g for g in m.gains)
+    if with_quality:
+        for g, row in zip(m.gains, gains, strict=True):
+            row.append(g.get("quality", "-"))
     out = [
         (f"Campaign {m.name} ({m.campaign_id}, {m.status}): highest rate within the SLO per cell "
          "(mean of the repeats [90 % interval]; bracket: how close the first rate past the SLO was)",
@@ -157,8 +168,11 @@ def campaign_sections(m: Matrix, detail: bool = False) -> list[tuple[str, list[s
         ("Against the baseline at saturation (gain: highest rate within the SLO / the baseline's [90 % interval]; "
          f"below 1x for the checksum is its overhead; {PREDICTED_GAIN})",
          ["deployment", "baseline", "load", "what differs", "measured gain", "what it says", "predicted gain",
-          "measured vs predicted"], gains),
+          "measured vs predicted"] + ([QUALITY_HEAD] if with_quality else []), gains),
     ]
+    if with_quality:
+        out.append(("Throughput and quality, each against the baseline", ["what changed", "at saturation and in "
+                    "quality"], [[f"{g['deployment']} ({g['load']})", headline(g)] for g in m.gains]))
     if detail:
         out.insert(0, ("Conditions of each cell (rates and latencies in the modelled GPUs' time)",
                        ["cell", "model", "GPUs", "tp/dp/ep", "KV cache", "experts (weights)", "checksum",
@@ -174,6 +188,15 @@ def campaign_sections(m: Matrix, detail: bool = False) -> list[tuple[str, list[s
                     ["cell", "repeat", "req/s", "within the SLO", "sent", "completed", "missed", "of which cut off",
                      "errored", "TTFT s", "TPOT s", "at (the SLO's percentile)", "why not"], rows))
     return out
+
+
+QUALITY_HEAD = "quality vs the baseline (B - A points [90 %], problems, gate: no drop > 2 points)"
+
+
+def headline(g: dict) -> str:
+    """'FP8 KV: 1.52x [1.46-1.60] at saturation; HumanEval -0.6 points [-2.4, +1.2] (n=164, passed)'."""
+    gain = _fi(g["measured_gain"], g.get("gain_interval"), ".2f", "x")
+    return f"{g.get('change', g['what'])}: {gain} at saturation; {g.get('quality') or 'quality not measured'}"
 
 
 def _conditions(c: dict) -> list[str]:

@@ -188,6 +188,17 @@ class Store:
             con.executemany(f"INSERT INTO drift ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})",
                             [[row[c] for c in cols] for row in rows])
 
+    def add_rows(self, table: str, rows: list[dict]) -> None:
+        """Rows of one of the eval tables (bench/eval), their keys its columns, in one transaction."""
+        if table not in ("eval_answers", "eval_positions"):
+            raise ValueError(f"add_rows writes the eval tables only, not {table!r}")
+        if not rows:
+            return
+        cols = list(rows[0])
+        with self.connect() as con:
+            con.executemany(f"INSERT INTO {table} ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})",
+                            [[row[c] for c in cols] for row in rows])
+
     def run(self, run_id: str) -> dict:
         with self.connect() as con:
             return require_run(con, run_id)

@@ -68,6 +68,15 @@ MIGRATIONS: list[tuple[int, str, list[str]]] = [
     (7, "requests.slot_wait_s: under a concurrency cap, the wait in the client for a free slot (not in ttft_s/e2e_s)", [
         "ALTER TABLE requests ADD COLUMN slot_wait_s DOUBLE",
     ]),
+    (8, "eval: each suite problem's answer per endpoint, and long answers' agreement by position (bench/eval)", [
+        """CREATE TABLE eval_answers (
+            run_id VARCHAR NOT NULL, side VARCHAR, target VARCHAR, suite VARCHAR, problem_id VARCHAR,
+            outcome VARCHAR, unparsed BOOLEAN, answer VARCHAR, detail VARCHAR, latency_s DOUBLE,
+            completion_tokens INTEGER)""",
+        """CREATE TABLE eval_positions (
+            run_id VARCHAR NOT NULL, prompt_id VARCHAR, bin VARCHAR, bin_start INTEGER, positions INTEGER,
+            agreed INTEGER, mean_kl DOUBLE, kl_positions INTEGER, first_divergence INTEGER)""",
+    ]),
 ]
 # What the writer appends to request_stats for each flushed batch (the batch is registered as capbench_batch).
 STATS_FROM_BATCH = """INSERT INTO request_stats
@@ -77,7 +86,8 @@ STATS_FROM_BATCH = """INSERT INTO request_stats
     FROM capbench_batch GROUP BY run_id, phase, status, error_kind"""
 
 SCHEMA_VERSION = MIGRATIONS[-1][0]
-RUN_TABLES = ("runs", "requests", "gpu_samples", "server_samples", "integrity_events", "drift")
+RUN_TABLES = ("runs", "requests", "gpu_samples", "server_samples", "integrity_events", "drift", "eval_answers",
+              "eval_positions")
 
 # Arrow schemas of what the writer appends; tests check they match the tables column for column.
 REQUESTS_SCHEMA = pa.schema([

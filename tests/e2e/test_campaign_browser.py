@@ -86,7 +86,7 @@ def test_a_queued_campaign_runs_live_in_the_browser(tmp_path):
             links = page.get_by_test_id("stSidebarNavLink")  # the app's navigation, also on a page's own URL
             links.filter(has_text="Planner").wait_for(timeout=60_000)
             assert [t.strip() for t in links.all_inner_texts()] == ["Planner", "Runs", "Compare", "Integrity",
-                                                                    "Campaigns"]
+                                                                    "Quality", "Campaigns"]
             page.get_by_test_id("stExpander").get_by_text("Queue a campaign").click(timeout=120_000)
             box = page.get_by_label("or paste it here")
             box.fill(SHELL.format(marker=tmp_path / "pwned"))  # a visitor's shell command: refused on the page

@@ -36,6 +36,8 @@ BASES = {  # command -> (argv that fails fast once its numbers pass, its numeric
     "dashboard": (["--db", DIR], ["--port"]),
     "drift": (["--target", "http://127.0.0.1:9"], ["--concurrency", "--max-mean-kl", "--min-token-agreement",
                                                    "--min-exact-match"]),
+    "eval": (["--target", "http://127.0.0.1:9", "--suite", "nope", "--db", DIR],
+             ["--limit", "--seed", "--concurrency", "--timeout", "--max-drop"]),
     "calibrate-kv-scales": (["--target", "x", "--amax", "/nonexistent", "--out", DIR],
                             ["--margin", "--tp-size", "--num-layers", "--max-tokens"]),
     "quantize-int4": (["--in", "/nonexistent", "--out", "/etc/hostname"], ["--group-size", "--tp", "--ep",
