@@ -100,7 +100,8 @@ def test_fp8_scales_launch_is_checked_and_built_without_torch(capbench_without_t
     scales.write_text(json.dumps({"model_type": "glm4_moe", "kv_cache": {"dtype": "float8_e4m3fn",
                                                                           "scaling_factor": {"0": {"0": 0.5}}}}))
     p = run(capbench_without_torch, "sglang-launch", "--dry-run", "--kv-scales", str(scales), "--",
-            "--model-path", "zai-org/GLM-4.6", "--kv-cache-dtype", "fp8_e4m3", cwd=tmp_path)
+            "--model-path", "zai-org/GLM-4.6", "--kv-cache-dtype", "fp8_e4m3", "--attention-backend", "fa3",
+            cwd=tmp_path)
     assert p.returncode == 0, p.stderr
     assert f"--quantization-param-path {scales}" in p.stdout
 
