@@ -187,6 +187,7 @@ def triton(pool, layout: Layout, *, mla: bool, decode_attention_fwd, q_heads: in
     """TritonAttnBackend over the layout's slots (its kv_indptr / kv_indices at page size 1). deterministic: the
     tests' fixed one-split call; otherwise the split count and Lean (work-centric) buffers are made as SGLang's
     eager decode metadata makes them (triton_backend.py init_forward_metadata, the decode branch)."""
+    from sglang.kernels.ops.attention import decode_attention as da
     from sglang.srt.layers.attention import triton_backend as tb
 
     bs = len(layout.seq_lens)
@@ -199,17 +200,19 @@ def triton(pool, layout: Layout, *, mla: bool, decode_attention_fwd, q_heads: in
                 kv_indices=layout.all_slots().to(device), attn_logits=None, swa_attn_logits=None, attn_lse=None,
                 num_kv_splits=None, lean_Mp=None, lean_Lp=None, lean_Op=None, lean_locks=None, uneven_batch=False)
     if not deterministic:
-        programs, _, _ = tb._lean_decode_launch_params(kv_heads, q_heads // kv_heads)
-        b.__dict__.update(lean_total_programs=programs, lean_block_m=tb._LEAN_BLOCK_M)
+        programs, _, _ = da._lean_decode_launch_params(kv_heads, q_heads // kv_heads)
+        b.__dict__.update(lean_total_programs=programs, lean_block_m=da._LEAN_BLOCK_M,
+                          _lean_decode_seqlen_gate=da.lean_decode_seqlen_gate,
+                          _lean_capture_policy=da.lean_capture_policy)
         splits = torch.empty(bs, dtype=torch.int32, device=device)
         uneven = torch.zeros(1, dtype=torch.int32, device=device)
         b.get_num_kv_splits(splits, torch.tensor(layout.seq_lens, device=device), uneven)
         f32 = {"dtype": torch.float32, "device": device}
         meta.update(attn_logits=torch.empty(bs, q_heads, max_kv_splits, v_dim, **f32),
                     attn_lse=torch.empty(bs, q_heads, max_kv_splits, **f32), num_kv_splits=splits,
-                    uneven_batch=uneven, lean_Mp=torch.empty(programs, tb._LEAN_BLOCK_M, **f32),
-                    lean_Lp=torch.empty(programs, tb._LEAN_BLOCK_M, **f32),
-                    lean_Op=torch.empty(programs, tb._LEAN_BLOCK_M, v_dim, **f32),
+                    uneven_batch=uneven, lean_Mp=torch.empty(programs, da._LEAN_BLOCK_M, **f32),
+                    lean_Lp=torch.empty(programs, da._LEAN_BLOCK_M, **f32),
+                    lean_Op=torch.empty(programs, da._LEAN_BLOCK_M, v_dim, **f32),
                     lean_locks=torch.zeros(programs, dtype=torch.int32, device=device))
     b.forward_metadata = SimpleNamespace(**meta)
     return b
