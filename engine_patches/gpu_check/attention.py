@@ -247,6 +247,7 @@ def prepare(name: str, model: str, shape: Attn, pool: Pool, bs: int, ctx: int, d
     def call():
         return forward(b, *args, attn, fb, **kw)
 
+    call.layout, call.inputs = layout, (args, kw)  # what the call read, for a test to check its output against
     return call, f"{CLASS[name]}.forward_decode -> {KERNEL[name]}"
 
 

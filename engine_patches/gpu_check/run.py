@@ -49,6 +49,13 @@ class Check:
     def section(self, name: str) -> None:
         self.deadline = self.budget_s * DEADLINES.get(name, 1.0)
 
+    def not_tried(self, section: str, label: str, key: tuple) -> None:
+        """A case left out because what it needs (key) failed, or for time."""
+        if key in self.failed:
+            self.failed[key]["cases_not_tried"] += 1
+        else:
+            self.skipped.append(f"{section}: {label}")
+
     def case(self, section: str, label: str, kernel_key: str, required: bool, fn, scope: tuple = ()) -> dict | None:
         """Run one case; a failure is recorded once for (kernel, *scope), never replaced by another kernel.
         `required` is kept for callers of the old interface: every failure is an error."""
@@ -112,10 +119,11 @@ def attention_section(c: Check, specs: dict, sizes: dict, half, gpu_arch: str | 
                         if pool is None or pool.tokens != tokens:
                             pool = None  # free the old one first
                             pool = _pool(c, attention, shape, model, kv, tokens, half)
-                            if pool is None:
-                                continue
                         for name in names:
                             label = attention.label(model, shape, name, bs, ctx, kv)
+                            if pool is None:
+                                c.not_tried("decode_attention", label, ("kv_pool", model, kv))
+                                continue
 
                             def one(name=name, bs=bs, ctx=ctx, kv=kv, label=label, model=model, spec=spec,
                                     shape=shape, pool=pool, server=server, info=info):
@@ -187,10 +195,9 @@ def moe_section(c: Check, specs: dict, sizes: dict, half, formats: list[str]) ->
             made = c.case("moe", f"{model} {fmt} expert weights", key, True,
                           lambda shape=shape, fmt=fmt: {"experts": moe.Experts(shape, fmt, half, c.device)},
                           (model, fmt))
-            if made is None:
-                continue
-            c.rows["moe"].pop()
-            experts = made["experts"]
+            if made is not None:  # else the cases below are counted on its error, or skipped for time
+                c.rows["moe"].pop()
+            experts = made["experts"] if made else None
             for tokens in sizes["moe_tokens"]:
                 label = moe.label(model, shape, fmt, tokens)
 

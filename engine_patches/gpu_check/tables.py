@@ -27,7 +27,9 @@ SOURCE = "capbench gpu-check"
 
 def gpu_id(gpu: str | None, device: str) -> str:
     """capbench's GPU id when the CLI found it in the catalog, else the device's name as a slug."""
-    return gpu or device.lower().replace("nvidia ", "").replace(" ", "-")
+    if gpu:
+        return gpu
+    return "cpu" if device.startswith("CPU") else device.lower().replace("nvidia ", "").replace(" ", "-")
 
 
 def rows(sections: dict, gpu: str | None, device: str, versions: dict, measured_at: str) -> dict[str, list[dict]]:
