@@ -180,7 +180,7 @@ def _triton(shape: Attn, pool: Pool, layout: build.Layout, device: torch.device)
     return build.triton(pool.pool, layout, mla=shape.kind == "mla",
                         decode_attention_fwd=torch.compiler.disable(decode_attention_fwd), q_heads=shape.heads,
                         kv_heads=shape.kv_heads, v_dim=shape.v_dim, max_kv_splits=splits, core_count=cores,
-                        deterministic=False, device=device)
+                        deterministic=False, use_pdl=device.type == "cuda" and tb.is_arch_support_pdl(), device=device)
 
 
 def _flashinfer_decode_wrapper(shape: Attn, pool, layout: build.Layout, device: torch.device, half):

@@ -183,7 +183,8 @@ def trtllm_mha(pool, layout: Layout, *, q_dtype=torch.bfloat16, workspace=None, 
 
 
 def triton(pool, layout: Layout, *, mla: bool, decode_attention_fwd, q_heads: int = 1, kv_heads: int = 1,
-           v_dim: int = 0, max_kv_splits: int = 1, core_count: int = 0, deterministic: bool = True, device="cpu"):
+           v_dim: int = 0, max_kv_splits: int = 1, core_count: int = 0, deterministic: bool = True,
+           use_pdl: bool = False, device="cpu"):
     """TritonAttnBackend over the layout's slots (its kv_indptr / kv_indices at page size 1). deterministic: the
     tests' fixed one-split call; otherwise the split count and Lean (work-centric) buffers are made as SGLang's
     eager decode metadata makes them (triton_backend.py init_forward_metadata, the decode branch)."""
@@ -193,7 +194,7 @@ def triton(pool, layout: Layout, *, mla: bool, decode_attention_fwd, q_heads: in
     bs = len(layout.seq_lens)
     b = _new(tb.TritonAttnBackend, use_mla=mla, token_to_kv_pool=pool, is_draft_runner=False,
              enable_deterministic=deterministic, dcp_size=1, max_kv_splits=max_kv_splits, swa_v_head_dim=None,
-             decode_attention_fwd=decode_attention_fwd, use_pdl=False, page_size=layout.page_size, device=device,
+             decode_attention_fwd=decode_attention_fwd, use_pdl=use_pdl, page_size=layout.page_size, device=device,
              num_head=q_heads, num_kv_head=kv_heads, v_head_dim=v_dim, static_kv_splits=False,
              device_core_count=core_count, split_tile_size=None, enable_lean_attention=None)
     meta = dict(swa_out_cache_loc=None, kv_indptr=layout.kv_indptr().to(device),

@@ -113,8 +113,8 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         os.environ["TRITON_INTERPRET"] = "1"  # before any Triton kernel is defined
     try:  # what every section needs: one line if this environment cannot give it
-        import sglang.srt.server_args  # noqa: F401
         import sglang.srt.mem_cache.memory_pool  # noqa: F401
+        import sglang.srt.server_args  # noqa: F401
     except Exception as e:  # noqa: BLE001 - e.g. a torchvision built for another torch
         print(f"error: gpu-check cannot import SGLang's runtime here: {type(e).__name__}: {str(e)[:200]}",
               file=sys.stderr)
