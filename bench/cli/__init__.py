@@ -1,7 +1,7 @@
 """The `capbench` command: one typer app, one thin function per command, grouped by area in this package
 (plan: capacity, simulate; runs: run, worker, runs, export, calibrate; twin: twin, demo; report: report, dashboard,
-drift, eval; campaign: campaign, serve; patches: sglang-launch, calibrate-kv-scales, quantize-int4; gpu: gpu-check). Bad
-input ends in one line on stderr and exit code 2, numbers and paths checked first (checks.py)."""
+drift, eval; campaign: campaign, serve; patches: sglang-launch, calibrate-kv-scales, quantize-int4; gpu: gpu-check,
+gpu-check-merge). Bad input ends in one line on stderr and exit code 2, numbers and paths checked first (checks.py)."""
 
 from __future__ import annotations
 
@@ -24,7 +24,8 @@ def _root() -> None:
 
 for command in (plan.capacity, plan.simulate, plan.validate, plan.plan, runs.run, runs.worker, runs.runs, runs.export,
                 runs.calibrate, twin.twin, twin.demo, report.report, report.dashboard, report.drift, report.eval,
-                patches.calibrate_kv_scales, patches.quantize_int4, campaign.campaign, campaign.serve, gpu.gpu_check):
+                patches.calibrate_kv_scales, patches.quantize_int4, campaign.campaign, campaign.serve, gpu.gpu_check,
+                gpu.gpu_check_merge):
     app.command()(checked(command))
 app.command("sglang-launch", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(
     checked(patches.sglang_launch))

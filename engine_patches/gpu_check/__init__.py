@@ -1,16 +1,19 @@
-"""`capbench gpu-check` (or `python -m engine_patches.gpu_check`): one command that times, on one GPU, what the
-project's speed claims rest on, with the kernels SGLang 0.5.23 runs by default, and says so loudly when it cannot.
+"""`capbench gpu-check` (or `python -m engine_patches.gpu_check`): one command that times, on one GPU, what SGLang
+0.5.23 runs, and says so by name when it cannot.
 
-Sections (run.py), every figure with its shape and the kernel it came from:
-- decode attention, one layer, BF16 vs FP8 KV, Kimi K2 MLA and GLM-4.6 GQA shapes per GPU at TP8, batch 1/32/256
-  x context 4k/32k: SGLang's Triton kernel and the backend 0.5.23 picks for the card (FA3 on Hopper for both
-  MLA and GQA; FlashInfer elsewhere when installed; kernels.default_decode_backend);
-- KV page checksums: the seal each decode step runs, and the admission and insert checks of each request, host
-  sync included, as a share of that decode step (attention over all layers), per backend;
-- MoE, one layer's local experts at EP8: INT4 W4A16 on Marlin (0.5.23's default on Hopper) and on Triton, and
-  BF16 on Triton;
+Sections (run.py), every figure with its shape and the code it came from:
+- decode_attention (attention.py): one layer's `forward_decode` of each backend's own SGLang class (built around
+  SGLang's KV pool by backends.py, capbench's FP8-scale patches installed as a patched server has them: patched.py),
+  BF16 vs FP8 KV, batch 1/32/256 x context 4k/32k. Kimi K2 MLA (8 query heads, latent 512 + rope 64) on fa3,
+  flashmla, triton and trtllm_mla; GLM-4.6 GQA (12 query heads, 1 KV head x 128) on fa3, flashinfer, triton and
+  trtllm_mha; each where data/attention_backends.yaml says it runs. The pool is a server's KV pool on this GPU at
+  TP8 (the CLI's --context), so fa3's whole-layer FP8 upcast is timed at its real size;
+- checksum (checksums.py): what KV page checksums cost a decode step, as a share of each backend's step;
+- moe (moe.py): one MoE layer's local experts at EP8 over 1-8k tokens, BF16, FP8 block-128 and INT4 W4A16 g32 on
+  SGLang's Triton kernel, INT4 on Marlin;
 - NVML samples (power, utilisation, memory, SM clock) on the timeline of the cases.
-Timing: CUDA events around each call after warm-up calls; host-synchronising checks are timed on the host clock
-around the whole call. A kernel that cannot run is an error line naming it (and what it needs, e.g. sgl-kernel),
-never replaced by another; the command then exits 1 after writing what it measured.
+The figures are also written as kernel-table rows (tables.py); `capbench gpu-check-merge` adds them to data/kernels.
+Timing: CUDA events around each call after warm-up calls, replayed from a CUDA graph as SGLang decodes (eager when
+capture fails, which the row says). A case that cannot run is one error line for its (kernel, model, KV dtype or
+format), never replaced by another kernel; the others still run and the command exits 1.
 """

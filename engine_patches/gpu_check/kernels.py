@@ -1,24 +1,31 @@
-"""The kernels the GPU check times, looked up by name, and the ones SGLang 0.5.23 picks by default.
+"""What the GPU check imports to time each kernel, looked up by name: the SGLang 0.5.23 module that runs it (an
+attention backend's module, which imports its kernel package at import time) or the kernel itself.
 
-A kernel that cannot be loaded raises KernelUnavailable naming the kernel, the import that failed and what it needs;
-nothing falls back to another implementation.
+A kernel that cannot be loaded raises KernelUnavailable naming the kernel, the import that failed with its own error,
+and what it needs; nothing falls back to another implementation.
 """
 
 from __future__ import annotations
 
 import importlib
 
+ATTN = "sglang.srt.layers.attention"
 # name -> (module, attribute, what it needs beyond torch + triton + the sglang wheel)
 KERNELS = {
-    "triton_decode": ("sglang.kernels.ops.attention.decode_attention", "decode_attention_fwd", "the sglang wheel"),
-    "fa3_decode": ("sgl_kernel.flash_attn", "flash_attn_with_kvcache", "sgl-kernel (SGLang's CUDA kernels wheel)"),
+    "triton_decode": (f"{ATTN}.triton_backend", "TritonAttnBackend", "the sglang wheel"),
+    "fa3": (f"{ATTN}.flashattention_backend", "FlashAttentionBackend",
+            "sgl-kernel (SGLang's CUDA kernels: FA3 flash_attn_with_kvcache, merge_state_v2)"),
+    "flashmla": (f"{ATTN}.flashmla_backend", "FlashMLABackend", "sgl-flash-mla (the flash_mla package)"),
     "flashinfer_decode": ("flashinfer", "BatchDecodeWithPagedKVCacheWrapper", "flashinfer"),
-    "flashinfer_mla_decode": ("flashinfer.mla", "BatchMLAPagedAttentionWrapper", "flashinfer"),
+    "trtllm_mla": ("flashinfer.decode", "trtllm_batch_decode_with_kv_cache_mla", "flashinfer with TRT-LLM kernels"),
+    "trtllm_mha": ("flashinfer.decode", "trtllm_batch_decode_with_kv_cache", "flashinfer with TRT-LLM kernels"),
     "triton_moe": ("sglang.kernels.ops.moe.fused_moe_triton_kernels", "invoke_fused_moe_kernel", "the sglang wheel"),
+    "moe_config": ("sglang.srt.layers.moe.moe_runner.triton_utils.fused_moe_triton_config",
+                   "try_get_optimal_moe_config", "the sglang wheel"),
     "marlin_moe": ("sglang.srt.layers.moe.fused_moe_triton.fused_marlin_moe", "fused_marlin_moe",
-                   "sgl-kernel (moe_sum_reduce, ScalarType) and a CUDA toolchain for its JIT Marlin GEMM"),
-    "marlin_repack": ("sglang.kernels.ops.moe.moe_wna16_marlin", "gptq_marlin_moe_repack",
-                      "sgl-kernel and a CUDA toolchain for its JIT module"),
+                   "sgl-kernel (moe_sum_reduce, silu_and_mul) and the JIT-built Marlin MoE GEMM"),
+    "marlin_repack": ("sglang.srt.hardware_backend.gpu.quantization.gptq_kernels", "gptq_marlin_moe_repack",
+                      "sgl-kernel and the JIT-built repack module"),
     "marlin_utils": ("sglang.srt.layers.quantization.marlin_utils", "marlin_moe_permute_scales", "the sglang wheel"),
     "checksum": ("engine_patches.kv_checksum.kernel", "PageChecksummer", "triton"),
 }
@@ -37,17 +44,6 @@ def load(name: str):
         return getattr(importlib.import_module(module), attr)
     except Exception as e:  # noqa: BLE001 - any import failure is this kernel's error, reported by name
         raise KernelUnavailable(name, f"{type(e).__name__}: {str(e)[:200]}") from e
-
-
-def default_decode_backend(kind: str, capability: tuple[int, int] | None, flashinfer: bool) -> str:
-    """SGLang 0.5.23's automatic attention backend (arg_groups/model_override_base.py get_default_attn_backend),
-    for decode without speculative decoding: Hopper picks FA3 for MHA/GQA and MLA alike; Blackwell trtllm_mha
-    (GQA) or FlashInfer (MLA); other CUDA cards FlashInfer when installed, else Triton."""
-    if capability == (9, 0):
-        return "fa3"
-    if capability is not None and capability[0] == 10:
-        return "flashinfer" if kind == "mla" else "trtllm_mha"
-    return "flashinfer" if flashinfer and kind == "gqa" else "triton"
 
 
 def default_w4a16_moe_backend(capability: tuple[int, int] | None) -> str:

@@ -3,15 +3,18 @@ outliers past e4m3's 448 (as Kimi's latent and GLM's K have), a float32 referenc
 and stand-ins for the CUDA-only packages the backend modules import (`sgl_kernel`, `flash_mla`): the tests replace
 the fused kernel each backend calls, at its call, by a float32 reference, and run everything else of SGLang.
 
-Not a test module: tests/engine_patches/test_fp8_backends*.py import it."""
+The request layout and the backend objects come from engine_patches/gpu_check/backends.py, the construction
+`capbench gpu-check` times on a GPU with the real kernels. Not a test module: tests/engine_patches/test_fp8_backends*.py
+import it."""
 
 from __future__ import annotations
 
 import sys
 import types
-from dataclasses import dataclass
 
 import torch
+
+from engine_patches.gpu_check.backends import Layout
 
 E4M3 = torch.float8_e4m3fn
 SPIKE = 1500.0  # the outlier magnitude: past 448, so scale 1.0 saturates there
@@ -47,6 +50,10 @@ def outliers(shape, gen: torch.Generator, scale: float = 6.0, spike: float = SPI
     return x.to(torch.bfloat16)
 
 
+__all__ = ["E4M3", "SPIKE", "Layout", "fake_cuda_packages", "gqa_reference", "mla_reference", "outliers",
+           "rel_err", "round_trip"]
+
+
 def rel_err(x: torch.Tensor, ref: torch.Tensor) -> float:
     return float((x.float() - ref.float()).norm() / ref.float().norm())
 
@@ -54,44 +61,6 @@ def rel_err(x: torch.Tensor, ref: torch.Tensor) -> float:
 def round_trip(x: torch.Tensor, s: float) -> torch.Tensor:
     """x through an e4m3 cache at scale s, read back exactly: the error no backend can beat."""
     return ((x.float() / s).clamp(-448, 448).to(E4M3).float() * s).to(x.dtype)
-
-
-@dataclass
-class Layout:
-    """Requests' tokens laid out page by page in a pool, as SGLang's paged allocator does: request r's pages
-    follow each other; slot = page * page_size + offset; page 0 is SGLang's padding page and never used."""
-
-    seq_lens: list[int]  # tokens per request, the decode token (the last) included
-    page_size: int
-
-    @property
-    def pages_per_req(self) -> int:
-        return -(-max(self.seq_lens) // self.page_size)
-
-    def slots(self, r: int) -> torch.Tensor:
-        first_page = 1 + r * self.pages_per_req
-        return first_page * self.page_size + torch.arange(self.seq_lens[r])
-
-    def page_table(self) -> torch.Tensor:
-        """[bs, pages per request] page ids (FA3's and FlashMLA's block table at their page size)."""
-        return torch.stack([1 + r * self.pages_per_req + torch.arange(self.pages_per_req)
-                            for r in range(len(self.seq_lens))]).to(torch.int32)
-
-    def token_table(self) -> torch.Tensor:
-        """[bs, max tokens] slot ids (the table at page size 1), padded with slot 0."""
-        out = torch.zeros(len(self.seq_lens), max(self.seq_lens), dtype=torch.int32)
-        for r, n in enumerate(self.seq_lens):
-            out[r, :n] = self.slots(r)
-        return out
-
-    def pool_size(self) -> int:
-        return (1 + len(self.seq_lens) * self.pages_per_req) * self.page_size
-
-    def last_slots(self) -> torch.Tensor:
-        return torch.stack([self.slots(r)[-1] for r in range(len(self.seq_lens))])
-
-    def prefix_slots(self) -> torch.Tensor:
-        return torch.cat([self.slots(r)[:-1] for r in range(len(self.seq_lens))])
 
 
 def mla_reference(q_nope, q_rope, latent, rope, layout: Layout, scaling: float) -> torch.Tensor:

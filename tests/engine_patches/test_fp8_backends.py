@@ -23,6 +23,7 @@ from sglang.srt.model_executor.forward_batch_info import ForwardMode
 from sglang.srt.runtime_context import get_parallel
 
 from engine_patches.fp8_scales import backends, loading
+from engine_patches.gpu_check import backends as gpu_backends
 from tests.engine_patches.attention_harness import (
     E4M3,
     SPIKE,
@@ -100,14 +101,8 @@ class Case:
     def new_rope(self) -> torch.Tensor:
         return self.rope[self.layout.last_slots()]
 
-    def batch(self, mode=ForwardMode.DECODE, **extra):
-        from types import SimpleNamespace
-
-        lens = self.layout.seq_lens
-        return SimpleNamespace(forward_mode=mode, batch_size=self.bs, out_cache_loc=self.layout.last_slots(),
-                               out_cache_loc_is_physical=False, spec_info=None, attn_attend_prefix_cache=None,
-                               seq_lens=torch.tensor(lens), extend_prefix_lens_cpu=[n - 1 for n in lens],
-                               encoder_out_cache_loc=None, attn_dcp_metadata=None, **extra)
+    def batch(self, mode=ForwardMode.DECODE):
+        return gpu_backends.decode_batch(self.layout, mode=mode)
 
     def error(self, out: torch.Tensor) -> float:
         return rel_err(out.view(self.bs, HEADS, LORA), self.ref)
@@ -166,21 +161,7 @@ def fa3_kernel(q, k_cache, v_cache, qv=None, page_table=None, cache_seqlens=None
 
 
 def fa3_backend(case: Case, mla: bool = True):
-    from sglang.srt.layers.attention.flashattention_backend import FlashAttentionBackend, FlashAttentionMetadata
-
-    b = object.__new__(FlashAttentionBackend)
-    layout = case.layout
-    b.__dict__.update(
-        use_mla=mla, kv_cache_dtype=E4M3, kv_cache_dtype_str="fp8_e4m3", kv_cache_is_mxfp8=False, fa_impl_ver=3,
-        token_to_kv_pool=case.pool, page_size=layout.page_size, num_splits=0, topk=0, local_attn_builder=None,
-        fa_skip_kv_cache=False, _kv_shard_pool=None, is_prefill_aware_swa=False, has_swa=False,
-        _decode_uses_static_max_seqlen_k=False, decode_num_splits=0,
-        forward_metadata=FlashAttentionMetadata(
-            cache_seqlens_int32=torch.tensor(layout.seq_lens, dtype=torch.int32), max_seq_len_q=1,
-            max_seq_len_k=max(layout.seq_lens), cu_seqlens_q=torch.arange(len(layout.seq_lens) + 1, dtype=torch.int32),
-            cu_seqlens_k=torch.tensor([0, *torch.tensor(layout.seq_lens).cumsum(0).tolist()], dtype=torch.int32),
-            page_table=layout.page_table()))
-    return b
+    return gpu_backends.fa3(case.pool, case.layout, mla=mla)
 
 
 def run_fa3(method: str):
@@ -224,18 +205,9 @@ class MLAWrapper:
         return (o, None) if return_lse else o
 
 
-def flashinfer_backend(case: Case, cls=None, decode: bool = True):
-    from sglang.srt.layers.attention.flashinfer_mla_backend import (
-        DecodeMetadata,
-        FlashInferMLAAttnBackend,
-        PrefillMetadata,
-    )
-
-    b = object.__new__(cls or FlashInferMLAAttnBackend)
-    wrapper = MLAWrapper(case.layout, SCALING)  # SGLang plans sm_scale = the model's scaling (one for all layers)
-    b.__dict__.update(token_to_kv_pool=case.pool, enable_chunk_kv=True,
-                      forward_metadata=DecodeMetadata(wrapper) if decode else PrefillMetadata(wrapper, False))
-    return b
+def flashinfer_backend(case: Case, decode: bool = True):
+    # SGLang plans sm_scale = the model's scaling (one for all layers)
+    return gpu_backends.flashinfer_mla(case.pool, MLAWrapper(case.layout, SCALING), decode=decode)
 
 
 def run_flashinfer(method: str, k_rope: bool = True):
@@ -294,16 +266,11 @@ def run_flashmla(mode):
     from sglang.srt.layers.attention import flashmla_backend as fm
 
     def run(case: Case, patched: bool):
-        from types import SimpleNamespace
-
         method = "forward_decode" if mode == ForwardMode.DECODE else "forward_extend"
         orig = fm.FlashMLABackend.__dict__[method]
         wrap = backends.flashmla_decode if method == "forward_decode" else backends.flashmla_extend
         fn = wrap(orig) if patched else orig
-        b = object.__new__(fm.FlashMLABackend)
-        b.__dict__.update(token_to_kv_pool=case.pool, is_fp8_kvcache=True, dcp_world_size=1, kv_lora_rank=LORA,
-                          num_draft_tokens=1, forward_metadata=SimpleNamespace(
-                              block_kv_indices=case.layout.page_table(), flashmla_metadata=None, num_splits=None))
+        b = gpu_backends.flashmla(case.pool, case.layout, kv_lora_rank=LORA)
         fb = case.batch(mode)
         if mode == ForwardMode.TARGET_VERIFY:  # the verify window of one token: seq_lens excludes it
             fb.seq_lens = fb.seq_lens - 1
@@ -352,21 +319,12 @@ def fused_write_and_query(kv_buffer, loc, cache_k_nope, cache_k_rope, q_nope, q_
 
 
 def run_trtllm(fused: bool):
-    from types import SimpleNamespace
-
     from sglang.srt.layers.attention import trtllm_mla_backend as tm
 
     def run(case: Case, patched: bool):
         orig = tm.TRTLLMMLABackend.__dict__["forward_decode"]
         fn = backends.trtllm_decode(orig) if patched else orig
-        b = object.__new__(tm.TRTLLMMLABackend)
-        b.__dict__.update(
-            token_to_kv_pool=case.pool, data_type=E4M3, q_data_type=torch.bfloat16, page_size=case.layout.page_size,
-            _fused_set_kv_concat_q_fp8=fused, _fused_set_kv_concat_q=False, qk_nope_head_dim=128,
-            kv_lora_rank=LORA, qk_rope_head_dim=ROPE, workspace_buffer=None, backend="trtllm-gen",
-            _multi_ctas_kv_counter_buffer=None, kv_index_translator=SimpleNamespace(is_translating=False),
-            forward_decode_metadata=SimpleNamespace(block_kv_indices=case.layout.page_table(), seq_lens_k=None,
-                                                    max_seq_len_k=max(case.layout.seq_lens), batch_size=case.bs))
+        b = gpu_backends.trtllm_mla(case.pool, case.layout, kv_lora_rank=LORA, rope=ROPE, nope=128, fused=fused)
         return fn(b, case.q_nope, case.new_latent, case.new_latent, case.mqa, case.batch(ForwardMode.DECODE),
                   q_rope=case.q_rope, k_rope=case.new_rope)
 
@@ -405,22 +363,7 @@ def triton_decode_kernel(q, k_buffer, v_buffer, o, kv_indptr, kv_indices, attn_l
 
 
 def triton_backend(case, mla: bool = True):
-    from types import SimpleNamespace
-
-    from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
-
-    b = object.__new__(TritonAttnBackend)
-    lens = case.layout.seq_lens
-    b.__dict__.update(
-        use_mla=mla, token_to_kv_pool=case.pool, is_draft_runner=False, enable_deterministic=True, dcp_size=1,
-        max_kv_splits=1, swa_v_head_dim=None, decode_attention_fwd=triton_decode_kernel, use_pdl=False,
-        page_size=case.layout.page_size,
-        forward_metadata=SimpleNamespace(
-            swa_out_cache_loc=None, kv_indptr=torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()]),
-            kv_indices=torch.cat([case.layout.slots(r) for r in range(len(lens))]), attn_logits=None,
-            swa_attn_logits=None, attn_lse=None, num_kv_splits=None, lean_Mp=None, lean_Lp=None, lean_Op=None,
-            lean_locks=None, uneven_batch=False))
-    return b
+    return gpu_backends.triton(case.pool, case.layout, mla=mla, decode_attention_fwd=triton_decode_kernel)
 
 
 def run_triton(case: Case, patched: bool):
@@ -429,7 +372,6 @@ def run_triton(case: Case, patched: bool):
     q = torch.cat([case.q_nope, case.q_rope], -1)
     k = torch.cat([case.new_latent, case.new_rope], -1)
     fb = case.batch(ForwardMode.DECODE)
-    fb.seq_lens_sum = sum(case.layout.seq_lens)
     return TritonAttnBackend.forward_decode(triton_backend(case), q, k, case.new_latent, case.mqa, fb)
 
 

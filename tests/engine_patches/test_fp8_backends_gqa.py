@@ -14,9 +14,9 @@ import pytest
 import torch
 from sglang.srt.layers.radix_attention import RadixAttention
 from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
-from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
 from engine_patches.fp8_scales import loading
+from engine_patches.gpu_check import backends as gpu_backends
 from tests.engine_patches.attention_harness import (
     E4M3,
     Layout,
@@ -67,10 +67,7 @@ class Case:
         return x[self.layout.last_slots()]
 
     def batch(self):
-        return SimpleNamespace(forward_mode=ForwardMode.DECODE, batch_size=len(SEQ_LENS),
-                               out_cache_loc=self.layout.last_slots(), out_cache_loc_is_physical=False,
-                               spec_info=None, seq_lens=torch.tensor(SEQ_LENS), seq_lens_cpu=torch.tensor(SEQ_LENS),
-                               seq_lens_sum=sum(SEQ_LENS), encoder_out_cache_loc=None, attn_dcp_metadata=None)
+        return gpu_backends.decode_batch(self.layout)
 
     def error(self, out: torch.Tensor) -> float:
         return rel_err(out.view(len(SEQ_LENS), Q_HEADS, D), self.ref)
@@ -117,11 +114,7 @@ def test_flashinfer_gqa():
     from sglang.srt.layers.attention.flashinfer_backend import FlashInferAttnBackend
 
     def run(c: Case):
-        b = object.__new__(FlashInferAttnBackend)
-        b.__dict__.update(token_to_kv_pool=c.pool, num_wrappers=1, decode_uses_dequant_workspace=False,
-                          kv_cache_quant_method=SimpleNamespace(needs_global_scale=lambda: False),
-                          forward_metadata=SimpleNamespace(decode_wrappers=[DecodeWrapper(c.layout)],
-                                                           swa_out_cache_loc=None))
+        b = gpu_backends.flashinfer_gqa(c.pool, DecodeWrapper(c.layout))
         return FlashInferAttnBackend.forward_decode(b, c.q, c.new(c.k), c.new(c.v), c.layer, c.batch())
 
     check("flashinfer", run)
@@ -171,15 +164,7 @@ def test_trtllm_mha(page_size, monkeypatch):
         trtllm_batch_decode_with_kv_cache=trtllm_decode)), raising=False)
 
     def run(c: Case):
-        b = object.__new__(tm.TRTLLMHAAttnBackend)
-        b.__dict__.update(token_to_kv_pool=c.pool, data_type=E4M3, q_data_type=torch.bfloat16, is_xqa_impl=False,
-                          decode_uses_native_fp4=False, is_nvfp4_kvcache=False, page_size=page_size,
-                          workspace_buffer=None, max_context_len=max(SEQ_LENS), _default_kv_scale=torch.ones(1),
-                          _swa_kv_pool=None, decode_seq_len_splits=1, _multi_ctas_kv_counter_buffer=None,
-                          forward_metadata=SimpleNamespace(page_table=c.layout.page_table(), swa_page_table=None,
-                                                           cache_seqlens_int32=torch.tensor(SEQ_LENS,
-                                                                                            dtype=torch.int32),
-                                                           swa_out_cache_loc=None))
+        b = gpu_backends.trtllm_mha(c.pool, c.layout)
         return tm.TRTLLMHAAttnBackend.forward_decode(b, c.q, c.new(c.k), c.new(c.v), c.layer, c.batch())
 
     check(f"trtllm_mha (page {page_size})", run, page_size=page_size, query_scale=1.0)
