@@ -86,9 +86,9 @@ def test_check_runs_each_roles_memory_arithmetic_and_the_decode_pool_against_eac
     assert "set --max-running-requests to at most" in lines[1]
     fine = _parse(_file(ROLES))
     assert fit_problems(fine) == []
-    # a decode rank whose pool (5,885 tokens at this fraction) cannot hold the mix's longest request
+    # a decode rank whose pool (5,824 tokens at this fraction) cannot hold the mix's longest request
     small = _parse(_file(ROLES.replace("node: g2}", "node: g2, flags: [--mem-fraction-static, '0.58']}")))
-    assert fit_problems(small) == ["deployments[0] (kimi-pd) decode: a decode rank's KV pool of 5,885 tokens cannot "
+    assert fit_problems(small) == ["deployments[0] (kimi-pd) decode: a decode rank's KV pool of 5,824 tokens cannot "
                                    "hold the longest request of load x (12,687 tokens)"]
 
 

@@ -115,7 +115,8 @@ def test_launch_commands_are_accepted_by_the_patched_launcher(tmp_path):
     scales.write_text("{}")
     single, multi = sglang_cmd.commands("kimi-k2-thinking", "h100-sxm", 16, "fp8_e4m3", "native")
     assert single is None and len(multi) == 2 and all("--tp 16 " in c for c in multi)  # 16 GPUs: two 8-GPU nodes
-    commands = [sglang_cmd.single_node("kimi-k2-thinking", 8, "fp8_e4m3", "native", 262144),
+    commands = [sglang_cmd.single_node("kimi-k2-thinking", 8, "fp8_e4m3", "native", 262144,
+                                      attention=sglang_cmd.attention_backend("kimi-k2-thinking", "h200", "fp8_e4m3")),
                 *sglang_cmd.multi_node("glm-4.6", "h200", 8, "bf16", "int4-g32")]
     for cmd in commands:
         argv = shlex.split(cmd.replace("kv_scales.json", str(scales)))
