@@ -33,7 +33,7 @@ COMM = ["gpu", "sglang", "op", "kernel", "gpus", "hidden", "topk", "experts", "t
         "dispatch_ms", "combine_ms"]
 COLUMNS = {"attention": ATTENTION, "moe": MOE, "gemm": GEMM, "comm": COMM}
 KV = {"bfloat16": "bf16", "fp8": "fp8_e4m3"}
-FORMATS = {"bfloat16": "bf16", "fp8_block": "fp8-block128", "fp8": "fp8", "int4_wo": "int4-g128", "nvfp4": "nvfp4",
+FORMATS = {"bfloat16": "bf16", "fp8_block": "fp8-block128", "fp8": "fp8", "int4_wo": "int4-g32", "nvfp4": "nvfp4",
            "w4a16_mxfp4": "mxfp4-w4a16", "w4a8_mxfp4_mxfp8": "mxfp4-w4a8"}
 # The catalog's MoE shapes (hidden, intermediate, experts, top-k) and the nearest measured shapes GLM's borrow
 MOE_SHAPES = {(7168, 2048, 256, 8), (7168, 2048, 384, 8), (4096, 1536, 128, 8), (6144, 2560, 160, 8)}
