@@ -113,10 +113,10 @@ def _moe(df: pd.DataFrame, gpu: str, version: str) -> pd.DataFrame:
 
 def gemm_shapes() -> set[tuple[int, int]]:
     """(n, k) of every dense GEMM the catalog's models run per GPU at TP 1-8: output width, input depth."""
-    from bench.model.catalog import models
+    from bench.model import catalog
 
     shapes = set()
-    for m in models().values():
+    for m in catalog.models().values():
         h = m.hidden_size
         for tp in (1, 2, 4, 8):
             if m.attention == "mla":
