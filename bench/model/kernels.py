@@ -54,7 +54,11 @@ def versions(gpu: str, name: str) -> tuple[str, ...]:
 @cache
 def resolve(gpu: str, name: str, version: str | None) -> tuple[str | None, str]:
     """The table version that prices `version` on `gpu`: the nearest not newer, else the oldest; and what to say."""
-    have = versions(gpu, name)
+    return pick(versions(gpu, name), version)
+
+
+def pick(have: tuple[str, ...], version: str | None) -> tuple[str | None, str]:
+    """Of the versions that measured a series, the nearest not newer than `version`, else the oldest."""
     if not have:
         return None, ""
     want = version or DEFAULT_SGLANG
@@ -152,17 +156,27 @@ def attention_time(model: Model, gpu: str, backend: str, kv_dtype: str, phase: s
                    attn_tp: int, version: str | None = None) -> tuple[float, str] | None:
     """One layer's attention of `batch` sequences of `length` tokens (decode: KV tokens each; prefill: new tokens
     each, no cached prefix) on one GPU of an attention-TP group of attn_tp. None: no table for it."""
-    v, said = resolve(gpu, "attention", version)
-    if v is None:
-        return None
     heads = model.attention_heads // attn_tp
     kv_heads = 1 if model.attention == "mla" else max(1, model.kv_heads // attn_tp)
     kv = "fp8_e4m3" if kv_dtype.startswith("fp8") else "bf16"
-    s = _attention(gpu, v, model.attention, phase, backend, kv, heads, kv_heads)
-    if s is None:
+    series = _attention_series(gpu, model.attention, phase, backend, kv, heads, kv_heads, version)
+    if series is None:
         return None
+    s, label = series
     y, out = s(max(batch, 1), max(length, 1))
-    return y, _say([f"{gpu} SGLang {v} {backend} {model.attention} {phase} {kv} KV", said], out)
+    return y, label + ("; extrapolated beyond the table" if out else "")
+
+
+@cache
+def _attention_series(gpu: str, kind: str, phase: str, backend: str, kv: str, heads: int, kv_heads: int,
+                      version: str | None) -> tuple[Surface, str] | None:
+    have = tuple(x for x in versions(gpu, "attention")
+                 if _attention(gpu, x, kind, phase, backend, kv, heads, kv_heads) is not None)
+    v, said = pick(have, version)
+    if v is None:
+        return None
+    return (_attention(gpu, v, kind, phase, backend, kv, heads, kv_heads),
+            _say([f"{gpu} SGLang {v} {backend} {kind} {phase} {kv} KV", said], False))
 
 
 # ---- MoE
@@ -200,27 +214,37 @@ def moe_time(model: Model, gpu: str, fmt: str, tokens: float, ep: int, tp: int, 
     with expert parallelism ep (moe_tp = tp / ep), in expert format `fmt` (capbench's name: bf16, fp8-block128,
     int4-g32, nvfp4, mxfp4...). A model whose own shape was not measured borrows the nearest measured shape of the
     same top-k at equal tokens per expert, scaled by its experts' weights (said). None: no table for it."""
-    dtype = DTYPES.get(fmt, fmt)
-    v, said = resolve(gpu, "moe", version)
-    if v is None:
-        return None
     shape = (model.hidden_size, model.moe_intermediate_size, model.routed_experts, model.experts_per_token)
-    moe_tp, moe_ep = max(1, tp // max(ep, 1)), max(ep, 1)
+    series = _moe_series(gpu, DTYPES.get(fmt, fmt), shape, max(1, tp // max(ep, 1)), max(ep, 1), version)
+    if series is None:
+        return None
+    curve, scale, per_expert, label = series
+    y, out = curve(max(tokens, 1) * per_expert)
+    return y * scale, label + ("; extrapolated beyond the table" if out else "")
+
+
+@cache
+def _moe_series(gpu: str, dtype: str, shape: tuple[int, int, int, int], moe_tp: int, moe_ep: int,
+                version: str | None) -> tuple[Curve, float, float, str] | None:
+    """(curve over tokens, latency scale, tokens scale, label) of the series that prices this MoE."""
+    every = versions(gpu, "moe")
+    exact = tuple(x for x in every if _moe(gpu, x, dtype, shape, moe_tp, moe_ep) is not None)
     scale, note, donor = 1.0, "", shape
-    if shape not in _shapes(gpu, v, dtype):
-        same_k = [s for s in _shapes(gpu, v, dtype) if s[3] == shape[3]]
-        if not same_k:
-            return None
+    if exact:
+        v, said = pick(exact, version)
+    else:  # borrow the nearest measured shape of the same top-k, at equal tokens per expert
         size = shape[0] * shape[1] * shape[2]
-        donor = min(same_k, key=lambda s: abs(math.log(s[0] * s[1] * s[2] / size)))
+        near = sorted({s for x in every for s in _shapes(gpu, x, dtype) if s[3] == shape[3]},
+                      key=lambda s: abs(math.log(s[0] * s[1] * s[2] / size)))
+        donor = next((s for s in near if any(_moe(gpu, x, dtype, s, moe_tp, moe_ep) for x in every)), None)
+        if donor is None:
+            return None
+        v, said = pick(tuple(x for x in every if _moe(gpu, x, dtype, donor, moe_tp, moe_ep)), version)
         scale = size / (donor[0] * donor[1] * donor[2])
         note = f"scaled from the measured {donor[0]}x{donor[1]} x {donor[2]} experts shape"
-    got = _moe(gpu, v, dtype, donor, moe_tp, moe_ep)
-    if got is None:
-        return None
-    curve, kernel = got
-    y, out = curve(max(tokens, 1) * donor[2] / shape[2])
-    return y * scale, _say([f"{gpu} SGLang {v} {kernel} {dtype} moe_tp {moe_tp} moe_ep {moe_ep}", note, said], out)
+    curve, kernel = _moe(gpu, v, dtype, donor, moe_tp, moe_ep)
+    return curve, scale, donor[2] / shape[2], _say([f"{gpu} SGLang {v} {kernel} {dtype} moe_tp {moe_tp} "
+                                                     f"moe_ep {moe_ep}", note, said], False)
 
 
 # ---- dense GEMM
@@ -235,6 +259,11 @@ def _gemm_grid(gpu: str, version: str, dtype: str) -> tuple[dict[tuple[int, int]
     return {nk: Curve.of(*xy) for nk, xy in by.items()}, sorted({a for a, _ in by}), sorted({b for _, b in by})
 
 
+@cache
+def _gemm_version(gpu: str, dtype: str, version: str | None) -> tuple[str | None, str]:
+    return pick(tuple(x for x in versions(gpu, "gemm") if _gemm_grid(gpu, x, dtype)[0]), version)
+
+
 def _either_side(grid: list[int], x: float) -> tuple[int, int]:
     i = bisect_left(grid, x)
     if i < len(grid) and grid[i] == x:
@@ -246,7 +275,7 @@ def gemm_time(gpu: str, fmt: str, m: float, n: int, k: int, version: str | None 
     """A dense GEMM of m rows, n output columns and depth k on one GPU: bilinear in (log n, log k) over the measured
     grid, log-log in m. None: no table for this format on this GPU."""
     dtype = DTYPES.get(fmt, fmt)
-    v, said = resolve(gpu, "gemm", version)
+    v, said = _gemm_version(gpu, dtype, version)
     if v is None or m <= 0:
         return None
     grid, ns, ks = _gemm_grid(gpu, v, dtype)
@@ -289,13 +318,18 @@ def allreduce_time(gpu: str, gpus: int, nbytes: float, graph: bool = True, versi
     """SGLang's custom all-reduce of nbytes over `gpus` GPUs of one node (graph: inside a CUDA graph)."""
     if gpus <= 1 or nbytes <= 0:
         return 0.0, ""
-    v, said = resolve(gpu, "comm", version)
+    v, said = _allreduce_version(gpu, gpus, graph, version)
     got = _allreduce(gpu, v, gpus, graph) if v else None
     if got is None:
         return None
     curve, kernel = got
     y, out = curve(nbytes)
     return y, _say([f"{gpu} SGLang {v} {kernel} over {gpus}", said], out)
+
+
+@cache
+def _allreduce_version(gpu: str, gpus: int, graph: bool, version: str | None) -> tuple[str | None, str]:
+    return pick(tuple(x for x in versions(gpu, "comm") if _allreduce(gpu, x, gpus, graph)), version)
 
 
 @cache
@@ -313,11 +347,9 @@ def deepep_time(model: Model, gpu: str, tokens: float, low_latency: bool, versio
                 ) -> tuple[float, str] | None:
     """DeepEP dispatch + combine of `tokens` tokens per rank within one node (8 GPUs) for one layer."""
     op = "deepep_ll" if low_latency else "deepep_normal"
-    v, said = resolve(gpu, "comm", version)
-    have = [x for x in versions(gpu, "comm") if _deepep(gpu, x, op, model.hidden_size, model.routed_experts)]
-    if not have:
+    v, said = pick(tuple(x for x in versions(gpu, "comm") if _deepep(gpu, x, op, model.hidden_size,
+                                                                     model.routed_experts)), version)
+    if v is None:
         return None
-    older = [x for x in have if vkey(x) <= vkey(version or DEFAULT_SGLANG)]
-    use = older[-1] if older else have[0]
-    y, out = _deepep(gpu, use, op, model.hidden_size, model.routed_experts)(max(tokens, 1))
-    return y, _say([f"{gpu} SGLang {use} DeepEP {op[7:]}", said if use == v else ""], out)
+    y, out = _deepep(gpu, v, op, model.hidden_size, model.routed_experts)(max(tokens, 1))
+    return y, _say([f"{gpu} SGLang {v} DeepEP {op[7:]}", said], out)
