@@ -219,7 +219,7 @@ def moe_time(model: Model, gpu: str, fmt: str, tokens: float, ep: int, tp: int, 
     if series is None:
         return None
     curve, scale, per_expert, label = series
-    y, out = curve(max(tokens, 1) * per_expert)
+    y, out = curve(max(tokens * per_expert, 1))
     return y * scale, label + ("; extrapolated beyond the table" if out else "")
 
 
