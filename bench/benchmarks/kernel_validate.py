@@ -16,11 +16,12 @@ import statistics
 import sys
 import time
 
-from bench.model import corpus, fit, interval
-from bench.model.validate import FIGURES, Replay, error_summary, replay
+from bench.model import corpus, fit, interval, validate
+
+FIGURES, Replay, error_summary, replay = validate.FIGURES, validate.Replay, validate.error_summary, validate.replay
 
 
-def _run(cases: list, by_org: dict, default: dict, roofline: bool) -> list[Replay]:
+def _run(cases: list, by_org: dict, default: dict, roofline: bool) -> list:
     if roofline:
         os.environ["CAPBENCH_PERF"] = "roofline"
     else:
@@ -28,13 +29,13 @@ def _run(cases: list, by_org: dict, default: dict, roofline: bool) -> list[Repla
     return [replay(c, fit.scaled(c.gpu, by_org.get(c.source.org, default))) for c in cases]
 
 
-def _rows(replays: list[Replay]) -> list[interval.Row]:
+def _rows(replays: list) -> list[interval.Row]:
     return [interval.Row(r.case.key, r.case.source.org, interval.case_regime(r.case),
                          {f: -math.log1p(e) for f, e in r.errors.items()}) for r in replays if r.errors]
 
 
-def _regimes(replays: list[Replay]) -> dict[str, dict]:
-    by: dict[str, list[Replay]] = {}
+def _regimes(replays: list) -> dict[str, dict]:
+    by: dict[str, list] = {}
     for r in replays:
         if r.errors:
             by.setdefault(interval.case_regime(r.case).label(), []).append(r)

@@ -4,6 +4,7 @@ catalog    model and GPU facts from data/ (+ the user's override file)
 backend    SGLang 0.5.23's attention backends: its default, the ones that keep FP8 KV scales, the one a line names
 capacity   SGLang 0.5.23's memory arithmetic: weights per GPU, KV pool tokens, sequences that fit
 perfmodel  step times of one instance (roofline terms with calibrated efficiencies), and cost
+fp8_kv     FP8 KV's two effects: the pool it doubles and the step time it costs or saves, per backend
 kernels    operator latencies from the measured SGLang kernel tables (data/kernels), per backend and version
 scheduler  continuous batching on the KV budget, as SGLang's scheduler does it (the twin runs it too)
 workload   request mixes as the simulator draws them
@@ -44,6 +45,7 @@ from bench.model import (
     disagg,
     disagg_launch,
     fit,
+    fp8_kv,
     interconnect,
     interval,
     kernels,
@@ -89,5 +91,5 @@ __all__ = [
     "disagg", "disagg_launch", "interconnect", "pd_search", "pd_simulate", "pd_versus",
     "validate_pd",
     "confidence", "Interval", "behind_said", "gain_interval", "gain_words", "mean_interval",
-    "bootstrap", "StageSample", "cell_gain", "stage_sample", "kernels",
+    "bootstrap", "StageSample", "cell_gain", "stage_sample", "kernels", "fp8_kv",
 ]

@@ -150,8 +150,7 @@ class PerfModel:
         """Which model priced the steps: the kernel tables (and what they lacked) or the roofline."""
         if self.kstep is None:
             return self.unmeasured["step"]
-        lacks = sorted(set(self.unmeasured.values()))
-        return "kernel tables" + (f" ({'; '.join(lacks)})" if lacks else "")
+        return "; ".join(["kernel tables", *sorted(set(self.unmeasured.values()))])
 
     def _roofline_op(self, name: str, a: dict) -> float:
         """One operator of one layer (all layers for lm_head) by the roofline: what the kernel step falls back to."""
