@@ -161,23 +161,32 @@ def fit(runs: list[MeasuredRun], start: Efficiency, progress=lambda: None, facto
 
 def fit_with_uncertainty(runs: list[MeasuredRun], start: Efficiency, progress=lambda: None,
                          factors: tuple[str, ...] | None = None) -> Fit:
-    """Bounded robust least squares in log space over the factors, from several starts; the best fit, with each
-    factor's standard error from the Jacobian (sigma^2 (J^T J)^-1, sigma^2 from the residuals)."""
+    """The runs' factors: least_squares_fit on their residuals."""
     names = factors or fitted_factors(runs[0].dep.gpu.id)
+
+    def fun(eff: Efficiency) -> np.ndarray:
+        progress()
+        return residuals(runs, eff)
+
+    return least_squares_fit(fun, start, names)
+
+
+def least_squares_fit(fun, start: Efficiency, names: tuple[str, ...], starts: tuple[float, ...] = STARTS,
+                      max_nfev: int = 60) -> Fit:
+    """Bounded robust least squares in log space over the factors `names` of `start`, minimising fun(eff) (log
+    errors), from several starts; the best fit, with each factor's standard error from the Jacobian
+    (sigma^2 (J^T J)^-1, sigma^2 from the residuals). `capbench calibrate` and the corpus check use it."""
     lo = np.log([BOUNDS[n][0] for n in names])
     hi = np.log([BOUNDS[n][1] for n in names])
 
     def eff_of(x: np.ndarray) -> Efficiency:
         return replace(start, **{n: float(math.exp(v)) for n, v in zip(names, x, strict=True)})
 
-    def fun(x: np.ndarray) -> np.ndarray:
-        progress()
-        return residuals(runs, eff_of(x))
-
     best = None
-    for f in STARTS:
+    for f in starts:
         x0 = np.clip(np.log([getattr(start, n) * f for n in names]), lo + 1e-9, hi - 1e-9)
-        r = least_squares(fun, x0, bounds=(lo, hi), loss="soft_l1", f_scale=0.1, diff_step=0.05, max_nfev=60)
+        r = least_squares(lambda x: fun(eff_of(x)), x0, bounds=(lo, hi), loss="soft_l1", f_scale=0.1,
+                          diff_step=0.05, max_nfev=max_nfev)
         if best is None or r.cost < best.cost:
             best = r
     m, n = best.fun.size, len(names)
@@ -186,7 +195,7 @@ def fit_with_uncertainty(runs: list[MeasuredRun], start: Efficiency, progress=la
     if m > n and np.linalg.matrix_rank(jtj) == n:
         cov = np.linalg.inv(jtj) * float(best.fun @ best.fun) / (m - n)
         uncertainty = {nm: float(math.expm1(math.sqrt(max(cov[i, i], 0.0)))) for i, nm in enumerate(names)}
-    return Fit(eff_of(best.x), names, uncertainty, float(np.mean(best.fun ** 2)), len(STARTS))
+    return Fit(eff_of(best.x), names, uncertainty, float(np.mean(best.fun ** 2)), len(starts))
 
 
 def calibrate(store: Store, run_ids: list[str], deployment: str | None, out: Path, progress=lambda: None
