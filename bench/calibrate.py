@@ -194,7 +194,8 @@ def least_squares_fit(fun, start: Efficiency, names: tuple[str, ...], starts: tu
     jtj = best.jac.T @ best.jac
     if m > n and np.linalg.matrix_rank(jtj) == n:
         cov = np.linalg.inv(jtj) * float(best.fun @ best.fun) / (m - n)
-        uncertainty = {nm: float(math.expm1(math.sqrt(max(cov[i, i], 0.0)))) for i, nm in enumerate(names)}
+        sd = np.sqrt(np.clip(np.diag(cov), 0.0, None))
+        uncertainty = {nm: float(math.expm1(v)) if v < 5 else math.nan for nm, v in zip(names, sd, strict=True)}
     return Fit(eff_of(best.x), names, uncertainty, float(np.mean(best.fun ** 2)), len(starts))
 
 
