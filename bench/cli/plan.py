@@ -89,6 +89,7 @@ def simulate(
 
     from bench.model import Deployment, catalog, fixed_workload, load_efficiency, load_workload, parse_slo
     from bench.model import simulate as sim
+    from bench.model.serving import sweep as rate_sweep
     from bench.report import terminal
 
     dep = Deployment(catalog.model(model), catalog.gpu(gpu), tp, dp, kv_dtype, weights, context)
@@ -132,8 +133,8 @@ def simulate(
     with Progress(transient=True, disable=as_json) as bar:
         task = bar.add_task("simulating", total=(len(sim.GRID) + 7) * (2 if compare_kv else 1))
         tick = lambda: bar.advance(task)  # noqa: E731
-        sweeps = (sim.compare_kv(dep, wl, target, num_requests, seed, eff, tick, min_seconds) if compare_kv
-                  else [sim.sweep(dep, wl, target, num_requests, seed, eff, tick, min_seconds=min_seconds)])
+        sweeps = (rate_sweep.compare_kv(dep, wl, target, num_requests, seed, eff, tick, min_seconds) if compare_kv
+                  else [rate_sweep.sweep(dep, wl, target, num_requests, seed, eff, tick, min_seconds=min_seconds)])
     if as_json:
         print(json.dumps(_json_safe([{**s.to_dict(), "intervals": terminal.sweep_intervals(dep, s)} for s in sweeps]),
                          indent=2))
@@ -224,7 +225,7 @@ def validate(
 
 
 def _pd_replays(cases) -> list:
-    from bench.model import validate_pd
+    from bench.model.pd import validate as validate_pd
 
     return validate_pd.replay_all(cases)
 
@@ -332,7 +333,7 @@ def plan(
 
 
 def _versus(result, max_nodes: int):
-    from bench.model import pd_versus
+    from bench.model.pd import versus as pd_versus
 
     return pd_versus.compare(result, max_nodes)
 

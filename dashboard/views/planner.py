@@ -9,7 +9,8 @@ import pandas as pd
 import streamlit as st
 
 from bench.errors import BadInput
-from bench.model import Plan, Question, Slo, capacity, catalog, make_plan, pd_versus, workload_names
+from bench.model import Plan, Question, Slo, capacity, catalog, make_plan, workload_names
+from bench.model.pd import versus as pd_versus
 from bench.report import charts, compared, gpu_bests, load, plancharts, predicted_table, wording
 from bench.report import pd as pd_report
 from dashboard import common
