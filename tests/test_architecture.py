@@ -183,7 +183,7 @@ def test_callers_use_a_package_public_names(package):
 
 
 # bench/model's layers, lowest first: a module imports from its own layer or a lower one, never a higher one
-LAYERS = ("fits", "step", "serving", "evidence", "advice", "pd")
+LAYERS = ("fits", "step", "serving", "evidence", "advice", "pd", "answer")
 LAYER_PACKAGES = {f"bench.model.{x}" for x in LAYERS}
 
 

@@ -267,6 +267,8 @@ def plan(
                                         "instance (bench_serving --max-concurrency with the rate): arrivals wait "
                                         "for a free slot and the wait counts in TTFT."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON (every configuration) instead of tables."),
+    details: bool = typer.Option(False, "--details", help="After the answer, the tables: Pareto fronts, each GPU's "
+                                 "best, every configuration and why the rest lost, colocated vs disaggregated."),
 ) -> None:
     """The deployment search: GPU x tp x DP attention x EP x KV dtype x expert weights x replicas, for a workload,
     SLO and target load. Prints the recommendation, the Pareto fronts, each GPU's best, and why the rest lost;
@@ -277,6 +279,7 @@ def plan(
     from rich.progress import Progress
 
     from bench.model import Question, make_plan, parse_slo
+    from bench.model.answer import make_headline
     from bench.report import terminal, wording
 
     if workload and (input_len or output_len):
@@ -299,24 +302,28 @@ def plan(
         with Progress(transient=True, disable=as_json) as bar:
             bar.add_task("searching prefill/decode disaggregated shapes", total=None)
             versus = _versus(result, max_nodes)
+    head = make_headline(result, versus)
     if as_json:
-        print(json.dumps({"question": _question_json(q), "recommended": _row(result.recommended),
+        print(json.dumps({"question": _question_json(q), "headline": _json_safe(head.to_json()),
+                          "recommended": _row(result.recommended),
                           "configurations": [_finite(r) for r in result.rows()], "curves": result.curves(),
                           "notes": result.notes}
                          | ({"disaggregated": _finite(versus.to_json())} if versus else {}), indent=1, default=str))
         return
-    console = Console(width=max(Console().width, 180))
-    rec = result.recommended
-    console.print(f"[bold]{model}[/bold], {q.describe_workload()}, {rate:g} req/s{q.describe_cap()} within "
-                  f"{q.slo.describe()}")
-    if rec:
-        console.print(f"[bold]Cheapest that serves it:[/bold] {rec.label}: {rec.instances_needed} instance(s), "
-                      f"{rec.gpus_needed} GPUs, ${rec.monthly_cost:,.0f} a month, ${rec.usd_per_m_output:,.2f} per 1M "
-                      f"output tokens ({rec.prediction.rate_rps:,.2f} req/s per instance, limited by "
-                      f"{rec.prediction.limited_by})")
-        console.print(wording.interval(rec, q.slo.percentile))
+    width = Console().width
+    for line in wording.headline_lines(head, min(width, 100)):
+        print(line)
     you = result.chosen
-    if you is not rec and you.serves:  # the deployment asked about (--gpu, --tp, ...), as the Planner shows it
+    if not details:
+        if you is not result.recommended and you.serves:  # the deployment asked about (--gpu, --tp, ...)
+            print(f"Yours: {you.label}: {you.gpus_needed} GPUs, {wording.money(you.monthly_cost)} a month")
+        print("More: --details (the tables, why the rest lost, every launch line) or --json.")
+        return
+    console = Console(width=max(width, 120))
+    rec = result.recommended
+    if rec:
+        console.print(wording.interval(rec, q.slo.percentile))
+    if you is not rec and you.serves:
         console.print(f"[bold]Yours:[/bold] {wording.choice(you, q.slo.percentile)}")
     sim = sorted(result.simulated, key=lambda o: (o.monthly_cost is None, o.monthly_cost or 0))
     console.print(terminal.plan_table([o for o in sim if o.pareto], "Pareto front: output tokens/s per GPU vs tokens/s "
@@ -330,6 +337,10 @@ def plan(
         console.print(f"note: {note}")
     if versus:
         _print_versus(console, versus)
+    if head.kind == "colocated" and len(head.launch) > 1:
+        console.print("Launch commands of the answer, one per node:")
+        for line in head.launch:
+            console.print(line, markup=False, soft_wrap=True)
 
 
 def _versus(result, max_nodes: int):

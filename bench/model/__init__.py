@@ -6,11 +6,12 @@ serving   how a server schedules and queues: workload, scheduler, queues, slo, s
 evidence  what the evidence says: corpus, validate, fit, interval, confidence, bootstrap, paired
 advice    what to buy: option, plan, curve, launch
 pd        prefill/decode disaggregation: disagg, search, simulate, interval, versus, launch, validate
+answer    what we answer: the headline (the CLI's first screen, the Planner's top, a report's first section)
 
 Callers outside bench.model import from here or from a layer's package, by the names their __all__ lists.
 """
 
-from bench.model import pd
+from bench.model import answer, pd
 from bench.model.advice import (
     HOURS_PER_MONTH,
     Config,
@@ -77,7 +78,8 @@ from bench.model.step import (
 )
 
 __all__ = [
-    "pd", "backend", "calibration", "capacity", "catalog", "corpus", "curve", "fit", "interval", "launch", "option",
+    "answer", "pd", "backend", "calibration", "capacity", "catalog", "corpus", "curve", "fit", "interval", "launch",
+    "option",
     "perfmodel", "plan", "rate", "scheduler", "simulate", "slo", "spec", "validate", "workload", "interconnect",
     "queues", "confidence", "bootstrap", "paired",
     "Efficiency", "load_efficiency", "Capacity", "Deployment", "HOURS_PER_MONTH", "Config", "Option", "PerfModel",

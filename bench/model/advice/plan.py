@@ -313,7 +313,9 @@ def make_plan(q: Question, progress: Callable[[str, int, int], None] | None = No
         finalists += more
     serving = [o for o in finalists if o.serves]
     if serving:
-        best = min(serving, key=lambda o: (o.monthly_cost, o.gpus_needed, o.usd_per_m_output))
+        # a pool that holds no sequence at the asked context is recommended only when no configuration's does
+        holds = [o for o in serving if o.capacity.max_concurrent_sequences_at_context >= 1]
+        best = min(holds or serving, key=lambda o: (o.monthly_cost, o.gpus_needed, o.usd_per_m_output))
         best.recommended = True
         cheapest = best.usd_per_m_output
         for o in alive:

@@ -6,8 +6,8 @@ from bench.model import Deployment, PerfModel, Request, Scheduler, catalog
 from bench.model.fits.capacity import capacity
 from bench.model.serving.rate import search_rate
 from bench.model.serving.simulate import percentile, run
-from bench.model.serving.sweep import sweep
 from bench.model.serving.slo import Slo
+from bench.model.serving.sweep import sweep
 from bench.model.serving.workload import fixed_workload, load_workload, make_requests
 from loadgen import workloads as lg
 
