@@ -63,16 +63,21 @@ def regular_file(path: str | Path, what: str, max_bytes: int = MAX_BYTES) -> byt
         raise BadInput(f"{p}: no such {what} file") from None
     except OSError as e:
         raise BadInput(f"{p}: the {what} file cannot be read ({e.strerror or type(e).__name__})") from None
-    with os.fdopen(fd, "rb") as f:
+    try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise BadInput(f"{p}: not a regular file ({_kind(st.st_mode)}); a {what} is a file of text")
         if st.st_size > max_bytes:
             raise BadInput(f"{p}: {st.st_size:,} bytes; a {what} file is at most {_size(max_bytes)}")
-        try:
-            data = f.read(max_bytes + 1)
-        except OSError as e:
-            raise BadInput(f"{p}: the {what} file cannot be read ({e.strerror or type(e).__name__})") from None
+        chunks, left = [], max_bytes + 1
+        while left > 0 and (chunk := os.read(fd, min(left, 1 << 20))):
+            chunks.append(chunk)
+            left -= len(chunk)
+        data = b"".join(chunks)
+    except OSError as e:
+        raise BadInput(f"{p}: the {what} file cannot be read ({e.strerror or type(e).__name__})") from None
+    finally:
+        os.close(fd)
     if len(data) > max_bytes:  # grew while being read
         raise BadInput(f"{p}: more than {_size(max_bytes)}; a {what} file is at most that")
     return data
