@@ -160,7 +160,7 @@ def problems(schema: type[M], data: object, where: str = "") -> tuple[M | None, 
     try:
         return schema.model_validate(data), []
     except ValidationError as e:
-        return None, [_line(err, where) for err in e.errors(include_url=False)]
+        return None, [_line(err, where, schema) for err in e.errors(include_url=False)]
 
 
 def check(schema: type[M], data: object, source: str, where: str = "") -> M:
@@ -176,12 +176,13 @@ def load(schema: type[M], path: str | Path, what: str, fmt: str | None = None, m
     return check(schema, read(path, what, fmt, max_bytes), str(path))
 
 
-def _line(err: dict, where: str) -> str:
+def _line(err: dict, where: str, schema: type[BaseModel]) -> str:
     loc = ".".join(str(p) for p in err["loc"] if p)
     key = ".".join(k for k in (where, loc) if k) or "(top)"
     msg = err["msg"].removeprefix("Value error, ")
     if err["type"] == "extra_forbidden":
-        return f"{key}: unknown key"
+        known = f" (known: {', '.join(sorted(schema.model_fields))})" if len(err["loc"]) == 1 else ""
+        return f"{key}: unknown key{known}"
     if err["type"] == "missing":
         return f"{key}: required"
     got = err.get("input")

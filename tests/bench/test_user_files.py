@@ -91,3 +91,58 @@ def test_the_shipped_workloads_pass_their_schema():
 
     for name in workloads.names():
         assert workloads.load(name).name
+
+
+CALIBRATIONS = {
+    "hbm-0": ("hbm_eff: 0\n", "hbm_eff", "0"),  # divided by
+    "hbm-nan": ("hbm_eff: .nan\n", "hbm_eff", "nan"),
+    "kernel-inf": ("kernel_us: .inf\n", "kernel_us", "inf"),
+    "gpu-fraction-1e308": ("gpus: {h200: {bf16_eff: 1e308}}\n", "gpus.h200.bf16_eff", "1e308"),
+    "value-nan": ("default: {overlap: {value: .nan, source: x}}\n", "default.overlap", "nan"),
+    "nested-3000": ("x: " + "[" * 3000 + "]" * 3000 + "\n", "nested deeper", ""),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CALIBRATIONS))
+def test_simulate_refuses_a_bad_calibration_file_in_one_line(tmp_path, case):
+    text, key, value = CALIBRATIONS[case]
+    (tmp_path / f"{case}.yaml").write_text(text)
+    r = _capbench(tmp_path, "simulate", "--model", "glm-4.6", "--gpu", "h200", "--tp", "8", "--input-len", "64",
+                  "--output-len", "64", "--rate", "1", "--num-requests", "20", "--calibration", f"{case}.yaml")
+    _one_line(r, f"{case}.yaml", key, value)
+
+
+def test_a_deep_json_calibration_is_one_line(tmp_path):
+    (tmp_path / "deep.json").write_text('{"x": ' + "[" * 3000 + "]" * 3000 + "}")
+    (tmp_path / "nan.json").write_text('{"hbm_eff": NaN}')
+    for name, said in (("deep.json", "nested deeper"), ("nan.json", "NaN is not a finite number")):
+        r = _capbench(tmp_path, "simulate", "--model", "glm-4.6", "--gpu", "h200", "--tp", "8", "--input-len", "64",
+                      "--output-len", "64", "--rate", "1", "--num-requests", "20", "--calibration", name)
+        _one_line(r, name, said)
+
+
+def _run_with_times(db: Path, ttft: float, tpot: float) -> str:
+    """A twin run of 20 measured requests whose stored TTFT and TPOT are `ttft` and `tpot`."""
+    from bench.store import BatchedWriter, Store
+
+    store = Store(db)
+    run_id = store.start_run(label="bad times", target="http://127.0.0.1:1", profile="poisson",
+                             config={"twin": "twin:glm-4.6@h200x8"})
+    t0 = store.run(run_id)["started_at"]
+    n = 20
+    with BatchedWriter(store, run_id, flush_interval_s=60) as w:
+        w.add_requests({"request_id": [f"r{i}" for i in range(n)], "phase": ["measured"] * n,
+                        "scheduled_at": [t0 + i * 0.1 for i in range(n)], "sent_at": [t0 + i * 0.1 for i in range(n)],
+                        "ttft_s": [ttft] * n, "tpot_s": [tpot] * n, "prompt_tokens": [500] * n,
+                        "completion_tokens": [64] * n, "status": ["ok"] * n})
+    store.finish_run(run_id)
+    return run_id
+
+
+@pytest.mark.parametrize("ttft, tpot", [(-0.5, 0.02), (float("nan"), 0.02), (0.0, 0.0), (1e308, 1e308),
+                                        (0.2, float("-inf"))])
+def test_calibrate_refuses_a_run_with_nothing_to_fit(tmp_path, ttft, tpot):
+    run_id = _run_with_times(tmp_path / "c.duckdb", ttft, tpot)
+    r = _capbench(tmp_path, "calibrate", "--runs", run_id, "--db", "c.duckdb", "--out", "fitted.json")
+    _one_line(r, run_id, "nothing to fit")
+    assert not (tmp_path / "fitted.json").exists()  # no "fitted" file with the factors unchanged
