@@ -115,7 +115,9 @@ def test_no_import_cycles():
     assert not cycles, "import cycles: " + "; ".join(" -> ".join(c) for c in cycles)
 
 
-# what each part of the house may import (besides itself, bench.errors and the bench package's version)
+# the foundation every part may import: the one error, the options' bounds and the one reader of users' files
+FOUNDATION = ("bench", "bench.errors", "bench.checks", "bench.files")
+# what each part of the house may import (besides itself and the FOUNDATION)
 ALLOWED = {
     "loadgen": set(),
     "bench.model": {"loadgen"},
@@ -135,10 +137,15 @@ def test_imports_point_one_way(part):
             continue
         for target, *_ in edges:
             area = _area(target)
-            if area in (part, "bench", "bench.errors") or area in ALLOWED[part]:
+            if area in (part, *FOUNDATION) or area in ALLOWED[part]:
                 continue
             bad.append(f"{m} -> {target}")
     assert not bad, f"{part} may import only {sorted(ALLOWED[part]) or 'nothing else'}: " + ", ".join(bad)
+
+
+def test_the_foundation_imports_only_itself():
+    bad = [f"{m} -> {t}" for m in FOUNDATION for t, *_ in GRAPH[m] if t not in FOUNDATION]
+    assert not bad, "the foundation modules import only each other: " + ", ".join(bad)
 
 
 def test_engine_patches_only_from_the_cli_and_lazily():

@@ -12,26 +12,28 @@ from functools import cache
 from pathlib import Path
 from typing import Annotated, Literal
 
-import yaml
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, Field
 
+from bench import files
+from bench.checks import INT_MAX
 from bench.errors import BadInput
 
 DATA = Path(__file__).resolve().parents[3] / "data"
 WeightFormat = Literal["bf16", "fp8-block128", "int4-g32", "int4-g128"]
-# sizes, bandwidths and rates a model divides by: zero or negative is a typo, refused with the key named
-Pos = Annotated[int, Field(gt=0)]
-Count = Annotated[int, Field(ge=0)]
-Rate = Annotated[float, Field(gt=0, allow_inf_nan=False)]
-NonNeg = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+# sizes, bandwidths and rates a model divides by: zero or negative is a typo, refused with the key named; all finite
+# and within what the options take (bench/checks.py)
+Pos = Annotated[int, Field(gt=0, le=INT_MAX)]
+Count = Annotated[int, Field(ge=0, le=INT_MAX)]
+Rate = Annotated[float, Field(gt=0, le=1e12, allow_inf_nan=False)]
+NonNeg = Annotated[float, Field(ge=0, le=1e12, allow_inf_nan=False)]
 
 
-class NativeWeights(BaseModel):
+class NativeWeights(files.Schema):
     experts: WeightFormat
     rest: WeightFormat
 
 
-class Model(BaseModel):
+class Model(files.Schema):
     id: str
     name: str
     hf_repo: str
@@ -56,17 +58,17 @@ class Model(BaseModel):
     first_dense_layers: Count
     vocab_size: Pos
     max_context: Pos
-    published_params_b: dict[str, float]
+    published_params_b: dict[str, Rate]
     native_weights: NativeWeights
-    sources: dict[str, str]
-    uncertain: list[str] = []
+    sources: dict[str, files.Text]
+    uncertain: list[files.Text] = []
 
     @property
     def moe_layers(self) -> int:
         return self.layers - self.first_dense_layers
 
 
-class GPU(BaseModel):
+class GPU(files.Schema):
     id: str
     name: str
     vendor: Literal["nvidia", "amd"] = "nvidia"
@@ -83,7 +85,7 @@ class GPU(BaseModel):
     default_page_size: Pos = 1
     reserved_before_load_gib: NonNeg
     price_per_gpu_hour: NonNeg
-    sources: dict[str, str]
+    sources: dict[str, files.Text]
 
 
 def override_path() -> Path | None:
@@ -95,14 +97,7 @@ def override_path() -> Path | None:
 
 
 def _read_yaml(path: Path) -> dict:
-    try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except FileNotFoundError as e:
-        raise BadInput(f"catalog file not found: {path}") from e
-    except (UnicodeDecodeError, IsADirectoryError) as e:
-        raise BadInput(f"catalog file {path} is not a YAML text file ({type(e).__name__})") from e
-    except yaml.YAMLError as e:
-        raise BadInput(f"catalog file {path} is not valid YAML: {str(e).splitlines()[0]}") from e
+    data = files.read(path, "catalog", "yaml") or {}
     if not isinstance(data, dict):
         raise BadInput(f"catalog file {path}: expected a mapping (models: / gpus:), not a {type(data).__name__}")
     return data
@@ -126,15 +121,14 @@ def _merge(base: dict[str, dict], extra: dict[str, dict] | None) -> dict[str, di
     return merged
 
 
-def _build(kind: type[BaseModel], raw: dict[str, dict], source: str) -> dict:
-    out = {}
+def _build(kind: type[BaseModel], raw: dict[str, dict], source: str, section: str) -> dict:
+    out, wrong = {}, []
     for key, fields in raw.items():
-        try:
-            out[key] = kind(**{"id": key, **fields})
-        except ValidationError as e:
-            err = e.errors()[0]
-            where = ".".join(str(p) for p in err["loc"])
-            raise BadInput(f"{source}: {kind.__name__.lower()} '{key}': {where}: {err['msg']}") from None
+        model, problems = files.problems(kind, {"id": key, **fields}, f"{section}.{key}")
+        out[key] = model
+        wrong += problems
+    if wrong:
+        raise BadInput("\n".join(f"{source}: {w}" for w in wrong))
     return out
 
 
@@ -148,8 +142,8 @@ def _load(override: Path | None) -> tuple[dict[str, Model], dict[str, GPU]]:
     if unknown:
         raise BadInput(f"{source}: unknown section(s) {', '.join(unknown)}; the file has models: and gpus:")
     return (
-        _build(Model, _merge(models, _entries(extra, "models", source)), source),
-        _build(GPU, _merge(gpus, _entries(extra, "gpus", source)), source),
+        _build(Model, _merge(models, _entries(extra, "models", source)), source, "models"),
+        _build(GPU, _merge(gpus, _entries(extra, "gpus", source)), source, "gpus"),
     )
 
 

@@ -13,9 +13,11 @@ import hashlib
 import json
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
+from typing import Annotated, Any
 
-import yaml
+from pydantic import BeforeValidator, Field, create_model
 
+from bench import files
 from bench.errors import BadInput
 from bench.model.fits.catalog import DATA
 
@@ -55,16 +57,42 @@ class Efficiency:
         Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n")
 
     def updated(self, values: dict) -> Efficiency:
-        known = {f.name for f in fields(self)}
-        clean = {}
-        for key, val in values.items():
-            if key not in known:
-                raise BadInput(f"calibration: unknown factor '{key}'; valid: {', '.join(sorted(known))}")
-            val = val.get("value") if isinstance(val, dict) else val
-            if not isinstance(val, int | float) or isinstance(val, bool) or val < 0:
-                raise BadInput(f"calibration: '{key}' must be a non-negative number, got {val!r}")
-            clean[key] = float(val)
-        return replace(self, **clean)
+        """These factors with `values` (checked by the calibration schema) over them."""
+        return replace(self, **files.check(Factors, values, "calibration").model_dump(exclude_none=True))
+
+
+# each factor's range: a fraction of a datasheet figure is above 0 and at most 1 (a division by hbm_eff 0 is no
+# model), a rate or size above 0, a time at least 0; all finite (bench/files.py)
+FRACTIONS = {"hbm_eff", "bf16_eff", "fp8_eff", "int8_eff", "allreduce_eff", "prefill_attn_eff"}
+SHARES = {"overlap", "mtp_accept"}  # 0 is a meaning (nothing hidden, nothing accepted)
+TIMES = {"kernel_us", "launch_us", "allreduce_latency_us", "dp_gather_latency_us", "step_overhead_ms",
+         "request_overhead_ms", "stream_token_us"}
+
+
+def _value(v: object) -> object:
+    """A factor is a number or {value: x, source: "..."}."""
+    if isinstance(v, dict) and set(v) <= {"value", "source"} and "value" in v:
+        return v["value"]
+    if isinstance(v, dict):
+        raise ValueError("a factor is a number or {value: x, source: \"...\"}")
+    return v
+
+
+def _factor(name: str) -> object:
+    bounds = {"gt": 0, "le": 1} if name in FRACTIONS else {"ge": 0, "le": 1} if name in SHARES else \
+        {"ge": 0, "le": 1e6} if name in TIMES else {"gt": 0, "le": 1e6}
+    return Annotated[Annotated[float, Field(allow_inf_nan=False, **bounds)] | None, BeforeValidator(_value)]
+
+
+Factors = create_model("Factors", __base__=files.Schema,
+                       **{f.name: (_factor(f.name), None) for f in fields(Efficiency)})
+META = ("gpu", "model", "source", "fitted_at", "runs", "kernels", "validation", "method")
+_Meta = {k: (Any, None) for k in META}
+FlatFile = create_model("FlatFile", __base__=Factors, **_Meta)
+Kernels = dict[str, Annotated[int, BeforeValidator(_value), Field(ge=1, le=10_000)]]
+LayeredFile = create_model("LayeredFile", __base__=files.Schema, **{
+    **_Meta, "default": (Factors | None, None), "gpus": (dict[str, Factors] | None, None),
+    "kernels": (Kernels | None, None), "scale": (dict[str, Any] | None, None)})
 
 
 _parsed: dict[tuple, dict] = {}
@@ -75,21 +103,12 @@ def _read(path: Path) -> dict:
     key = _stamp(path)
     if key in _parsed:
         return copy.deepcopy(_parsed[key])
-    try:
-        text = path.read_text()
-    except OSError as e:
-        raise BadInput(f"calibration file not readable: {path}") from e
-    try:
-        raw = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
-    except (json.JSONDecodeError, yaml.YAMLError) as e:
-        raise BadInput(f"calibration file {path} is not valid {path.suffix.lstrip('.') or 'YAML'}") from e
+    raw = files.read(path, "calibration")
     if not isinstance(raw, dict):
-        raise BadInput(f"calibration file {path} must hold a map of factors")
+        raise BadInput(f"{path}: a calibration file holds a map of factors, not a {type(raw).__name__}")
+    files.check(LayeredFile if "default" in raw or "gpus" in raw else FlatFile, raw, str(path))
     _parsed[key] = raw
     return copy.deepcopy(raw)
-
-
-META = ("gpu", "model", "source", "fitted_at", "runs", "kernels", "validation", "method")
 
 
 def _layers(raw: dict, gpu_id: str) -> list[dict]:

@@ -197,17 +197,21 @@ def test_every_prior_has_a_source():
 
 
 @pytest.mark.parametrize("text, message", [
-    (json.dumps({"hbm": 0.5}), "unknown factor 'hbm'"),
-    (json.dumps({"hbm_eff": "fast"}), "non-negative number"),
+    (json.dumps({"hbm": 0.5}), "hbm: unknown key .known: .*hbm_eff"),
+    (json.dumps({"hbm_eff": "fast"}), "hbm_eff: .*number.*'fast'"),
+    (json.dumps({"hbm_eff": 0}), "hbm_eff: .*greater than 0, got 0"),  # divided by
+    (json.dumps({"gpus": {"h200": {"hbm_eff": 1e308}}}), "gpus.h200.hbm_eff: .*less than or equal to 1"),
+    ('{"kernel_us": NaN}', "NaN is not a finite number"),
+    ('{"kernel_us": -Infinity}', "-Infinity is not a finite number"),
     ("[1, 2]", "map of factors"),
-    ("{not json", "not valid json"),
+    ("{not json", "not a calibration JSON"),
 ])
 def test_bad_calibration_is_one_clear_error(tmp_path, text, message):
     path = tmp_path / "bad.json"
     path.write_text(text)
     with pytest.raises(BadInput, match=message):
         load_efficiency("h200", path)
-    with pytest.raises(BadInput, match="not readable"):
+    with pytest.raises(BadInput, match="no such calibration file"):
         load_efficiency("h200", tmp_path / "missing.json")
 
 
