@@ -35,6 +35,7 @@ from bench.model.step.perfmodel import PerfModel, prefill_pairs
 CLIP_MAX_NEW_TOKENS = 4096
 INIT_NEW_TOKEN_RATIO, MIN_NEW_TOKEN_RATIO, RATIO_DECAY_STEPS = 0.7, 0.7 * 0.14, 600
 RETRACT_DECODE_STEPS = 20
+MAX_SPAN = 512  # decode steps one span may stand for
 
 
 @dataclass(eq=False)
@@ -65,6 +66,7 @@ class Step:
     decode: int  # running requests that decode one token in this step
     decode_ctx: int
     duration: float
+    span: int = 1  # decode steps this step stands for (decode_span: identical steps between two events)
 
 
 class PrefixCache:
@@ -343,16 +345,40 @@ class Scheduler:
             busiest = max(busiest, (k, prefill_pairs(k, prefix)))
         return Step(prefill, n, ctx, self.perf.step_time(n, ctx, tokens, pairs, kv, busiest=busiest))
 
+    def decode_span(self, gap: float) -> Step | None:
+        """Decode steps with nothing between them (no request waiting, arriving within `gap` seconds, prefilling or
+        finishing before the last, and KV room for all of them without evicting), as one Step whose duration is
+        their sum: Simpson's rule over the growing context (exact where a step's time is quadratic in it). None
+        when fewer than two such steps come next: plan() then takes the next step alone. Virtual time only (the
+        twin takes each step)."""
+        n = len(self.decoding)
+        if not n or self.prefilling or self.waiting or self.inbox:
+            return None
+        k = min(self.heap[0][0] - self.steps if self.heap else 0, self.free_tokens // (self.per_step * n), MAX_SPAN)
+        ctx = self._decode_ctx()
+        t0 = self.perf.step_time(n, ctx)
+        if t0 > 0 and math.isfinite(gap):
+            k = min(k, int(gap / t0))
+        while k >= 2:
+            grow = self.accept * n
+            mid = self.perf.step_time(n, int(ctx + grow * (k - 1) / 2))
+            total = k * (t0 + 4 * mid + self.perf.step_time(n, int(ctx + grow * (k - 1)))) / 6
+            if total <= gap:
+                return Step([], n, ctx, total, span=k)
+            k = min(k - 1, int(k * gap / total))
+        return None
+
     def commit(self, step: Step, now: float) -> tuple[list[Request], list[Request]]:
         """Apply a planned step that ended at `now`: (requests that got their first token, requests done)."""
         first, done = [], []
-        self.recv_count += self.recv_interval if step.prefill else 1
+        k = step.span
+        self.recv_count += self.recv_interval if step.prefill else k
         if step.decode:
-            self.steps += 1
-            self.private += self.accept * len(self.decoding)
-            self.stats["generation_tokens"] += self.accept * len(self.decoding)
+            self.steps += k
+            self.private += self.accept * len(self.decoding) * k
+            self.stats["generation_tokens"] += self.accept * len(self.decoding) * k
             self.new_token_ratio = max(MIN_NEW_TOKEN_RATIO, self.new_token_ratio
-                                       - (INIT_NEW_TOKEN_RATIO - MIN_NEW_TOKEN_RATIO) / RATIO_DECAY_STEPS)
+                                       - k * (INIT_NEW_TOKEN_RATIO - MIN_NEW_TOKEN_RATIO) / RATIO_DECAY_STEPS)
             while self.heap and self.heap[0][0] <= self.steps:
                 _, _, req = heapq.heappop(self.heap)
                 if req.state == "running" and self._finish_step(req) == self.steps:

@@ -109,7 +109,7 @@ def play(sched: Scheduler, reqs: list[Request], concurrency: int | None = None, 
         while head < len(ready) and ready[head][0] <= t:
             sched.submit(reqs[ready[head][1]])
             head += 1
-        step = sched.plan()
+        step = sched.decode_span(ready[head][0] - t if head < len(ready) else math.inf) or sched.plan()
         if step is None:
             if head < len(ready):
                 t = ready[head][0]
