@@ -37,6 +37,7 @@ METRICS = ("ttft_p50", "ttft_p90", "tpot_p50", "tpot_p90", "output_tps")
 BOUNDS = {"hbm_eff": (0.05, 1.0), "bf16_eff": (0.02, 1.0), "kernel_us": (0.1, 100.0),
           "step_overhead_ms": (0.01, 200.0), "kernel_scale": (0.2, 5.0)}
 STARTS = (1.0, 0.5, 2.0)  # every factor times this, clipped to its bounds: the starts of the fit
+LONGEST_S = 1e5  # a TTFT or TPOT past the longest request timeout an option takes (--timeout) is no measurement
 
 
 def fitted_factors(gpu: str) -> tuple[str, ...]:
@@ -77,10 +78,18 @@ def load_run(store: Store, run_id: str, deployment: str | None = None) -> Measur
             ORDER BY 1""", [run_id]).fetchall()
     if not rows:
         raise BadInput(f"run {run_id} has no completed requests to calibrate on")
-    t0 = rows[0][0]
-    m = [r for r in rows if r[6]]
+    mid = sorted(r[0] for r in rows if _usable(r[0]))[len(rows) // 2] if any(_usable(r[0]) for r in rows) else 0
+    rows = [r for r in rows if _usable(r[0]) and abs(r[0] - mid) < 100 * LONGEST_S]  # not 1e308
+    measured = [r for r in rows if r[6]]
+    m = [r for r in measured if _time(r[4]) and (r[5] is None or _time(r[5]))]
     if len(m) < 5:
-        raise BadInput(f"run {run_id} has {len(m)} measured requests; calibration needs at least 5")
+        bad = len(measured) - len(m)
+        raise BadInput(f"run {run_id}: nothing to fit: {len(m)} measured requests with usable times, calibration "
+                       f"needs at least 5" + (f" ({bad} have a TTFT or TPOT that is zero, negative, not a number or "
+                                              f"above {LONGEST_S:g} s)" if bad else ""))
+    kept = {id(r) for r in m}
+    rows = [r for r in rows if not r[6] or id(r) in kept]
+    t0 = rows[0][0]
     ttft = [r[4] * scale for r in m if r[4] is not None]
     tpot = [r[5] * scale for r in m if r[5] is not None]
     span = (max(r[0] + (r[4] or 0) for r in m) - min(r[0] for r in m)) * scale
@@ -88,9 +97,20 @@ def load_run(store: Store, run_id: str, deployment: str | None = None) -> Measur
                 "tpot_p50": simulate.percentile(tpot, 50), "tpot_p90": simulate.percentile(tpot, 90)}
     measured["output_tps"] = _throughput([(r[0] - t0) * scale for r in m], [r[4] * scale for r in m],
                                          [r[3] for r in m], [r[5] * scale if r[5] else 0.0 for r in m]) if span else 0
+    if not (math.isfinite(measured["ttft_p50"]) and measured["ttft_p50"] > 0):
+        raise BadInput(f"run {run_id}: nothing to fit: its measured TTFT median is {measured['ttft_p50']:g} s")
     return MeasuredRun(run_id, dep, scale, [(r[0] - t0) * scale for r in rows],
                        [max(1, r[1] - r[2]) for r in rows], [r[3] for r in rows],
                        [i for i, r in enumerate(rows) if r[6]], measured)
+
+
+def _usable(t: float | None) -> bool:
+    return t is not None and math.isfinite(t)
+
+
+def _time(t: float | None) -> bool:
+    """A latency a run could have measured: finite, above 0, below LONGEST_S."""
+    return _usable(t) and 0 < t < LONGEST_S
 
 
 def _throughput(arrivals: list[float], ttft: list[float], out: list[int], tpot: list[float]) -> float:
@@ -140,8 +160,10 @@ def residuals(runs: list[MeasuredRun], eff: Efficiency) -> np.ndarray:
 
 
 def _loss(runs: list[MeasuredRun], eff: Efficiency) -> float:
+    """Mean squared log error over the metrics that can be compared (inf when none can)."""
     r = residuals(runs, eff)
-    return float(np.mean(r ** 2)) if r.size else math.inf
+    compared = np.count_nonzero(r)
+    return float(np.sum(r ** 2) / compared) if compared else math.inf
 
 
 @dataclass
@@ -207,6 +229,9 @@ def calibrate(store: Store, run_ids: list[str], deployment: str | None, out: Pat
         raise BadInput(f"calibrate runs of one GPU kind at a time; these ran on {', '.join(sorted(gpus))}")
     gpu = gpus.pop()
     start = load_efficiency(gpu)
+    if not math.isfinite(_loss(runs, start)):
+        raise BadInput(f"nothing to fit: no metric of run(s) {', '.join(run_ids)} can be compared with the model's "
+                       "prediction (each measured and predicted value must be finite and above 0)")
     before = errors(runs, start)
     result = fit_with_uncertainty(runs, start, progress)
     after = errors(runs, result.eff)

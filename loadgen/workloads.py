@@ -14,11 +14,13 @@ import random
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import yaml
+from bench import files
+from bench.errors import BadInput
+from loadgen.workload_schema import LengthSpec, WorkloadSpec
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "workloads"
 DEFAULT_TOOL_OUTPUT = {"dist": "lognormal", "median": 1200, "sigma": 0.7, "min": 50, "max": 16000}
-KINDS = ("synthetic", "shared_prefix", "long_context", "multi_turn", "agentic_coding", "sharegpt", "trace")
+SHAREGPT_MAX_BYTES = 1 << 31  # the whole published ShareGPT set is ~650 MB
 
 _WORDS = (
     "the of and to in is you that it he was for on are as with his they at be this have from or one had by word "
@@ -56,24 +58,16 @@ class Lengths:
     params: dict = field(default_factory=dict)
 
     @classmethod
-    def parse(cls, spec: int | dict) -> Lengths:
-        if isinstance(spec, int | float):
-            return cls("fixed", {"value": int(spec)})
-        if not isinstance(spec, dict) or "dist" not in spec:
-            raise WorkloadError(f"a length is a number or {{dist: ..., ...}}, not {spec!r}")
-        dist = spec["dist"]
-        need = {"fixed": ("value",), "uniform": ("min", "max"), "normal": ("mean", "std"),
-                "lognormal": ("median", "sigma"), "histogram": ("bins",)}
-        if dist not in need:
-            raise WorkloadError(f"unknown length dist {dist!r} (one of {', '.join(need)})")
-        missing = [k for k in need[dist] if k not in spec]
-        if missing:
-            raise WorkloadError(f"length dist {dist} needs {', '.join(missing)}")
-        if dist == "histogram":
-            bins = spec["bins"]  # [[lo, hi, weight], ...]
-            if not bins or any(len(b) != 3 or b[0] > b[1] or b[2] < 0 for b in bins):
-                raise WorkloadError("histogram bins are [[lo, hi, weight], ...] with lo <= hi, weight >= 0")
-        return cls(dist, {k: v for k, v in spec.items() if k != "dist"})
+    def parse(cls, spec: int | dict | LengthSpec, where: str = "length") -> Lengths:
+        """N tokens or {dist: ..., ...}, checked by the workload schema (loadgen/workload_schema.py)."""
+        if isinstance(spec, int | float) and not isinstance(spec, bool):
+            spec = {"dist": "fixed", "value": spec}
+        if not isinstance(spec, LengthSpec):
+            parsed, wrong = files.problems(LengthSpec, spec, where)
+            if wrong:
+                raise WorkloadError("\n".join(wrong))
+            spec = parsed
+        return cls(spec.dist, {k: v for k, v in spec.model_dump(exclude_none=True).items() if k != "dist"})
 
     def sample(self, rng: random.Random) -> int:
         p = self.params
@@ -268,11 +262,9 @@ class Workload:
             if not path.is_file():
                 raise WorkloadError(f"sharegpt workload: no file at {path!s}")
             try:
-                raw = json.loads(path.read_text())
-            except (json.JSONDecodeError, UnicodeDecodeError) as e:
-                raise WorkloadError(f"sharegpt workload: {path} is not JSON ({e})") from None
-            except OSError as e:
-                raise WorkloadError(f"sharegpt workload: {path} cannot be read ({e.strerror or e})") from None
+                raw = files.read(path, "ShareGPT", "json", SHAREGPT_MAX_BYTES)
+            except BadInput as e:
+                raise WorkloadError(f"sharegpt workload: {e}") from None
             pairs = []
             for item in raw if isinstance(raw, list) else []:
                 turns = item.get("conversations") or [] if isinstance(item, dict) else []
@@ -317,30 +309,28 @@ def names() -> list[str]:
 
 def _read(path: Path) -> dict:
     try:
-        spec = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as e:
-        raise WorkloadError(f"workload {path}: not valid YAML ({str(e).splitlines()[0]})") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise WorkloadError(f"workload {path}: cannot be read as text ({getattr(e, 'strerror', None) or e})") from None
+        spec = files.read(path, "workload", "yaml")
+    except BadInput as e:
+        raise WorkloadError(str(e)) from None
     if not isinstance(spec, dict):
-        raise WorkloadError(f"workload {path}: expected a mapping")
+        raise WorkloadError(f"{path}: a workload is a mapping (type, input, output, ...), not a {type(spec).__name__}")
     return spec
 
 
 def load(name_or_path: str, seed: int | None = None, api: str | None = None) -> Workload:
     """A built-in name (data/workloads/NAME.yaml), a workload YAML path, or a ShareGPT JSON path."""
     path = Path(name_or_path)
-    if path.suffix == ".json" and path.is_file():
+    if path.suffix == ".json" and path.exists():
         return from_dict({"name": path.stem, "type": "sharegpt", "path": str(path.resolve())}, seed, api)
-    if not path.is_file():
+    if not path.exists():
         path = DATA / f"{name_or_path}.yaml"
         if not path.is_file():
             raise WorkloadError(f"unknown workload {name_or_path!r}: not a file, and not one of {', '.join(names())}")
-    spec = _read(path)
+    spec = _read(path)  # a FIFO or a device is refused here, with its path
     spec.setdefault("name", path.stem)
     if isinstance(spec.get("path"), str) and Path(spec["path"]).is_file():  # the same file in every worker process
         spec["path"] = str(Path(spec["path"]).resolve())
-    return from_dict(spec, seed, api)
+    return from_dict(spec, seed, api, source=str(path))
 
 
 def synthetic(input_len: str, output_len: str, seed: int | None = None, api: str | None = None) -> Workload:
@@ -372,25 +362,22 @@ def synthetic(input_len: str, output_len: str, seed: int | None = None, api: str
 OLD_KEYS = ("input_len", "output_len", "system_prompt", "sessions")
 
 
-def from_dict(spec: dict, seed: int | None = None, api: str | None = None) -> Workload:
-    """The schema (data/workloads/README.md): {name, type, api, description, input, output, ...type options}."""
+def from_dict(spec: dict, seed: int | None = None, api: str | None = None, source: str = "workload") -> Workload:
+    """The schema (data/workloads/README.md, loadgen/workload_schema.py): {name, type, api, description, input,
+    output, ...type options}; every problem a line naming `source`, the key and the value."""
     old = [k for k in OLD_KEYS if k in spec]
     if old:
-        raise WorkloadError(f"workload {spec.get('name', '?')}: {', '.join(old)} belong to an older schema; write "
+        raise WorkloadError(f"{source}: {', '.join(old)} belong to an older schema; write "
                             "input:/output: {dist: ...}, groups:/system_tokens:, concurrent_sessions:/turns: "
                             "(data/workloads/README.md)")
-    kind = spec.get("type", "synthetic")
-    if kind not in KINDS:
-        raise WorkloadError(f"unknown workload type {kind!r} (one of {', '.join(KINDS)})")
-    api = api or spec.get("api", "chat")
-    if api not in ("chat", "completions"):
-        raise WorkloadError(f"api must be chat or completions, not {api!r}")
-    if kind == "agentic_coding" and api != "chat":
-        raise WorkloadError("agentic_coding needs the chat API (tool calls)")
+    try:
+        wl = files.check(WorkloadSpec, {**spec, **({"api": api} if api else {})}, source)
+    except BadInput as e:
+        raise WorkloadError(str(e)) from None
+    if wl.type == "agentic_coding" and wl.api != "chat":
+        raise WorkloadError(f"{source}: api: agentic_coding needs the chat API (tool calls), got {wl.api!r}")
     known = {"name", "type", "api", "input", "output", "seed", "ignore_eos", "description"}
-    seed = int(spec.get("seed", 0)) if seed is None else seed
-    return Workload(name=str(spec.get("name", kind)), type=kind, api=api, seed=seed,
-                    description=str(spec.get("description", "")),
-                    input=Lengths.parse(spec.get("input", 256)), output=Lengths.parse(spec.get("output", 128)),
-                    options={k: v for k, v in spec.items() if k not in known},
-                    ignore_eos=bool(spec.get("ignore_eos", True)))
+    options = {k: v for k, v in wl.model_dump(exclude_none=True).items() if k not in known and k in spec}
+    return Workload(name=wl.name or wl.type, type=wl.type, api=wl.api, seed=wl.seed if seed is None else seed,
+                    description=wl.description, input=Lengths.parse(wl.input), output=Lengths.parse(wl.output),
+                    options=options, ignore_eos=wl.ignore_eos)

@@ -256,7 +256,7 @@ def _sources(co: Checkout, versions: list[dict], notes: dict, written: dict) -> 
                              "AIConfigurator's 'flash_attention' kernel is SGLang's FlashAttention backend: fa3 on "
                              "Hopper, trtllm_mla on Blackwell",
                              "GLM-4.x's MoE shape (5120 x 1536, 160 experts) was not collected: the nearest measured "
-                             "shapes are kept and scaled (bench/model/kernels.py says so in its answer)",
+                             "shapes are kept and scaled (bench/model/step/kernels.py says so in its answer)",
                              "the MoE tables' balanced token distribution only; power-law rows were dropped"]},
         "versions": sorted(grouped.values(), key=lambda e: (e["gpu"], e["op"], e["sglang"])),
         "reuse": reuse,

@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 
 from bench.errors import BadInput
-from bench.model import Deployment, catalog, disagg, parse_spec
+from bench.model import Deployment, catalog, parse_spec
+from bench.model.pd import disagg
 
 
 @dataclass

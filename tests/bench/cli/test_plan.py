@@ -53,11 +53,11 @@ def test_plan_gives_your_deployment_its_interval_and_evidence_beside_the_recomme
     experts: the recommendation is another configuration, and theirs still gets its own interval and the sentence
     that only 3 published cases stand behind it, with what those delivered."""
     out = capbench("plan", "--model", "kimi-k2-thinking", "--gpus", "h200", "--gpu", "h200", "--tp", "8",
-                   "--kv-dtype", "fp8_e4m3", "--weights", "native", "--no-pd")
+                   "--kv-dtype", "fp8_e4m3", "--weights", "native", "--no-pd", "--details")
     assert out.returncode == 0, out.stderr
     text = " ".join(out.stdout.split())
     yours = text.split("Yours: h200 x8 tp8, int4-g32 experts (native), fp8_e4m3 KV:", 1)
     assert len(yours) == 2, text[:2000]
-    assert "Cheapest that serves it:" in yours[0] and "int4" not in yours[0].split("80 % interval")[0]
+    assert "Answer, colocated:" in yours[0] and "INT4" not in yours[0].split("Range:")[0]
     assert "80 % interval" in yours[1] and "Only 3 published cases for INT4 experts, MLA on Hopper (they delivered" \
         in yours[1] and "measure before buying" in yours[1]

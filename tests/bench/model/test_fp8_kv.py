@@ -3,7 +3,7 @@
 import pytest
 
 from bench.model import catalog, fp8_kv
-from bench.model.capacity import Deployment
+from bench.model.fits.capacity import Deployment
 
 
 def test_kimi_on_h200_fa3_buys_pool_and_costs_step_time():

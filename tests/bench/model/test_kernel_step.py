@@ -4,10 +4,10 @@ roofline where no table covers an operator (and said), the case's own SGLang ver
 import pytest
 
 from bench.model import catalog, corpus, kernels
-from bench.model.calibration import load_efficiency
-from bench.model.capacity import Deployment
-from bench.model.perfmodel import PerfModel
-from bench.model.validate import deployment
+from bench.model.evidence.validate import deployment
+from bench.model.fits.capacity import Deployment
+from bench.model.step.calibration import load_efficiency
+from bench.model.step.perfmodel import PerfModel
 
 
 def dep(model="kimi-k2-thinking", gpu="h200", tp=8, **kw) -> Deployment:
