@@ -119,7 +119,12 @@ class KernelStep:
 
     def _moe(self, tokens: float) -> float:
         got = kernels.moe_time(self.dep.model, self.gpu, self.experts_fmt, tokens, self.ep, self.tp, self.version)
-        return self._op("MoE", got, f"{self.experts_fmt} MoE on {self.gpu}", {"tokens": tokens})
+        if got is None and kernels.moe_time(self.dep.model, self.gpu, self.experts_fmt, 1, self.ep, self.tp,
+                                            self.version):
+            self.unmeasured.setdefault("MoE beyond", f"MoE steps past {kernels.BEYOND:g}x the table's largest "
+                                                     f"token count on {self.gpu}: roofline")
+            return self.fallback("MoE", {"tokens": tokens})
+        return self._op("MoE", got, f"{self.experts_fmt} MoE on {self.gpu} at EP {self.ep}", {"tokens": tokens})
 
     def allreduce(self, tokens: float, graph: bool) -> float:
         if self.attn_tp <= 1 or tokens <= 0:
