@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+from bench.model.advice.launch import patch_flags
 from bench.model.advice.option import Option
 from bench.model.advice.plan import Plan
 from bench.model.evidence import corpus
@@ -119,7 +120,7 @@ def _disaggregated(question: str, v: Versus) -> Headline:
                             "published PD cases")
     cases = [c for c in corpus.load() if c.kind == "disaggregated"]
     h.risks = [f"PD figures come from an analytic model checked on {len(cases)} published PD runs: a first estimate"]
-    h.launch = [line for c in pd_launch.commands(d)
+    h.launch = [line for c in pd_launch.commands(d, patches=patch_flags(s.kv_dtype))
                 for line in (f"# {'router' if c.role == 'router' else f'{c.role} {c.instance} node {c.node}'}",
                              c.command)]
     return h
