@@ -1,10 +1,10 @@
 """What we predict: pure arithmetic on data/ (no DB, no HTTP, no GPU), in layers that import only downwards:
 
 fits      what fits: catalog, backend (the attention backend SGLang runs), capacity (SGLang's memory arithmetic), spec
-step      what a step costs: perfmodel, calibration (its factors), interconnect (DeepEP, KV transfer)
+step      what a step costs: perfmodel, kernels + kernel_step (measured kernel tables), calibration, interconnect
 serving   how a server schedules and queues: workload, scheduler, queues, slo, simulate, rate (the one rate search)
 evidence  what the evidence says: corpus, validate, fit, interval, confidence, bootstrap, paired
-advice    what to buy: option, plan, curve, launch
+advice    what to buy: option, plan, curve, launch, fp8_kv (FP8 KV's pool gain and step cost per backend)
 pd        prefill/decode disaggregation: disagg, search, simulate, interval, versus, launch, validate
 answer    what we answer: the headline (the CLI's first screen, the Planner's top, a report's first section)
 
@@ -19,6 +19,7 @@ from bench.model.advice import (
     Plan,
     Question,
     curve,
+    fp8_kv,
     launch,
     make_plan,
     option,
@@ -72,6 +73,7 @@ from bench.model.step import (
     PerfModel,
     calibration,
     interconnect,
+    kernels,
     load_efficiency,
     perfmodel,
     usd_per_million,
@@ -81,7 +83,7 @@ __all__ = [
     "answer", "pd", "backend", "calibration", "capacity", "catalog", "corpus", "curve", "fit", "interval", "launch",
     "option",
     "perfmodel", "plan", "rate", "scheduler", "simulate", "slo", "spec", "validate", "workload", "interconnect",
-    "queues", "confidence", "bootstrap", "paired",
+    "queues", "confidence", "bootstrap", "paired", "kernels", "fp8_kv",
     "Efficiency", "load_efficiency", "Capacity", "Deployment", "HOURS_PER_MONTH", "Config", "Option", "PerfModel",
     "Plan", "Question", "make_plan", "workload_names", "Prediction", "search_rate", "within_slo", "Request",
     "Scheduler", "Point", "Sweep", "Slo", "parse_slo", "Spec", "parse_spec", "Workload", "fixed_workload",

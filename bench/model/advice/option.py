@@ -24,10 +24,11 @@ class Config:
     ep: int = 1
     kv_dtype: str = "bf16"
     weights: str = "native"
+    attention: str | None = None  # --attention-backend; None: the one the launch line names by default
 
     def deployment(self, model: str, context: int | None = None) -> Deployment:
         return Deployment(catalog.model(model), catalog.gpu(self.gpu), self.tp, self.dp, self.kv_dtype, self.weights,
-                          context, ep=self.ep)
+                          context, ep=self.ep, attention=self.attention)
 
     def parallelism(self) -> str:
         return f"tp{self.tp}" + (f" dp{self.dp}" if self.dp > 1 else "") + (f" ep{self.ep}" if self.ep > 1 else "")
@@ -66,13 +67,18 @@ class Option:
         """e.g. 'h200 x8 tp8, int4-g32 experts (native), fp8_e4m3 KV'."""
         experts = weight_formats(catalog.model(self.model), self.weights)[0]
         return (f"{self.config.gpu} x{self.config.tp} {self.config.parallelism()}, {experts} experts"
-                f"{' (native)' if self.weights == 'native' else ''}, {self.kv_dtype} KV")
+                f"{' (native)' if self.weights == 'native' else ''}, {self.kv_dtype} KV{self._backend()}")
+
+    def _backend(self) -> str:
+        """', on fa3' where the option names a backend other than the launch line's default."""
+        return f", on {self.config.attention}" if self.config.attention else ""
 
     @property
     def short_label(self) -> str:
         """The KV dtype and expert weights only (for comparisons at one parallelism)."""
         experts = weight_formats(catalog.model(self.model), self.weights)[0]
-        return f"{experts} experts{' (native)' if self.weights == 'native' else ''}, {self.kv_dtype} KV"
+        native = " (native)" if self.weights == "native" else ""
+        return f"{experts} experts{native}, {self.kv_dtype} KV{self._backend()}"
 
     @property
     def simulated(self) -> bool:
@@ -117,8 +123,13 @@ class Option:
         """(one-node command or None, one command per node) with every flag the price rests on: parallelism, KV
         dtype, the KV pool's memory fraction and page size, context."""
         c, cfg = self.capacity, self.config
+        named = {"attention": cfg.attention} if cfg.attention else {}
         return launch.commands(self.model, cfg.gpu, cfg.tp, cfg.kv_dtype, cfg.weights, c.context, dp=cfg.dp,
-                               ep=cfg.ep, mem_fraction=c.mem_fraction_static, page_size=c.page_size)
+                               ep=cfg.ep, mem_fraction=c.mem_fraction_static, page_size=c.page_size, **named)
+
+    def attention_backend(self) -> str | None:
+        """The attention backend this option is priced and launched with."""
+        return self.config.deployment(self.model, self.capacity.context).attention
 
     def launch(self) -> list[str]:
         """The command(s) that deploy this configuration as priced: one line on one node, else one per node."""
@@ -135,7 +146,8 @@ class Option:
         return {
             "config": self.label, "short": self.short_label, "gpu": cfg.gpu, "tp": cfg.tp, "dp": cfg.dp,
             "ep": cfg.ep, "gpus_per_instance": cfg.tp, "nodes": c.nodes, "weights": cfg.weights,
-            "kv_dtype": cfg.kv_dtype, "chosen": self.chosen, "recommended": self.recommended, "pareto": self.pareto,
+            "kv_dtype": cfg.kv_dtype, "attention": self.attention_backend(), "chosen": self.chosen,
+            "recommended": self.recommended, "pareto": self.pareto,
             "pareto_cost": self.pareto_cost, "fits": c.fits, "rejected_because": self.rejected_because,
             "simulated": self.simulated, "weights_gb_per_gpu": c.weight_bytes_per_gpu / 1e9,
             "kv_pool_tokens": c.kv_pool_tokens_total,

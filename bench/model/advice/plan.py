@@ -20,11 +20,11 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field, replace
 
 from bench.errors import BadInput
-from bench.model.advice import curve
+from bench.model.advice import curve, fp8_kv
 from bench.model.advice.launch import int4_ep
 from bench.model.advice.option import HOURS_PER_MONTH, Config, Option
 from bench.model.evidence import corpus
-from bench.model.fits import catalog
+from bench.model.fits import backend, catalog
 from bench.model.fits.capacity import capacity, weight_formats
 from bench.model.serving import workload
 from bench.model.serving.rate import Prediction, saturation_tps, search_rate
@@ -146,7 +146,7 @@ class Plan:
         o = around or self.recommended or self.chosen
         c = o.config
         same = [x for x in self.simulated if (x.config.gpu, x.config.tp, x.config.dp, x.config.ep) ==
-                (c.gpu, c.tp, c.dp, c.ep)]
+                (c.gpu, c.tp, c.dp, c.ep) and x.config.attention is None]
         return sorted(same, key=lambda x: (x.weights != "native", x.kv_dtype != "bf16"))
 
     def by_gpu(self) -> list[Option]:
@@ -200,6 +200,19 @@ def _configs(q: Question) -> list[Config]:
     if q.chosen not in out:
         out.append(q.chosen)
     return list(dict.fromkeys(out))
+
+
+def _backends(q: Question, b: Config) -> list[Config]:
+    """The FP8-KV variants of a configuration on every other SGLang backend that keeps calibrated FP8 scales
+    (bench/model/fits/backend.py), each priced with its own kernel table (the roofline, said, where it has none)."""
+    model, gpu = catalog.model(q.model), catalog.gpu(b.gpu)
+    out = []
+    for kv in ("fp8_e4m3",):
+        default = backend.launch_backend(model, gpu, kv, b.tp)
+        for w in {b.weights, q.weights}:
+            base = replace(b, kv_dtype=kv, weights=w, attention=None)
+            out += [replace(base, attention=name) for name in backend.candidates(model, gpu, kv) if name != default]
+    return out
 
 
 def _longest(wl: Workload) -> int:
@@ -307,6 +320,11 @@ def make_plan(q: Question, progress: Callable[[str, int, int], None] | None = No
         b = min(serving, key=lambda o: (o.monthly_cost, o.gpus_needed, o.usd_per_m_output)).config
         more = [o for o in alive if o not in finalists and (o.config.gpu, o.config.tp, o.config.dp, o.config.ep) ==
                 (b.gpu, b.tp, b.dp, b.ep)]
+        if not any(o.config.attention for o in finalists):  # each backend that keeps FP8 scales, own table
+            extra = [_size(q, c, wl, longest) for c in _backends(q, b)]
+            extra = [o for o in extra if o.rejected_because is None]
+            options += extra
+            more += extra
         if not more:
             break
         simulate_all(more)
@@ -339,9 +357,17 @@ def make_plan(q: Question, progress: Callable[[str, int, int], None] | None = No
     if chosen.rejected_because:
         plan.notes.append(f"Your configuration ({chosen.label}): {chosen.rejected_because}.")
     plan.notes += _interval_notes(plan)
+    plan.notes.append(fp8_note(q, (plan.recommended or chosen).config))
     if weight_formats(catalog.model(q.model), "native")[0].startswith("int4"):
         plan.notes.append(f"{q.model} ships INT4 experts: the other expert format searched is FP8 block-128.")
     return plan
+
+
+def fp8_note(q: Question, cfg: Config) -> str:
+    """FP8 KV's two effects at this GPU and parallelism, per backend that keeps its scales (advice/fp8_kv.py)."""
+    dep = replace(cfg, attention=None).deployment(q.model, q.context)
+    parts = [e.words() for e in fp8_kv.effects(dep)]
+    return f"FP8 KV on {cfg.gpu} x{cfg.tp} {cfg.parallelism()}: " + " | ".join(parts)
 
 
 def _seconds(pred: Prediction, slo: Slo) -> str:

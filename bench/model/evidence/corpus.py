@@ -81,6 +81,7 @@ class Case:
     uncertain: tuple[str, ...] = ()
     pd: dict = field(default_factory=dict)  # kind disaggregated: the phase measured, its shape and figures (raw)
     recv_interval: int = 1  # --scheduler-recv-interval from other_flags (SGLang's default: 1)
+    attention_backend: str | None = None  # --attention-backend from other_flags (None: SGLang's default)
 
     @property
     def key(self) -> str:
@@ -159,15 +160,22 @@ def _case(source: Source, c: dict) -> Case:
         pd=dict(c.get("pd") or {}, published=dict(c.get("published") or {})) if c.get("kind") == "disaggregated"
         else {},
         recv_interval=_flag_int(c.get("other_flags"), "--scheduler-recv-interval") or 1,
+        attention_backend=_flag(c.get("other_flags"), "--attention-backend"),
     )
 
 
 def _flag_int(flags: object, name: str) -> int | None:
     """The integer value of `name` in a case's other_flags ("--flag 10" or "--flag=10"), None when absent."""
+    v = _flag(flags, name)
+    return int(v) if v and v.isdigit() else None
+
+
+def _flag(flags: object, name: str) -> str | None:
+    """The value of `name` in a case's other_flags ("--flag x" or "--flag=x"), None when absent."""
     for flag in flags if isinstance(flags, list) else ():
-        m = re.fullmatch(rf"{re.escape(name)}[ =](\d+)", str(flag).strip())
+        m = re.fullmatch(rf"{re.escape(name)}[ =](\S+)", str(flag).strip())
         if m:
-            return int(m.group(1))
+            return m.group(1)
     return None
 
 

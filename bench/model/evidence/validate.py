@@ -21,8 +21,8 @@ from dataclasses import dataclass, field, replace
 
 from bench.errors import BadInput
 from bench.model.evidence.corpus import Case
-from bench.model.fits import catalog
-from bench.model.fits.capacity import Deployment, capacity, memory_tier
+from bench.model.fits import backend, catalog
+from bench.model.fits.capacity import KV_DTYPES, Deployment, capacity, memory_tier
 from bench.model.serving.scheduler import Request, Scheduler
 from bench.model.serving.simulate import play
 from bench.model.step.calibration import Efficiency
@@ -49,11 +49,17 @@ class Replay:
 
 
 def deployment(case: Case) -> Deployment:
+    """The case as launched: its SGLang version (its kernel tables price it) and attention backend, the one its
+    flags name, else the one SGLang picks by default (not the one capbench's launch line would name)."""
     if case.tp is None:
         raise BadInput("the source does not state the tensor-parallel size")
-    return Deployment(catalog.model(case.model), catalog.gpu(case.gpu), case.tp, case.dp, case.kv_dtype,
+    model, gpu = catalog.model(case.model), catalog.gpu(case.gpu)
+    named = case.attention_backend if case.attention_backend in backend.backends() else None
+    attention = named or (backend.default_backend(model, gpu, case.tp) if case.kv_dtype in KV_DTYPES else None)
+    return Deployment(model, gpu, case.tp, case.dp, case.kv_dtype,
                       case.weights, mem_fraction=case.mem_fraction, mtp=case.mtp, ep=case.ep,
-                      mtp_steps=case.mtp_steps or 3, accept_length=case.accept_length, max_running=case.max_running)
+                      mtp_steps=case.mtp_steps or 3, accept_length=case.accept_length, max_running=case.max_running,
+                      attention=attention, sglang=case.sglang_version)
 
 
 def _lengths(case: Case, rng: random.Random, n: int) -> list[tuple[int, int, int]]:

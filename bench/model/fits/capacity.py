@@ -205,6 +205,7 @@ class Deployment:
     accept_length: float | None = None  # tokens kept per step on average; None: from the calibrated accept rate
     max_running: int | None = None  # SGLang --max-running-requests (default: SGLang's; 48 with MTP)
     attention: str | None = None  # --attention-backend; None: the one a launch line names (backend.launch_backend)
+    sglang: str | None = None  # the SGLang version it runs (its kernel tables price it); None: 0.5.23, plans' own
 
     def __post_init__(self) -> None:
         if self.attention is None and self.kv_dtype in KV_DTYPES:

@@ -49,6 +49,7 @@ class Efficiency:
     mtp_accept: float = 0.7  # chance each MTP draft token is accepted (accept length 1 + p + p^2 + ...)
     ep_skew: float = 1.0  # routing imbalance beyond uniform top-k (multiplies the spread of per-rank load)
     stream_token_us: float = 100.0  # CPU time the server spends per streamed output token (detokenize, SSE, HTTP)
+    kernel_scale: float = 1.0  # measured kernel-table latencies to this deployment's (host, clocks, fusion)
 
     def to_dict(self) -> dict:
         return asdict(self)

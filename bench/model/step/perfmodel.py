@@ -1,5 +1,14 @@
 """Step times of one SGLang instance: what a forward pass reads, computes and exchanges, on one GPU of it.
 
+Where the measured kernel tables cover the GPU (data/kernels: H100, H200, B200, GB200, B300), the GPU work of a step
+is priced operator by operator from them (kernel_step.py: attention on the deployment's backend and KV dtype, MoE in
+its expert format and EP, dense GEMMs, all-reduce, for its SGLang version), times kernel_scale, plus the kernels no
+table times and the CPU terms below; an operator no table covers is priced by the roofline below and `unmeasured`
+says so. A GPU without tables (MI300X, A100) is priced by the roofline throughout ("no kernel measurement for ...:
+roofline"). CAPBENCH_PERF=roofline prices every GPU by the roofline (the before/after comparison).
+
+The roofline:
+
 A step serves D decoding requests (each verifying v tokens: 1, or MTP's draft tokens + 1) and P prompt tokens
 of chunked prefills, T = D*v + P tokens in all, spread over the dp DP-attention groups. On one GPU it takes
 
@@ -33,15 +42,18 @@ each streamed token beside the GPU: a decode step of D requests lasts at least D
 from __future__ import annotations
 
 import math
+import os
 from functools import cache
 
 from bench.model.fits.capacity import Deployment, capacity, cell_bytes, memory_tier, weight_bytes, weight_formats
+from bench.model.step import kernels
 from bench.model.step.calibration import (
     FITTED_CALIBRATION,
     Efficiency,
     kernels_per_layer,
     load_efficiency,
 )
+from bench.model.step.kernel_step import TIMED, KernelStep
 
 __all__ = ["Efficiency", "FITTED_CALIBRATION", "PerfModel", "cost_per_million_tokens", "expected_experts",
            "load_efficiency", "prefill_pairs", "summary"]
@@ -121,6 +133,46 @@ class PerfModel:
         self.accept_length = dep.accept_length or ((1 - p ** (self.steps + 1)) / (1 - p) if self.steps else 1)
         self.request_overhead_s = e.request_overhead_ms * 1e-3
         self.stream_s = e.stream_token_us * 1e-6
+        self.moe_layers = m.layers - m.first_dense_layers
+        self.kstep: KernelStep | None = None
+        self.unmeasured: dict[str, str] = {}
+        if os.environ.get("CAPBENCH_PERF") != "roofline" and kernels.versions(g.id, "moe"):
+            self.kstep = KernelStep(dep, _version(dep.sglang), self._roofline_op)
+            self.unmeasured = self.kstep.unmeasured
+            # the kernels no table times (norms, rope, router, quantisation) keep their fixed GPU cost
+            self.fixed_s = self.layers * max(self.kernels - TIMED[m.attention], 0) * e.kernel_us * 1e-6
+        else:
+            self.unmeasured["step"] = kernels.no_table(f"{g.id}") if not kernels.versions(g.id, "moe") else \
+                "kernel tables switched off (CAPBENCH_PERF=roofline): roofline"
+
+    @property
+    def model_said(self) -> str:
+        """Which model priced the steps: the kernel tables (and what they lacked) or the roofline."""
+        if self.kstep is None:
+            return self.unmeasured["step"]
+        return "; ".join(["kernel tables", *sorted(set(self.unmeasured.values()))])
+
+    def _roofline_op(self, name: str, a: dict) -> float:
+        """One operator of one layer (all layers for lm_head) by the roofline: what the kernel step falls back to."""
+        bw = self.bytes_per_s
+        if "n" in a and "k" in a:  # a dense GEMM
+            wbytes = a["n"] * a["k"] * (1 if a["fmt"].startswith("fp8") else 0.5 if a["fmt"].startswith(("int4",
+                                                                                                            "nvfp4",
+                                                                                                            "mxfp4"))
+                                        else 2)
+            return max(wbytes / bw, self._gemm_s(2 * a["rows"] * a["n"] * a["k"], a["rows"], a["fmt"]))
+        if name == "attention decode":
+            ctx = a["ctx"]
+            return max(self.cell / self.layers * ctx / bw,
+                       self.decode_attn / self.layers * ctx * a["verify"] / self.peak["bf16"])
+        if name == "attention prefill":
+            return self.prefill_attn / self.layers * a["pairs"] / self.attn_peak
+        if name == "MoE":
+            nbytes, secs = self._moe(a["tokens"])
+            return max(nbytes / bw, secs) / max(self.moe_layers, 1)
+        if name == "all-reduce":
+            return self._allreduce_s(a["tokens"], a["n"])
+        raise ValueError(name)
 
     # ---- pieces
     def _gemm_s(self, flops: float, rows: float, fmt: str, width: float = 0.0) -> float:
@@ -180,12 +232,20 @@ class PerfModel:
                    + self._gemm_s(samples * self.lm_flops, samples, "bf16")
                    + self.decode_attn * decode_ctx * v / self.dp / self.peak["bf16"]
                    + self.prefill_attn * rank_pairs / self.attn_peak)
+        eager = prefill_tokens > 0 or decode_batch > self.graph_bs
+        gather = 0.0
         if self.dp > 1:  # gather before the MoE, scatter after it, and the attention group's all-reduce
-            gather = self.eff.dp_gather_latency_us * 1e-6 + tokens * self.hidden * 2 / self.link_bytes_per_s
-            comm = 2 * gather + self._allreduce_s(group, self.attn_tp)
+            gather = 2 * (self.eff.dp_gather_latency_us * 1e-6 + tokens * self.hidden * 2 / self.link_bytes_per_s)
+            comm = gather + self._allreduce_s(group, self.attn_tp)
         else:
             comm = 2 * self._allreduce_s(tokens, self.tp)
-        eager = prefill_tokens > 0 or decode_batch > self.graph_bs
+        if self.kstep is not None:
+            k = self.kstep.step(decode_batch / self.dp, decode_ctx / self.dp, v, group, tokens, samples,
+                                rank_prefill, rank_pairs, not eager)
+            work = (k["attention"] + k["gemm"] + k["moe"]) * self.eff.kernel_scale
+            return {"memory": 0.0, "compute": work * layers_share, "fixed": self.fixed_s * layers_share,
+                    "comm": (k["comm"] * self.eff.kernel_scale + self.layers * gather) * layers_share,
+                    "launch": self.launch_s * layers_share if eager else 0.0, "overhead": self.overhead_s}
         return {"memory": mem * layers_share, "compute": compute * layers_share, "fixed": self.fixed_s * layers_share,
                 "comm": self.layers * comm * layers_share, "launch": self.launch_s * layers_share if eager else 0.0,
                 "overhead": self.overhead_s}
@@ -225,6 +285,11 @@ class PerfModel:
     def decode_throughput(self, batch: int, context: int) -> float:
         """Output tokens per second of the instance decoding `batch` sequences of `context` tokens each."""
         return batch * self.accept_length / self.step_time(batch, batch * context)
+
+
+def _version(v: str | None) -> str | None:
+    """A stated SGLang version (a corpus case's, a deployment's); None (0.5.23's default) when not stated."""
+    return v if v and v[:1].isdigit() else None
 
 
 def usd_per_million(price_per_gpu_hour: float, gpus: int, output_tps: float) -> float | None:

@@ -1,4 +1,6 @@
-"""The performance model's terms, by hand, and the properties a planner relies on."""
+"""The performance model's roofline terms, by hand, and the properties a planner relies on. The roofline prices
+what no kernel table covers; here it prices every GPU (CAPBENCH_PERF=roofline), so its arithmetic is checked on the
+GPUs whose figures are by hand. The kernel-table step is tests/bench/model/test_kernel_step.py's."""
 
 import json
 import math
@@ -12,6 +14,11 @@ from bench.model import catalog
 from bench.model.fits.capacity import Deployment, bytes_per_weight, cell_bytes, weight_bytes
 from bench.model.step.calibration import Efficiency, load_efficiency
 from bench.model.step.perfmodel import PerfModel, cost_per_million_tokens, expected_experts, prefill_pairs, summary
+
+
+@pytest.fixture(autouse=True)
+def roofline(monkeypatch):
+    monkeypatch.setenv("CAPBENCH_PERF", "roofline")
 
 
 def kimi(**kw) -> Deployment:
