@@ -28,7 +28,7 @@ IMAGE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/:@+-]{0,299}$")
 # campaign key -> the highest value accepted (the lowest is checked where the key is read: positive, an int, ...)
 HIGHEST = {"duration": 1e6, "health_timeout": 7 * 86400, "rate": 1e6, "users": 100_000, "start": 1e6, "factor": 100,
            "max_stages": 1000, "refine": 30, "min_gain": 10, "port": 65535, "tp": 4096, "dp": 4096, "ep": 4096,
-           "gpus": 4096}
+           "gpus": 4096, "count": 256, "bootstrap_port": 65535}
 # SGLang's arguments whose value is a secret: given as env:NAME, filled in from the environment inside the server's
 # process (engine_patches/launch.py), so no file, log, report or `ps` line holds it
 SECRET_FLAGS = ("--api-key", "--admin-api-key", "--hf-token", "--ssl-keyfile-password")

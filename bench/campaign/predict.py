@@ -78,8 +78,13 @@ def fit_problems(campaign: Campaign) -> list[str]:
     out = []
     for i, dep in enumerate(campaign.deployments):
         if dep.pd is not None:
+            out += pd_check.port_problems(f"deployments[{i}] ({dep.name})", dep)
             out += pd_check.fit_problems(f"deployments[{i}] ({dep.name})", dep, campaign.loads)
             continue
+        if (s := dep.pd_shape()) is not None and not (c := memory.capacity(s.deployment("prefill"))).fits:
+            out.append(f"deployments[{i}] ({dep.name}) prefill: {dep.model} ({dep.weights} weights) does not fit "
+                       f"{s.prefill_gpus}x {dep.gpu}: {c.weight_bytes_per_gpu / 2**30:,.1f} GiB of weights per GPU "
+                       f"leave no room for a KV cache")
         d, why = modelled(dep)
         if d is None:
             if dep.model is not None and "does not model" not in why:
@@ -95,10 +100,11 @@ def fit_problems(campaign: Campaign) -> list[str]:
 
 
 def check_fits(campaign: Campaign, source: str) -> None:
-    """BadInput listing every deployment that cannot fit its GPUs (the CLI prints it and exits 2)."""
+    """BadInput listing every problem a launch would hit: a deployment that cannot fit its GPUs, a disaggregated
+    one's ports that collide on a node (the CLI prints it and exits 2)."""
     problems = fit_problems(campaign)
     if problems:
-        raise BadInput(f"{source}: {len(problems)} deployment(s) cannot fit their GPUs\n" + "\n".join(problems))
+        raise BadInput(f"{source}: {len(problems)} problem(s) a launch would hit\n" + "\n".join(problems))
 
 
 def answer_tokens(wl: Workload, context: int) -> float:
