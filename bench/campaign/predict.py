@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from bench.campaign import pd_check
-from bench.campaign.spec import Campaign, DeploymentSpec, Load
+from bench.campaign.spec import Campaign, DeploymentSpec, Load, parse_campaign
 from bench.campaign.stage import Stage
 from bench.errors import BadInput
 from bench.model import (
@@ -97,6 +97,15 @@ def fit_problems(campaign: Campaign) -> list[str]:
                        f"at a static memory fraction of {c.mem_fraction_static:.3g} leave no room for a KV cache "
                        f"(short by {c.short_by_bytes_per_gpu / 2**30:,.1f} GiB per GPU)")
     return out
+
+
+def check_campaign(text: str | bytes, source: str, templates: dict | None = None,
+                   inline_templates: bool = False) -> Campaign:
+    """`capbench campaign --check`'s whole check, which the Campaigns page and serve's runner run before they queue a
+    file: the file's own problems (spec.parse_campaign), then what a launch would hit (check_fits)."""
+    campaign = parse_campaign(text, source, templates, inline_templates)
+    check_fits(campaign, source)
+    return campaign
 
 
 def check_fits(campaign: Campaign, source: str) -> None:

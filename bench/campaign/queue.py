@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 from bench.campaign import guard, record
+from bench.campaign.predict import check_campaign
 from bench.campaign.run import Interrupt, run_campaign
 from bench.campaign.spec import parse_campaign
 from bench.campaign.templates import operator_templates
@@ -72,7 +73,7 @@ def take_submissions(store: Store, db: Path, templates: dict | None = None) -> l
     ids = []
     for path in pending(db):
         try:  # a regular file of at most guard.MAX_BYTES: a FIFO or a link to /dev/zero is refused unread
-            campaign = parse_campaign(guard.read_file(path), path.name, templates)
+            campaign = check_campaign(guard.read_file(path), path.name, templates)  # what --check says
         except BadInput as e:
             if os.path.lexists(path):  # else withdrawn while being read: nothing to reject
                 reject(path, str(e).replace(str(path), path.name))
