@@ -19,6 +19,7 @@ import math
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from bench import files
 from bench.errors import BadInput
 from bench.model import Deployment, Efficiency, Request, load_efficiency, parse_spec, simulate
 from bench.store import Store
@@ -190,9 +191,11 @@ def write(path: Path, gpu: str, eff: Efficiency, run_ids: list[str]) -> None:
     doc = {}
     if path.exists():
         try:
-            doc = json.loads(path.read_text())
-        except ValueError:
-            raise BadInput(f"{path} exists and is not a calibration JSON file; pass another --out") from None
+            doc = files.read(path, "calibration", "json")
+        except BadInput as e:
+            raise BadInput(f"{e}; pass another --out") from None
+        if not isinstance(doc, dict):
+            raise BadInput(f"{path} exists and is not a calibration JSON file; pass another --out")
     gpus = doc.setdefault("gpus", {})
     gpus[gpu] = {name: round(getattr(eff, name), 6) for name in FITTED}
     doc.setdefault("runs", {})[gpu] = run_ids

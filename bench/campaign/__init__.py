@@ -23,6 +23,7 @@ from bench.campaign.predict import check_campaign, check_fits
 from bench.campaign.queue import pending, queue_dir, run_queue, serve_queue, submit
 from bench.campaign.record import completed_cells, new_campaign
 from bench.campaign.run import run_campaign
+from bench.campaign.scales import check_scales
 from bench.campaign.spec import Campaign, DeploymentSpec, Load, cell_key, load_campaign, parse_campaign
 from bench.campaign.stage import stage_counts
 from bench.campaign.templates import Template, operator_templates
@@ -31,5 +32,5 @@ __all__ = [
     "LaunchFailed", "Launched", "launch_command", "completed_cells", "new_campaign", "run_campaign", "Campaign",
     "DeploymentSpec", "Load", "cell_key", "load_campaign", "parse_campaign", "pending", "queue_dir", "run_queue",
     "serve_queue", "submit", "Template", "operator_templates", "check_fits", "check_campaign",
-    "stage_counts",
+    "check_scales", "stage_counts",
 ]
