@@ -168,7 +168,7 @@ def campaign_path(name: str, root: Path) -> Path | None:
     looks_like_path = "/" in name or p.suffix in (".yaml", ".yml")
     for candidate in ([p, root / p] if looks_like_path else [p, root / "data" / "campaigns" / f"{name}.yaml"]):
         try:
-            if candidate.is_file():
+            if candidate.exists() and not candidate.is_dir():  # a FIFO or a device: read_file says what it is
                 return candidate
         except OSError:  # a name too long for the file system
             return None
