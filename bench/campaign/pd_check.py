@@ -1,12 +1,12 @@
 """What the PD model says about a campaign's disaggregated deployment: whether each role fits its GPUs, whether a
 decode rank's KV pool holds its batch and each load's longest request (checked before anything launches, one line
-per problem), and the disaggregated shape (bench/model/disagg.py) that bench/model/pd_simulate.py plays for the
+per problem), and the disaggregated shape (bench/model/pd/disagg.py) that bench/model/pd/simulate.py plays for the
 cell's predicted column.
 
 The PD model plays P prefill and D decode instances of one shape behind a router that splits the load evenly
 (each instance of a role takes total / count), each instance with expert parallelism over all its GPUs, decode
 with DP attention over all of them (dp = ep = tp), prefill with DP attention or TP attention (dp = tp or 1): the
-shapes bench/model/pd_search.py searches. The static memory fraction and max running requests of each role are
+shapes bench/model/pd/search.py searches. The static memory fraction and max running requests of each role are
 modelled; a deployment of another shape, or with a flag that changes serving and that the model does not know, is
 "not predicted" (its capacity is still checked).
 """
@@ -19,8 +19,9 @@ from bench.campaign.pd_launch import plan
 from bench.campaign.pd_spec import Role
 from bench.campaign.spec import DeploymentSpec, Load
 from bench.errors import BadInput
-from bench.model import Deployment, catalog, disagg, load_workload
+from bench.model import Deployment, catalog, load_workload
 from bench.model import capacity as memory
+from bench.model.pd import disagg
 
 # flags the shape (or nothing it predicts) covers: the DeepEP / EPLB / two-batch-overlap setup of a PD plan
 SHAPED = {"--enable-eplb", "--enable-two-batch-overlap", "--enable-dp-attention", "--moe-a2a-backend",

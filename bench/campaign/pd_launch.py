@@ -25,8 +25,9 @@ from bench.campaign.launch import LaunchFailed, attention_args, free_port, halt,
 from bench.campaign.pd_spec import PDSpec, Role, nodes_per_instance
 from bench.campaign.spec import DeploymentSpec
 from bench.campaign.templates import Template
-from bench.model import disagg, disagg_launch
 from bench.model import launch as sglang_args
+from bench.model.pd import disagg
+from bench.model.pd import launch as disagg_launch
 from bench.store import Store
 
 

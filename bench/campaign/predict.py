@@ -21,13 +21,13 @@ from bench.model import (
     Workload,
     interval,
     load_workload,
-    pd_simulate,
     simulate,
     usd_per_million,
     within_slo,
     workload,
 )
 from bench.model import capacity as memory
+from bench.model.pd import simulate as pd_simulate
 from bench.sweep import Search, sweep
 
 ANSWER_SAMPLES = 2000
@@ -190,7 +190,8 @@ def predicted(dep: DeploymentSpec, load: Load, search: Search) -> dict:
 
 def latency_curve(d: Deployment, played: list[dict]) -> list[dict]:
     """The model's TTFT and TPOT (at the SLO's percentile, seconds of the deployment's GPUs) at each rate its sweep
-    played, each with its 80 % interval (bench/model/interval.py): the predicted curve the report draws beside the
+    played, each with its 80 % interval (bench/model/evidence/interval.py): the predicted curve the report draws
+    beside the
     measured stages."""
     out = []
     for p in sorted(played, key=lambda x: x["rate"]):

@@ -15,9 +15,11 @@ from pathlib import Path
 from bench.campaign import eval_stage, guard
 from bench.campaign.keys import with_caps, with_repeats, with_stop_grace, workload_path
 from bench.campaign.pd_spec import PDSpec, parse_pd, resolve
+from bench.campaign.problems import Problems
 from bench.campaign.templates import Template, check_runtime_use, launch_by, parse_template, runtime_keys
 from bench.errors import BadInput
-from bench.model import Deployment, Slo, catalog, disagg, parse_slo
+from bench.model import Deployment, Slo, catalog, parse_slo
+from bench.model.pd import disagg
 
 KINDS = ("twin", "sglang", "url", "disaggregated")
 DEPLOYMENT_KEYS = {"name", "baseline", "health_timeout", "stop_grace", "model", "gpu", "gpus", *KINDS}
@@ -119,11 +121,6 @@ class Campaign:
 
 def cell_key(dep: DeploymentSpec, load: Load) -> str:
     return f"{dep.name}/{load.name}"
-
-
-class Problems(list):
-    def add(self, where: str, what: str) -> None:
-        self.append(f"{where}: {what}")
 
 
 def load_campaign(path: str | Path, templates: dict[str, Template] | None = None) -> Campaign:

@@ -4,7 +4,7 @@ measured and predicted. One function makes the figures (campaign_matrix), one th
 the CLI, the HTML page and the dashboard's Campaigns page all show those tables.
 
 Rates are requests/s of the deployment's own GPUs (a twin's are divided by its time scale); $ per 1M output tokens
-is usd_per_million (bench/model/perfmodel.py) at the output tokens/s of that rate, the catalog's $/GPU-hour.
+is usd_per_million (bench/model/step/perfmodel.py) at the output tokens/s of that rate, the catalog's $/GPU-hour.
 """
 
 from __future__ import annotations
@@ -108,7 +108,7 @@ def _f(v: float | None, spec: str = ".3g", suffix: str = "") -> str:
 
 
 def _predicted(c: dict) -> str:
-    """The model's rate with its 80 % interval (bench/model/interval.py), as the plan shows it."""
+    """The model's rate with its 80 % interval (bench/model/evidence/interval.py), as the plan shows it."""
     lo, hi = c.get("predicted_rps_low"), c.get("predicted_rps_high")
     return _f(c.get("predicted_rps")) + (f" ({lo:.3g}-{hi:.3g})" if lo is not None and hi is not None else "")
 

@@ -111,7 +111,10 @@ def _method(r: Report) -> list[str]:
         f"Prices: ${q.price:.2f} per GPU-hour for {q.gpu}"
         + (" (indicative list price from data/gpus.yaml: use your own quote)" if q.price_per_gpu_hour is None
            else " (given)") + "; other GPUs at the catalog's indicative prices; a month is 730 hours.",
-        "Not modelled: prefill/decode disaggregation, failures and headroom: add your own margin (20-30 % is common).",
+        "Prefill/decode disaggregation: the cheapest PD shape is weighed against the colocated answer (the answer "
+        "above names the winner); its figures come from an analytic model checked against a handful of published PD "
+        "runs, not a calibrated interval.",
+        "Not modelled: failures and headroom: add your own margin (20-30 % is common).",
     ]
 
 
@@ -121,9 +124,14 @@ def _head(title: str) -> str:
 
 
 def to_html(r: Report) -> str:
-    q = r.plan.question
-    title = f"Capacity report: {catalog.model(q.model).name} on {catalog.gpu(q.gpu).name}"
+    title = _title(r)
     return "\n".join([_head(f"capbench {title}"), *_body(r, title), "</body></html>"])
+
+
+def _title(r: Report) -> str:
+    """The model and the load asked about: the answer may be on another GPU than the one asked about."""
+    q = r.plan.question
+    return f"Capacity report: {catalog.model(q.model).name} at {q.target_rate_rps:g} req/s"
 
 
 def to_html_many(reports: list[Report]) -> str:
@@ -137,7 +145,7 @@ def to_html_many(reports: list[Report]) -> str:
     parts = [_head(f"capbench {title}"), *index, "</ul>"]
     for r, name in zip(reports, names, strict=True):
         parts += [f"<section id='{_e(r.plan.question.model)}'>",
-                  *_body(r, f"{name} on {catalog.gpu(r.plan.question.gpu).name}"), "</section>"]
+                  *_body(r, f"{name} at {r.plan.question.target_rate_rps:g} req/s"), "</section>"]
     return "\n".join([*parts, "</body></html>"])
 
 
@@ -181,6 +189,11 @@ def _body(r: Report, title: str) -> list[str]:
     if r.drift is not None and not r.drift.empty:
         parts += ["<h2>Quality drift (capbench drift runs)</h2>", _html_table(*_drift_rows(r))]
     parts += ["<h2>Launch commands (SGLang 0.5.23 with capbench's patches)</h2>"]
+    head = r.headline
+    if head is not None and head.kind == "disaggregated":
+        parts += ["<p>The answer, prefill/decode disaggregated (one line per node, then the router):</p>",
+                  "<pre>" + _e("\n".join(head.launch)) + "</pre>",
+                  "<p>The colocated runner-up:</p>"]
     if single:
         parts += ["<p>One node:</p>", f"<pre>{_e(single)}</pre>"]
     parts += ["<p>One instance over several nodes (run one line on each node):</p>",
@@ -195,7 +208,7 @@ def to_markdown(r: Report) -> str:
     t = tables(r)
     single, multi, notes = launch(r)
     when = datetime.fromtimestamp(r.generated_at, UTC).strftime("%Y-%m-%d %H:%M UTC")
-    out = [f"# Capacity report: {catalog.model(q.model).name} on {catalog.gpu(q.gpu).name}", "",
+    out = [f"# {_title(r)}", "",
            f"capbench {__version__}, {when}. Results DB: {r.db or 'none'}. (Charts: see the HTML report.)", "",
            "## The question", "", question_text(q), "", "## The answer", ""]
     out += [f"- {x}" for x in answer_lines(r)] + [""]
@@ -211,6 +224,9 @@ def to_markdown(r: Report) -> str:
     if r.drift is not None and not r.drift.empty:
         out += ["## Quality drift (capbench drift runs)", "", _md_table(*_drift_rows(r)), ""]
     out += ["## Launch commands (SGLang 0.5.23 with capbench's patches)", ""]
+    if r.headline is not None and r.headline.kind == "disaggregated":
+        out += ["The answer, prefill/decode disaggregated (one line per node, then the router):", "", "```bash",
+                *r.headline.launch, "```", "", "The colocated runner-up:", ""]
     if single:
         out += ["One node:", "", "```bash", single, "```", ""]
     out += ["One instance over several nodes (one line on each node):", "", "```bash", *multi, "```", ""]

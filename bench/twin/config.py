@@ -6,7 +6,8 @@ from dataclasses import dataclass, fields
 
 from bench.checks import GPUS_MAX
 from bench.errors import BadInput
-from bench.model import Deployment, catalog, disagg, parse_spec
+from bench.model import Deployment, catalog, parse_spec
+from bench.model.pd import disagg
 
 
 @dataclass

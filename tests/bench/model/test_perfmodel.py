@@ -9,9 +9,9 @@ from hypothesis import strategies as st
 
 from bench.errors import BadInput
 from bench.model import catalog
-from bench.model.calibration import Efficiency, load_efficiency
-from bench.model.capacity import Deployment, bytes_per_weight, cell_bytes, weight_bytes
-from bench.model.perfmodel import PerfModel, cost_per_million_tokens, expected_experts, prefill_pairs, summary
+from bench.model.fits.capacity import Deployment, bytes_per_weight, cell_bytes, weight_bytes
+from bench.model.step.calibration import Efficiency, load_efficiency
+from bench.model.step.perfmodel import PerfModel, cost_per_million_tokens, expected_experts, prefill_pairs, summary
 
 
 def kimi(**kw) -> Deployment:
@@ -187,7 +187,7 @@ def test_calibration_file_overrides_and_round_trips(tmp_path):
 def test_every_prior_has_a_source():
     import yaml
 
-    from bench.model.calibration import DEFAULT_CALIBRATION
+    from bench.model.step.calibration import DEFAULT_CALIBRATION
 
     raw = yaml.safe_load(DEFAULT_CALIBRATION.read_text())
     for section in [raw["default"], raw["kernels"], *raw["gpus"].values()]:

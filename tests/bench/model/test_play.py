@@ -5,8 +5,8 @@ import subprocess
 import sys
 
 from bench.model import Deployment, catalog
-from bench.model.simulate import BLOCK, make_scheduler, play, run
-from bench.model.workload import fixed_workload, make_requests
+from bench.model.serving.simulate import BLOCK, make_scheduler, play, run
+from bench.model.serving.workload import fixed_workload, make_requests
 
 DEP = Deployment(catalog.model("glm-4.5-air"), catalog.gpu("h100-sxm"), 4, kv_dtype="fp8_e4m3")
 WL = fixed_workload(1000, 200)

@@ -1,0 +1,10 @@
+"""What to buy: one deployment option with its capacity, rate and cost (option), the search over GPUs, parallelism,
+KV dtype and expert formats that recommends one (plan), a configuration's throughput-per-GPU curve (curve) and the
+SGLang command lines that launch it (launch)."""
+
+from bench.model.advice import curve, launch, option, plan
+from bench.model.advice.option import HOURS_PER_MONTH, Config, Option
+from bench.model.advice.plan import Plan, Question, make_plan, workload_names
+
+__all__ = ["curve", "launch", "option", "plan", "HOURS_PER_MONTH", "Config", "Option", "Plan", "Question",
+           "make_plan", "workload_names"]
