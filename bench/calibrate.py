@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 from scipy.optimize import least_squares
 
+from bench import files
 from bench.errors import BadInput
 from bench.model import Deployment, Efficiency, Request, kernels, load_efficiency, parse_spec, simulate
 from bench.store import Store
@@ -242,9 +243,11 @@ def write(path: Path, gpu: str, eff: Efficiency, run_ids: list[str], result: Fit
     doc = {}
     if path.exists():
         try:
-            doc = json.loads(path.read_text())
-        except ValueError:
-            raise BadInput(f"{path} exists and is not a calibration JSON file; pass another --out") from None
+            doc = files.read(path, "calibration", "json")
+        except BadInput as e:
+            raise BadInput(f"{e}; pass another --out") from None
+        if not isinstance(doc, dict):
+            raise BadInput(f"{path} exists and is not a calibration JSON file; pass another --out")
     gpus = doc.setdefault("gpus", {})
     names = result.factors if result else fitted_factors(gpu)
     gpus[gpu] = {name: round(getattr(eff, name), 6) for name in names}
