@@ -45,6 +45,17 @@ class HostSeals:
         self.sealed = torch.zeros(pages, dtype=torch.bool)
         self.bad = torch.zeros(pages, dtype=torch.bool)
 
+    @classmethod
+    def of_views(cls, views: list[torch.Tensor], page_size: int) -> HostSeals:
+        """Host seals over bare layer-first [slots, ...] host buffers (the GPU check's load-back rows)."""
+        seals = cls.__new__(cls)
+        seals.page_size, seals.views, seals.page_major = page_size, views, False
+        pages = views[0].shape[0] // page_size
+        seals.sums = torch.zeros((pages, len(views)), dtype=torch.int64)
+        seals.sealed = torch.zeros(pages, dtype=torch.bool)
+        seals.bad = torch.zeros(pages, dtype=torch.bool)
+        return seals
+
     def pages_of(self, host_indices: torch.Tensor) -> torch.Tensor:
         slots = host_indices.cpu().to(torch.int64).view(-1, self.page_size)
         first = slots[:, 0]
@@ -147,15 +158,17 @@ class HiCacheChecksums:
     def _execute_kv_backup(self, node_id, device_value, comp_xfers, sidecar_xfers):
         if self.kv_host_seals is None or device_value.numel() == 0:
             return super()._execute_kv_backup(node_id, device_value, comp_xfers, sidecar_xfers)
-        pages = self.kv_seals.pages_of(device_value)
-        check = self._check(pages, source="offload")
+        with self.kv_seals.side():  # see PageSeals.side
+            pages = self.kv_seals.pages_of(device_value)
+            check = self._check(pages, source="offload")
+            sums = self.kv_seals.sums[pages].cpu()
         if self._agree_min(0 if check.bad_rows else 1) == 0:
             self.kv_bad_nodes.add(node_id)  # dropped later: this runs inside an insert or match walk
             self._log_action("offload_refused", node=node_id)
             return None
         host_indices = super()._execute_kv_backup(node_id, device_value, comp_xfers, sidecar_xfers)
         if host_indices is not None:
-            self.kv_host_seals.carry(self.kv_host_seals.pages_of(host_indices), self.kv_seals.sums[pages].cpu())
+            self.kv_host_seals.carry(self.kv_host_seals.pages_of(host_indices), sums)
         return host_indices
 
     def _host_copy_clean(self, host_indices: torch.Tensor, node_id: int) -> bool:
@@ -215,10 +228,7 @@ class HiCacheChecksums:
         seals = self.kv_seals
         pages = seals.pages_of(device_indices)
         sums = self.kv_host_seals.sums[self.kv_host_seals.pages_of(host_indices)].to(seals.device)
-        seals.sums[pages] = sums
-        seals.sealed[pages] = True
-        seals.bad[pages] = False
-        seals.pending[pages] = True  # bytes still in flight: not compared until the load is acknowledged
+        seals.carry(pages, sums)  # bytes still in flight: not compared until the load is acknowledged
         self._kv_loading[node_id] = pages
 
     def loading_check(self, finish_count=None) -> None:
@@ -227,4 +237,4 @@ class HiCacheChecksums:
         for node_id in before - set(self.ongoing_load_back):
             pages = self._kv_loading.pop(node_id, None)
             if pages is not None:
-                self.kv_seals.pending[pages] = False
+                self.kv_seals.arrived(pages)
