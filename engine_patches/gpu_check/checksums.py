@@ -75,6 +75,20 @@ def load_row(pool: PoolShape, dtype, tokens: int, page_size: int, device, sizes:
     iters = sizes.get("load_iters", 3)
     host_check = host_ms(lambda: seals.partials(pages), torch.device("cpu"), 1, iters)
     nbytes = sum(v[page_size:].numel() * v.element_size() for v in host)
-    return {"tokens": tokens, "host_check_ms": host_check, "host_GBps": nbytes / host_check / 1e6,
-            "device_check_ms": check_ms(tokens), "bytes": nbytes,
-            "kernel": "torch on the scheduler's CPU thread (HostSeals.partials); device: PageSeals.check"}
+    row = {"tokens": tokens, "host_check_ms": host_check, "host_GBps": nbytes / host_check / 1e6,
+           "device_check_ms": check_ms(tokens), "bytes": nbytes,
+           "kernel": "torch on the scheduler's CPU thread (HostSeals.partials); device: PageSeals.check"}
+    if device.type == "cuda":  # the opt-in GPU kernel over the registered host pool (hicache.HOST_CHECK_ON_GPU)
+        from sglang.srt.mem_cache.pool_host.common import _cuda_host_register
+
+        for view in host:
+            _cuda_host_register(view)
+        cpu_sums = seals.partials(pages)
+        if seals.read_on_gpu(device):
+            row["gpu_read_of_host_ms"] = host_ms(lambda: seals.partials(pages), device, 1, iters)
+            row["gpu_read_matches_cpu"] = bool(torch.equal(seals.partials(pages), cpu_sums))
+        else:
+            row["gpu_read_of_host_ms"] = None
+        for view in host:
+            torch.cuda.cudart().cudaHostUnregister(view.data_ptr())
+    return row

@@ -34,7 +34,9 @@ def table(result: dict) -> list[str]:
         for r in ck.get("hicache_loads", []):
             lines.append(f"  {ck['model']:<9}{ck['kv']:<6}{r['tokens']:>7} tokens {r['bytes'] / 1e6:>9.1f} MB  host "
                          f"{r['host_check_ms']:>9.2f} ms ({r['host_GBps']:.2f} GB/s)  "
-                         f"device {r['device_check_ms']:>8.3f} ms")
+                         f"device {r['device_check_ms']:>8.3f} ms"
+                         + (f"  GPU kernel reading host memory {r['gpu_read_of_host_ms']:.2f} ms"
+                            if r.get("gpu_read_of_host_ms") else ""))
     lines.append("MoE, one layer's local experts (EP8):")
     lines.append(f"  {'shape':<86}{'kernel':<26}{'ms':>9}")
     for r in result["moe"]:

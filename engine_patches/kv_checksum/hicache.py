@@ -18,6 +18,8 @@ page_first_direct; HND device pools and FP4 scale buffers (the host pool does no
 
 from __future__ import annotations
 
+import logging
+import os
 import time
 
 import torch
@@ -25,6 +27,10 @@ import torch
 from engine_patches.kv_checksum.checksum import mix64, position_keys
 
 HOST_LAYOUTS = ("layer_first", "page_first", "page_first_direct")
+# Opt-in until a lent GPU has timed and checked it (`capbench gpu-check`): the host-copy check as a GPU kernel that
+# reads SGLang's registered host pool over PCIe, instead of torch on the scheduler's CPU thread.
+HOST_CHECK_ON_GPU = "CAPBENCH_KV_HOST_CHECK_ON_GPU"
+logger = logging.getLogger(__name__)
 
 
 class HostSeals:
@@ -74,8 +80,31 @@ class HostSeals:
         self.sealed[pages] = False
         self.bad[pages] = False
 
+    def read_on_gpu(self, device: torch.device) -> bool:
+        """Checksum host pages with the GPU kernel from now on, reading the host buffers through their own pointers
+        (CUDA-registered host memory is device-accessible at the same address where the GPU supports it). Only for
+        contiguous layer-first views; checked once against the CPU reference, else it stays on the CPU."""
+        from engine_patches.kv_checksum.kernel import PageChecksummer
+
+        if self.page_major or not all(v.is_contiguous() for v in self.views):
+            return False
+        reader = PageChecksummer(self.views, self.page_size, device=device)
+        probe = torch.tensor([0])
+        if not torch.equal(reader.partials(probe).cpu(), self._partials_cpu(probe)):
+            logger.warning("KV checksums: the GPU could not read the host pool through its pointers; the host-copy "
+                           "check stays on the CPU")
+            return False
+        self._reader = reader
+        return True
+
     def partials(self, host_pages: torch.Tensor) -> torch.Tensor:
         """Per-buffer sums [pages, buffers] of host pages, read in the device's word order."""
+        reader = getattr(self, "_reader", None)
+        if reader is not None:
+            return reader.partials(host_pages).cpu()
+        return self._partials_cpu(host_pages)
+
+    def _partials_cpu(self, host_pages: torch.Tensor) -> torch.Tensor:
         out = torch.empty((len(host_pages), len(self.views)), dtype=torch.int64)
         slots = (host_pages[:, None] * self.page_size + torch.arange(self.page_size)).flatten()
         for b, view in enumerate(self.views):
@@ -124,6 +153,8 @@ class HiCacheChecksums:
             raise ValueError("KV checksums follow pages to HiCache host memory for NHD pools only")
         host_pool = self.cache_controller.mem_pool_host.anchor_entry.host_pool
         self.kv_host_seals = HostSeals(host_pool, self.kv_seals.buffers, self.page_size)
+        if os.environ.get(HOST_CHECK_ON_GPU) == "1" and self.kv_seals.device.type == "cuda":
+            self.kv_host_seals.read_on_gpu(self.kv_seals.device)
         self._kv_loading: dict[int, torch.Tensor] = {}  # load ack node id -> device pages in flight
         self._kv_rewrites: dict[int, tuple[torch.Tensor, int, int]] = {}  # node -> bad host copy (indices, span)
         free, load = host_pool.free, self.cache_controller.load

@@ -66,9 +66,12 @@ def _page_checksum_kernel(
 class PageChecksummer:
     """Holds one pool's pointer table so each call is a single launch over the requested pages."""
 
-    def __init__(self, buffers: list[torch.Tensor], page_size: int, block: int = BLOCK, num_warps: int = 4):
+    def __init__(self, buffers: list[torch.Tensor], page_size: int, block: int = BLOCK, num_warps: int = 4,
+                 device: torch.device | None = None):
+        """`device`: where the kernel runs, when the buffers are host memory registered with CUDA (read by the GPU
+        through the same pointers, over PCIe); by default the buffers' own device."""
         words = [paged_words(buf, page_size).shape[1] for buf in buffers]
-        device = buffers[0].device
+        device = device or buffers[0].device
         self.buffers = buffers  # keep the storage alive while the pointers are in use
         self.page_size = page_size
         # Small pages (page_size 1: 32..144 words a buffer) would leave most of a large block masked off.

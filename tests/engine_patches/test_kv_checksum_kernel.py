@@ -188,3 +188,20 @@ def test_random_multiword_corruption_is_detected():
         flat[idx] ^= torch.randint(1, 256, (len(idx),), generator=gen, dtype=torch.uint8)
         assert not torch.equal(page_checksums_reference(buffers, pages, 4), clean)
         flat[idx] = saved
+
+
+def test_the_host_copy_check_as_a_kernel_equals_the_cpu_check():
+    """HiCache's host-copy check through the page kernel (opt-in on CUDA, where the kernel reads the registered
+    host pool through its pointers), here interpreted over the same host views: the same sums as the CPU path."""
+    from engine_patches.kv_checksum.hicache import HostSeals
+
+    gen = torch.Generator().manual_seed(9)
+    views = pool_like("mla", torch.float8_e4m3fn, 32, gen)
+    seals = HostSeals.of_views(views, 4)
+    pages = torch.tensor([1, 5, 7])
+    cpu = seals.partials(pages)
+    assert torch.equal(cpu, page_partials_reference(views, pages, 4))
+    assert seals.read_on_gpu(torch.device("cpu"))
+    assert torch.equal(seals.partials(pages), cpu)
+    views[0].view(-1)[5 * 4 * 72 + 3] ^= 4  # host page 5 of layer 0
+    assert seals.partials(pages)[:, 0].ne(cpu[:, 0]).tolist() == [False, True, False]
