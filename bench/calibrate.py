@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 from scipy.optimize import least_squares
 
+from bench import files
 from bench.errors import BadInput
 from bench.model import Deployment, Efficiency, Request, kernels, load_efficiency, parse_spec, simulate
 from bench.store import Store
@@ -36,6 +37,7 @@ FITTED = ROOFLINE  # kept for callers that list the roofline's factors
 METRICS = ("ttft_p50", "ttft_p90", "tpot_p50", "tpot_p90", "output_tps")
 BOUNDS = {"hbm_eff": (0.05, 1.0), "bf16_eff": (0.02, 1.0), "kernel_us": (0.1, 100.0),
           "step_overhead_ms": (0.01, 200.0), "kernel_scale": (0.2, 5.0)}
+LONGEST_S = 1e5  # a TTFT or TPOT past the longest request timeout an option takes (--timeout) is no measurement
 STARTS = (1.0, 0.5, 2.0)  # every factor times this, clipped to its bounds: the starts of the fit
 LONGEST_S = 1e5  # a TTFT or TPOT past the longest request timeout an option takes (--timeout) is no measurement
 
@@ -244,9 +246,11 @@ def write(path: Path, gpu: str, eff: Efficiency, run_ids: list[str], result: Fit
     doc = {}
     if path.exists():
         try:
-            doc = json.loads(path.read_text())
-        except ValueError:
-            raise BadInput(f"{path} exists and is not a calibration JSON file; pass another --out") from None
+            doc = files.read(path, "calibration", "json")
+        except BadInput as e:
+            raise BadInput(f"{e}; pass another --out") from None
+        if not isinstance(doc, dict):
+            raise BadInput(f"{path} exists and is not a calibration JSON file; pass another --out")
     gpus = doc.setdefault("gpus", {})
     names = result.factors if result else fitted_factors(gpu)
     gpus[gpu] = {name: round(getattr(eff, name), 6) for name in names}

@@ -13,6 +13,9 @@ modelled; a deployment of another shape, or with a flag that changes serving and
 
 from __future__ import annotations
 
+import itertools
+
+from bench.campaign.pd_launch import plan
 from bench.campaign.pd_spec import Role
 from bench.campaign.spec import DeploymentSpec, Load
 from bench.errors import BadInput
@@ -120,4 +123,29 @@ def fit_problems(where: str, dep: DeploymentSpec, loads: list[Load]) -> list[str
                        f"at load {load.name}'s mean length ({ln.prompt + ln.output:,.0f} tokens) needs "
                        f"{batch * (ln.prompt + ln.output):,.0f} tokens; its KV pool holds {pool:,} (set "
                        f"--max-running-requests to at most {pool // (ln.prompt + ln.output) * dec.dp:,.0f})")
+    return out
+
+
+def port_problems(where: str, dep: DeploymentSpec) -> list[str]:
+    """One line per port two launches would take on one host: every role's HTTP port, the prefill bootstrap ports,
+    the multi-node instances' dist-init ports and the router's, placed exactly as the launch places them
+    (pd_launch.plan; a free port of this host stands for itself and collides with nothing)."""
+    taken: dict[tuple[str, int], str] = {}
+    out = []
+    for part in plan(dep, free=itertools.count(-1, -1).__next__):
+        if not part.serves:
+            continue  # an instance's other nodes bind nothing of these
+        uses = [("port", part.port)]
+        args = dict(zip(part.argv, part.argv[1:], strict=False))
+        if "--disaggregation-bootstrap-port" in args:
+            uses.append(("bootstrap port", int(args["--disaggregation-bootstrap-port"])))
+        if "--dist-init-addr" in args:
+            uses.append(("dist-init port", int(args["--dist-init-addr"].rpartition(":")[2])))
+        for what, port in uses:
+            if port < 0:
+                continue
+            if (part.host, port) in taken:
+                out.append(f"{where}: {part.label}'s {what} {port} on {part.host} is {taken[part.host, port]}'s too")
+            else:
+                taken[part.host, port] = f"{part.label}'s {what}"
     return out

@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 from bench.campaign import guard, record
+from bench.campaign.predict import check_campaign
 from bench.campaign.run import Interrupt, run_campaign
 from bench.campaign.spec import parse_campaign
 from bench.campaign.templates import operator_templates
@@ -71,19 +72,17 @@ def take_submissions(store: Store, db: Path, templates: dict | None = None) -> l
     """Every file in the queue folder into the DB as a queued campaign (or rejected/); returns the new ids."""
     ids = []
     for path in pending(db):
-        try:
-            if path.stat().st_size > guard.MAX_BYTES:
-                raise BadInput(f"{path.name}: {path.stat().st_size} bytes; a campaign file is at most "
-                               f"{guard.MAX_BYTES // 1024} kB")
-            campaign = parse_campaign(path.read_bytes(), path.name, templates)
+        try:  # a regular file of at most guard.MAX_BYTES: a FIFO or a link to /dev/zero is refused unread
+            campaign = check_campaign(guard.read_file(path), path.name, templates)  # what --check says
         except BadInput as e:
-            reject(path, str(e))
+            if os.path.lexists(path):  # else withdrawn while being read: nothing to reject
+                reject(path, str(e).replace(str(path), path.name))
             continue
         except Exception as e:  # whatever else is wrong with one file, the runner goes on with the next
             reject(path, f"{path.name}: {type(e).__name__}: {str(e)[:300]}")
             continue
         ids.append(record.new_campaign(store, campaign, path.name, status="queued"))
-        path.unlink()
+        path.unlink(missing_ok=True)
     return ids
 
 

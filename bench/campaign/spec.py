@@ -129,11 +129,7 @@ def load_campaign(path: str | Path, templates: dict[str, Template] | None = None
     p = guard.campaign_path(str(path), Path(__file__).resolve().parents[2])
     if p is None:
         raise BadInput(f"no campaign file {str(path)[:200]} (a path, or a built-in name of data/campaigns/)")
-    try:
-        data = p.read_bytes()
-    except OSError as e:
-        raise BadInput(f"{p}: cannot be read ({e.strerror or type(e).__name__})") from None
-    return parse_campaign(data, str(p), templates, inline_templates=True)
+    return parse_campaign(guard.read_file(p), str(p), templates, inline_templates=True)
 
 
 def parse_campaign(text: str | bytes, source: str = "campaign", templates: dict[str, Template] | None = None,

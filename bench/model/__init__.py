@@ -1,8 +1,7 @@
 """What we predict: pure arithmetic on data/ (no DB, no HTTP, no GPU), in layers that import only downwards:
 
 fits      what fits: catalog, backend (the attention backend SGLang runs), capacity (SGLang's memory arithmetic), spec
-step      what a step costs: perfmodel, kernels (measured SGLang kernel tables) and kernel_step (a step from them),
-          calibration (its factors), interconnect (DeepEP, KV transfer)
+step      what a step costs: perfmodel, kernels + kernel_step (measured kernel tables), calibration, interconnect
 serving   how a server schedules and queues: workload, scheduler, queues, slo, simulate, rate (the one rate search)
 evidence  what the evidence says: corpus, validate, fit, interval, confidence, bootstrap, paired
 advice    what to buy: option, plan, curve, launch, fp8_kv (FP8 KV's pool gain and step cost per backend)
@@ -74,7 +73,6 @@ from bench.model.step import (
     PerfModel,
     calibration,
     interconnect,
-    kernel_step,
     kernels,
     load_efficiency,
     perfmodel,
@@ -85,11 +83,10 @@ __all__ = [
     "answer", "pd", "backend", "calibration", "capacity", "catalog", "corpus", "curve", "fit", "interval", "launch",
     "option",
     "perfmodel", "plan", "rate", "scheduler", "simulate", "slo", "spec", "validate", "workload", "interconnect",
-    "queues", "confidence", "bootstrap", "paired",
+    "queues", "confidence", "bootstrap", "paired", "kernels", "fp8_kv",
     "Efficiency", "load_efficiency", "Capacity", "Deployment", "HOURS_PER_MONTH", "Config", "Option", "PerfModel",
     "Plan", "Question", "make_plan", "workload_names", "Prediction", "search_rate", "within_slo", "Request",
     "Scheduler", "Point", "Sweep", "Slo", "parse_slo", "Spec", "parse_spec", "Workload", "fixed_workload",
     "load_workload", "usd_per_million", "Interval", "behind_said", "gain_interval", "gain_words", "mean_interval",
     "StageSample", "cell_gain", "stage_sample", "Paired", "Verdict", "drop_gate", "paired_difference",
-    "kernels", "kernel_step", "fp8_kv",
 ]

@@ -9,7 +9,7 @@ from pathlib import Path
 import pandas as pd
 import streamlit as st
 
-from bench.campaign import parse_campaign, pending, submit
+from bench.campaign import check_campaign, pending, submit
 from bench.errors import BadInput
 from bench.report import (
     campaign_curves,
@@ -47,9 +47,9 @@ with st.expander("Queue a campaign", expanded=False):
         try:
             if not text:
                 raise BadInput("choose a built-in campaign, upload a file or paste one")
-            # what `capbench serve`'s runner will accept: no shell command of the campaign's own, only the
-            # operator's launch templates by name (bench/campaign/templates.py)
-            spec = parse_campaign(text, Path(name).name or "campaign", common.launch_templates())
+            # `capbench campaign --check`'s whole check, as `capbench serve`'s runner will run it: no shell command of
+            # the campaign's own, only the operator's launch templates by name (bench/campaign/templates.py)
+            spec = check_campaign(text, Path(name).name or "campaign", common.launch_templates())
             submit(db, name, text.decode() if isinstance(text, bytes) else text)
             st.success(f"queued {spec.name}: {len(spec.cells())} cells; `capbench serve`'s runner takes it next")
         except BadInput as e:

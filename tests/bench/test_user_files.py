@@ -146,3 +146,21 @@ def test_calibrate_refuses_a_run_with_nothing_to_fit(tmp_path, ttft, tpot):
     r = _capbench(tmp_path, "calibrate", "--runs", run_id, "--db", "c.duckdb", "--out", "fitted.json")
     _one_line(r, run_id, "nothing to fit")
     assert not (tmp_path / "fitted.json").exists()  # no "fitted" file with the factors unchanged
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dev-zero", "alias-bomb", "nested-3000"])
+@pytest.mark.parametrize("role", ["campaign", "templates"])
+def test_campaign_and_templates_files_are_read_with_the_same_limits(tmp_path, kind, role):
+    bad = tmp_path / "bad.yaml"
+    if kind == "fifo":
+        os.mkfifo(bad)
+    elif kind == "dev-zero":
+        bad.symlink_to("/dev/zero")
+    else:
+        bad.write_text(ALIAS_BOMB if kind == "alias-bomb" else DEEP)
+    args = ["campaign", "bad.yaml", "--check"] if role == "campaign" else \
+        ["campaign", "demo", "--check", "--templates", "bad.yaml"]
+    line = _one_line(_capbench(tmp_path, *args, timeout=60), "bad.yaml")
+    said = {"fifo": "not a regular file (a FIFO)", "dev-zero": "not a regular file (a character device)",
+            "alias-bomb": "aliases (*name) are not accepted", "nested-3000": "nested deeper than 24 levels"}[kind]
+    assert said in line, line

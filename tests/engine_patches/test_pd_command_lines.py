@@ -154,8 +154,8 @@ def test_a_campaign_that_asks_for_patches_launches_its_pd_servers_through_them(t
     from bench.campaign.pd_launch import plan
     from engine_patches.kv_checksum.patch import BACKEND
 
-    scales = tmp_path / "scales.json"
-    scales.write_text("{}")
+    scales = tmp_path / "scales.json"  # SGLang's schema, as calibrate-kv-scales writes it (checked before launch)
+    scales.write_text('{"kv_cache": {"dtype": "float8_e4m3fn", "scaling_factor": {"0": {"0": 0.05}}}}')
     text = ("name: pd\ndeployments:\n  - name: kimi\n    disaggregated:\n      model: kimi-k2-thinking\n"
             f"      kv_checksum: strict\n      kv_scales: {scales}\n"
             "      prefill: {tp: 8, dp: 8, ep: 8}\n      decode: {tp: 8, dp: 8, ep: 8}\n      router: {}\n"

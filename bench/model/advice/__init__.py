@@ -1,6 +1,6 @@
 """What to buy: one deployment option with its capacity, rate and cost (option), the search over GPUs, parallelism,
-KV dtype and expert formats that recommends one (plan), a configuration's throughput-per-GPU curve (curve) and the
-SGLang command lines that launch it (launch); FP8 KV's two effects per attention backend (fp8_kv)."""
+KV dtype and expert formats that recommends one (plan), a configuration's throughput-per-GPU curve (curve), the
+SGLang command lines that launch it (launch) and what FP8 KV buys and costs per attention backend (fp8_kv)."""
 
 from bench.model.advice import curve, fp8_kv, launch, option, plan
 from bench.model.advice.option import HOURS_PER_MONTH, Config, Option

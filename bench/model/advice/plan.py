@@ -204,7 +204,7 @@ def _configs(q: Question) -> list[Config]:
 
 def _backends(q: Question, b: Config) -> list[Config]:
     """The FP8-KV variants of a configuration on every other SGLang backend that keeps calibrated FP8 scales
-    (bench/model/backend.py), each priced with its own kernel table (the roofline, said, where it has none)."""
+    (bench/model/fits/backend.py), each priced with its own kernel table (the roofline, said, where it has none)."""
     model, gpu = catalog.model(q.model), catalog.gpu(b.gpu)
     out = []
     for kv in ("fp8_e4m3",):
@@ -364,7 +364,7 @@ def make_plan(q: Question, progress: Callable[[str, int, int], None] | None = No
 
 
 def fp8_note(q: Question, cfg: Config) -> str:
-    """FP8 KV's two effects at this GPU and parallelism, per backend that keeps its scales (bench/model/fp8_kv.py)."""
+    """FP8 KV's two effects at this GPU and parallelism, per backend that keeps its scales (advice/fp8_kv.py)."""
     dep = replace(cfg, attention=None).deployment(q.model, q.context)
     parts = [e.words() for e in fp8_kv.effects(dep)]
     return f"FP8 KV on {cfg.gpu} x{cfg.tp} {cfg.parallelism()}: " + " | ".join(parts)

@@ -103,6 +103,8 @@ def _colocated(question: str, plan: Plan, rec: Option) -> Headline:
         h.interval_basis = (f"80 % interval from the model's out-of-sample error on {n} published case"
                             f"{'' if n == 1 else 's'} of {iv['regime'].rsplit(',', 1)[0]}")
     h.risks = risks(plan, rec)
+    if iv is not None and iv["evidence"]:  # thin evidence, in its first clause (the rest: --details)
+        h.risks.append(iv["evidence"].split(";")[0])
     return h
 
 

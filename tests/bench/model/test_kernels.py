@@ -6,8 +6,8 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
+from bench.model import kernels as K
 from bench.model.fits.catalog import models
-from bench.model.step import kernels as K
 
 TABLES = ("attention", "moe", "gemm", "comm")
 
