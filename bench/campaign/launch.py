@@ -24,7 +24,7 @@ from pathlib import Path
 import httpx
 
 from bench import http
-from bench.campaign import own
+from bench.campaign import guard, own
 from bench.campaign.spec import DeploymentSpec
 from bench.campaign.templates import CONTAINER_PYTHON, Template, runtime
 from bench.errors import BadInput
@@ -192,12 +192,15 @@ def spawn(name: str, cmd: list[str], template: Template | None, port: int, host:
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
            **(own.mark(store.path, cid) if store is not None else {})}
     stop_command = None
+    unsafe = [w for w in cmd if guard.check_word(w) is not None]
+    if template and unsafe:  # checked with the campaign already; never filled into a shell command
+        raise LaunchFailed(f"{name}: refused to launch: {guard.check_word(unsafe[0])}")
     with log.open("w") as out:
         if template:
             # a template's own python / image (PD nodes name no deployment-level ones)
             fill = {"python": shlex.quote(template.python or CONTAINER_PYTHON),
                     "image": shlex.quote(template.image or ""), **(fill or {}),
-                    "command": shlex.join(cmd), "port": port, "host": host}
+                    "command": " ".join(cmd), "port": port, "host": host}  # words without shell characters
             started = template.start.format(**fill)
             stop_command = template.stop.format(**fill) if template.stop else None
             out.write(f"$ {started}\n")

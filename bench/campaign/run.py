@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.campaign import eval_stage, guard, own, predict, record
+from bench.campaign import eval_stage, flags, own, predict, record
 from bench.campaign.launch import Launched, LaunchFailed, tail
 from bench.campaign.pd_launch import PDLaunched
 from bench.campaign.predict import WARMUP_SHARE
@@ -181,7 +181,7 @@ def _cell(store: Store, cid: str, dep: DeploymentSpec, load: Load, server: Launc
     drain = load.duration_s if drain is None else drain
 
     stages_run = [0]
-    key_env = guard.secret_env(dep.sglang.get("flags", []))
+    key_env = flags.secret_env(dep.sglang.get("flags", []))
 
     def stage(rate: float | None, users: int | None = None, seed: int = 0) -> Stage:
         """One load point. One that missed the SLO on a twin that fell behind its modelled pace may have missed for its
