@@ -115,11 +115,14 @@ def check_finite(config: object, highest: dict[str, float]) -> list[str]:
 
 def check_url(url: str) -> str | None:
     """What is wrong with a deployment's URL, or None: it parses, has a host and a valid port, no credentials."""
-    from bench.checks import without_credentials
+    from bench.checks import key_in_url, without_credentials
 
     if without_credentials(url) != url:
         return "credentials in the URL would be stored with the campaign and its runs; the server's key goes in " \
                "an environment variable"
+    if (where := key_in_url(url)) is not None:
+        return f"{where} would be stored with the campaign and its runs like credentials; the server's key goes " \
+               "in an environment variable"
     try:
         parts = urlsplit(url)
         port = parts.port

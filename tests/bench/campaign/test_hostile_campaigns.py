@@ -46,6 +46,8 @@ BROKEN = {  # name -> (file text, what the one line says)
     "workload-etc-passwd": (BASE.replace("workload: chat", "workload: /etc/passwd"), "loads[0].workload:"),
     "url-unclosed-ipv6": (BASE.replace(TWIN, 'url: "http://[::1"}'), "not a URL"),
     "url-credentials": (BASE.replace(TWIN, f'url: "http://user:{SECRET}@127.0.0.1:9"}}'), "credentials in the URL"),
+    "url-key-in-query": (BASE.replace(TWIN, f'url: "http://127.0.0.1:9/v1?key={SECRET}"}}'), "like credentials"),
+    "url-key-in-path": (BASE.replace(TWIN, f'url: "http://127.0.0.1:9/{SECRET}/v1"}}'), "like credentials"),
     "template-unknown-placeholder": (BASE.replace(TWIN, "sglang: {model: glm-4.6, template: {start: 'x {nope} "
                                                         "{command}'}}}"), "unknown placeholder(s) nope"),
     "template-positional": (BASE.replace(TWIN, "sglang: {model: glm-4.6, template: {start: 'x {0} {command}'}}}"),
