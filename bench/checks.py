@@ -79,6 +79,23 @@ def _origin(url: str) -> str:
         return "(the URL)"
 
 
+def env_seconds(name: str, default: float, low: float, high: float) -> float:
+    """A duration from the environment: seconds from `low` to `high`, or `default` when unset; BadInput in one line
+    otherwise (nan, inf, negative, not a number: a hung stop command would never be killed)."""
+    import os
+
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and low <= value <= high):
+        raise BadInput(f"{name}={raw[:40]!r}: seconds from {low:g} to {high:g} are required")
+    return value
+
+
 def check_host(host: str, flag: str) -> None:
     """A host name or address that resolves (an unresolvable one would be retried for minutes)."""
     try:

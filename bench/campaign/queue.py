@@ -18,6 +18,7 @@ import contextlib
 import os
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import time
@@ -67,24 +68,68 @@ def reject(path: Path, why: str) -> Path:
     return moved
 
 
-def take_submissions(store: Store, db: Path, templates: dict | None = None) -> list[str]:
-    """Every file in the queue folder into the DB as a queued campaign (or rejected/); returns the new ids."""
+def read_entry(path: Path) -> bytes:
+    """A queued file's bytes: a regular file only (a FIFO would block the runner, a link to /dev/zero would be read
+    until memory runs out), opened without following a link and without blocking, at most MAX_BYTES read.
+    BadInput in one line otherwise; FileNotFoundError when it was taken away meanwhile."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)  # ELOOP for a link
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            raise BadInput(f"{path.name}: not a regular file; a queued campaign is a YAML file")
+        data = f.read(guard.MAX_BYTES + 1)
+    if len(data) > guard.MAX_BYTES:
+        raise BadInput(f"{path.name}: over {guard.MAX_BYTES // 1024} kB; a campaign file is at most "
+                       f"{guard.MAX_BYTES // 1024} kB")
+    return data
+
+
+def take_submissions(store: Store, db: Path, templates: dict | None = None,
+                     say=lambda line: print(line, file=sys.stderr, flush=True)) -> list[str]:  # noqa: ANN001
+    """Every file in the queue folder into the DB as a queued campaign (or rejected/); returns the new ids. What is
+    not a regular file (a FIFO, a link) is skipped with a line and left alone; a file taken away meanwhile is
+    skipped."""
     ids = []
     for path in pending(db):
         try:
-            if path.stat().st_size > guard.MAX_BYTES:
-                raise BadInput(f"{path.name}: {path.stat().st_size} bytes; a campaign file is at most "
-                               f"{guard.MAX_BYTES // 1024} kB")
-            campaign = parse_campaign(path.read_bytes(), path.name, templates)
+            campaign = parse_campaign(read_entry(path), path.name, templates)
+        except FileNotFoundError:
+            continue  # removed since it was listed
+        except OSError as e:
+            if path.is_symlink() or not path.is_file():
+                _skip(path, "a link or not a regular file", say)
+            else:
+                _skip(path, f"cannot be read ({e.strerror or type(e).__name__})", say)
+            continue
         except BadInput as e:
-            reject(path, str(e))
+            if path.is_symlink() or (path.exists() and not path.is_file()):
+                _skip(path, str(e).split(": ", 1)[-1], say)
+            else:
+                _reject(path, str(e))
             continue
         except Exception as e:  # whatever else is wrong with one file, the runner goes on with the next
-            reject(path, f"{path.name}: {type(e).__name__}: {str(e)[:300]}")
+            _reject(path, f"{path.name}: {type(e).__name__}: {str(e)[:300]}")
             continue
         ids.append(record.new_campaign(store, campaign, path.name, status="queued"))
-        path.unlink()
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
     return ids
+
+
+_skipped: set[tuple[str, int]] = set()  # said once per file (name, inode), not every second
+
+
+def _skip(path: Path, why: str, say) -> None:  # noqa: ANN001
+    with contextlib.suppress(OSError):
+        key = (path.name, path.lstat().st_ino)
+        if key not in _skipped:
+            _skipped.add(key)
+            say(f"campaign queue: {path.name} skipped: {why}; a queued campaign is a regular YAML file")
+
+
+def _reject(path: Path, why: str) -> None:
+    with contextlib.suppress(FileNotFoundError):  # taken away meanwhile: nothing to move
+        reject(path, why)
 
 
 def requeue_orphans(store: Store) -> list[str]:
@@ -139,7 +184,10 @@ def runner_main() -> None:
 
 
 def port_taken(host: str, port: int) -> bool:
+    """Whether a server listens on host:port. SO_REUSEADDR, as the dashboard's own server binds: a port whose last
+    server stopped moments ago (connections in TIME_WAIT) is free, so a supervisor's restart is not refused."""
     with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host, port))
         except OSError:

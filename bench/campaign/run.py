@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.campaign import eval_stage, flags, own, predict, record
+from bench.campaign import eval_stage, flags, own, predict, record, watchdog
 from bench.campaign.launch import Launched, LaunchFailed, tail
 from bench.campaign.pd_launch import PDLaunched
 from bench.campaign.predict import WARMUP_SHARE
@@ -89,12 +89,17 @@ def run_campaign(campaign: Campaign, db: Path, source: str = "", resume: bool = 
         if cid is None:
             raise BadInput(f"no unfinished campaign {campaign.name!r} with this file in {db} to resume")
     cid = cid or record.new_campaign(store, campaign, source)
+    own.stop_timeout_s()  # a bad CAPBENCH_STOP_TIMEOUT_S: one line before anything runs
     owner = own.lock(db, cid)  # a second runner of this campaign is refused here
     stop = Interrupt()
     status = "aborted"
+    dog = None
+    mark = own.mark_item(db, cid)
     try:
         grace = max((d.stop_grace_s for d in campaign.deployments), default=30.0)
         own.stop_leftovers(store, db, grace, say, mine=cid)
+        dog = watchdog.start(mark, grace)  # what this runner starts carries the mark: ended when the runner ends
+        os.environ[mark.split("=", 1)[0]] = mark.split("=", 1)[1]
         record.set_status(store, cid, "running")
         done = record.completed_cells(store, cid)
         log_dir = log_dir or db.parent / "campaign-logs" / cid
@@ -108,6 +113,9 @@ def run_campaign(campaign: Campaign, db: Path, source: str = "", resume: bool = 
         status = "completed" if not failed else "failed"
     finally:
         stop.close()
+        os.environ.pop(mark.split("=", 1)[0], None)
+        if dog is not None:
+            watchdog.close(dog, grace)
         record.set_status(store, cid, status)
         owner.close()
         say(f"campaign {cid} {status}")
