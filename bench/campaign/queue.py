@@ -103,7 +103,7 @@ def take_submissions(store: Store, db: Path, templates: dict | None = None,
             continue
         except BadInput as e:
             if path.is_symlink() or (path.exists() and not path.is_file()):
-                _skip(path, str(e).split(": ", 1)[-1], say)
+                _skip(path, "not a regular file", say)
             else:
                 _reject(path, str(e))
             continue
