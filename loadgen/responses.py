@@ -4,7 +4,6 @@ and usage; anything of the wrong shape, too large or cut short is a RequestFaile
 from __future__ import annotations
 
 import json
-import re
 import time
 from copy import copy
 
@@ -17,8 +16,6 @@ except ImportError:
 
 EVENT_MAX_BYTES = 1 << 20  # one SSE event larger than this is an error for its request, not a stalled timing loop
 COUNT_MAX = 2**63 - 1  # what msgpack carries; the store's narrower columns say what else does not fit
-_BEARER = re.compile(r"bearer\s+\S+", re.IGNORECASE)
-SECRET_WINDOW = 8  # this many characters of the API key in a row are redacted wherever they appear
 
 
 class RequestFailed(Exception):
@@ -27,33 +24,6 @@ class RequestFailed(Exception):
     def __init__(self, kind: str, message: str):
         super().__init__(f"{kind}: {message}")
         self.kind, self.message = kind, message
-
-
-def redact(text: str, secret: str = "") -> str:
-    """Server or exception text without the API key in any form a server may echo it: as given, JSON-escaped
-    (`\\/`), URL-encoded, in another case, or any 8 characters of it (a prefix, a cut): each becomes ***, with the
-    key-like characters around it. Any `Bearer ...` token is blanked too."""
-    if secret and len(secret) >= 4:
-        text = _secret_pattern(secret).sub("***", text)
-    return _BEARER.sub("Bearer ***", text)
-
-
-_KEY_CHARS = r"[A-Za-z0-9_\-\\/%+.~]*"
-_patterns: dict[str, re.Pattern] = {}
-
-
-def _secret_pattern(secret: str) -> re.Pattern:
-    """Any WINDOW characters of any form of the secret, case-insensitive, with the key characters around them."""
-    if secret not in _patterns:
-        from urllib.parse import quote, quote_plus
-
-        forms = {secret, secret.replace("/", "\\/"), json.dumps(secret)[1:-1], quote(secret, safe=""),
-                 quote_plus(secret)}
-        n = min(SECRET_WINDOW, len(secret))
-        windows = sorted({f[i:i + n] for f in forms for i in range(len(f) - n + 1)}, key=len, reverse=True)
-        body = "|".join(re.escape(w) for w in windows)
-        _patterns[secret] = re.compile(f"{_KEY_CHARS}(?:{body}){_KEY_CHARS}", re.IGNORECASE)
-    return _patterns[secret]
 
 
 def token_count(value: object, name: str, notes: list[str]) -> int | None:

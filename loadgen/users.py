@@ -36,7 +36,8 @@ from locust import task
 from locust.contrib.fasthttp import FastHttpUser
 
 from loadgen import profiles, workloads
-from loadgen.responses import EVENT_MAX_BYTES, RequestFailed, Stream, redact, token_count
+from loadgen.redact import redact
+from loadgen.responses import EVENT_MAX_BYTES, RequestFailed, Stream, token_count
 
 # a nested profile's warm-up sends the workload's requests from here on: never a measured one, but of the same
 # seed (a shared system prompt is as warm as it would be in a long run)
