@@ -11,6 +11,7 @@ from pathlib import Path
 from bench import __version__
 from bench.errors import BadInput
 from bench.model import catalog, fit, interval
+from bench.report import wording
 from bench.report.content import Report, answer_lines, chart_svgs, launch, tables
 from bench.report.wording import question_text
 from bench.store import replacing
@@ -108,9 +109,8 @@ def _method(r: Report) -> list[str]:
         _intervals(),
         f"Search: {len(r.plan.options)} configurations (GPU, tp, DP attention, EP, KV dtype, expert weights) sized, "
         f"{len(r.plan.simulated)} simulated; the recommendation serves the target load for the least money.",
-        f"Prices: ${q.price:.2f} per GPU-hour for {q.gpu}"
-        + (" (indicative list price from data/gpus.yaml: use your own quote)" if q.price_per_gpu_hour is None
-           else " (given)") + "; other GPUs at the catalog's indicative prices; a month is 730 hours.",
+        f"Prices: {wording.prices(q)} (indicative list prices from data/gpus.yaml: use your own quotes, "
+        "capbench plan --price h200=3.10,b200=5.20); a month is 730 hours.",
         "Prefill/decode disaggregation: the cheapest PD shape is weighed against the colocated answer (the answer "
         "above names the winner); its figures come from an analytic model checked against a handful of published PD "
         "runs, not a calibrated interval.",

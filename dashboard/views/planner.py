@@ -60,6 +60,7 @@ q = Question(model=model_id, gpu=gpu_id, tp=int(tp), gpus=int(gpu_count), kv_dty
              context=int(context), workload=None if custom else workload, input_tokens=int(input_tokens),
              output_tokens=int(output_tokens), slo=Slo(ttft_s=slo_ttft, tpot_s=slo_tpot / 1e3, percentile=slo_p),
              price_per_gpu_hour=price, target_rate_rps=target, search_gpus=tuple(searched or [gpu_id]))
+st.caption(wording.prices(q))  # the price input is the chosen GPU's: which GPU is costed at what
 
 
 @st.cache_data(show_spinner=False, max_entries=64)
