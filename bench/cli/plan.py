@@ -271,6 +271,9 @@ def plan(
     as_json: bool = typer.Option(False, "--json", help="Print JSON (every configuration) instead of tables."),
     details: bool = typer.Option(False, "--details", help="After the answer, the tables: Pareto fronts, each GPU's "
                                  "best, every configuration and why the rest lost, colocated vs disaggregated."),
+    campaign: str = typer.Option(None, help="Also write a campaign file that measures this answer (FILE.yaml): the "
+                                 "recommended deployment against BF16 KV and the shipped weights, and yours, under "
+                                 "this workload and SLO; check it with `capbench campaign FILE --check`."),
 ) -> None:
     """The deployment search: GPU x tp x DP attention x EP x KV dtype x expert weights x replicas, for a workload,
     SLO and target load. Prints the recommendation, the Pareto fronts, each GPU's best, and why the rest lost;
@@ -301,6 +304,10 @@ def plan(
         task = bar.add_task("sizing", total=None)
         result = make_plan(q, lambda stage, done, total: bar.update(task, description=stage, completed=done,
                                                                    total=total), workers or os.cpu_count() or 1)
+    if campaign:
+        from bench.cli.plan_campaign import write_campaign
+
+        write_campaign(result, campaign, as_json)
     versus = None
     if pd:
         with Progress(transient=True, disable=as_json) as bar:
