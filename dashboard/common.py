@@ -111,8 +111,9 @@ SVG = {"embedOptions": {"renderer": "svg"}}
 
 def chart(where, c, **kwargs) -> None:
     """where.altair_chart(c), drawn as SVG (also past Streamlit's 2,000-point switch to canvas), so the browser test
-    can count every chart's data marks."""
-    where.altair_chart(c.properties(usermeta=SVG), **kwargs)
+    can count every chart's data marks; in the chart's own colours, as the reports draw it (Streamlit's theme
+    recolours every category with its palette, whose second blue is near-white beside a faint band)."""
+    where.altair_chart(c.properties(usermeta=SVG), **{"theme": None, **kwargs})
 
 
 def drift_table() -> pd.DataFrame | None:
