@@ -199,10 +199,20 @@ def choice(o: Option, percentile: int | None = None) -> str:
             f"{money(o.usd_per_m_output, ',.2f')} per 1M output tokens" + (f". {said}" if said else ""))
 
 
+def prices(q: Question) -> str:
+    """Which price each GPU of the question is costed at: '$ per GPU-hour: H200 $3.10 (given); the catalog's
+    indicative prices (not given) for B200 $5.99', so a price given for one GPU is never taken for every GPU's."""
+    given = [f"{g.upper()} ${p:.2f}" for g, (p, mine) in q.prices().items() if mine]
+    listed = [f"{g.upper()} ${p:.2f}" for g, (p, mine) in q.prices().items() if not mine]
+    parts = ([", ".join(given) + " (given)"] if given else []) + \
+        ([f"the catalog's indicative prices (not given) for {', '.join(listed)}"] if listed else [])
+    return "$ per GPU-hour: " + "; ".join(parts)
+
+
 def question_text(q: Question) -> str:
     return (f"How many GPUs does {catalog.model(q.model).name} need on SGLang 0.5.23 to serve "
             f"{q.target_rate_rps:g} requests/s of {q.describe_workload()}{q.describe_cap()} within {q.slo.describe()} "
-            f"({q.gpu.upper()} at ${q.price:.2f} per GPU-hour, other GPUs at catalog prices), and what do an FP8 "
+            f"({prices(q)}), and what do an FP8 "
             "KV cache and INT4 expert weights save?")
 
 
