@@ -34,6 +34,7 @@ from bench.model import Slo
 from bench.store import HELD_DB_WAIT_S, Recorder, Store, queries
 from bench.twin import Target
 from loadgen import profiles, workloads
+from loadgen.frames import PIPE_FD_ENV
 from loadgen.users import ClosedLoopUser, OpenLoopUser
 from loadgen.worker import RECORDS_MSG, locust_options
 
@@ -233,7 +234,13 @@ def _drive(opts: RunOptions, prof: profiles.Profile, config: dict, run_id: str, 
     distributed = opts.workers + opts.expect_workers > 0
     n_workers = config["workers"]
     params = config["profile"]["params"]
-    recorder = Recorder(store.path, run_id, opts.target)
+    # each local worker writes into a pipe of its own to the recorder: a master killed outright loses none of its rows
+    pipes = [os.pipe() for _ in range(opts.workers)]
+    try:
+        recorder = Recorder(store.path, run_id, opts.target, feeds=tuple(r for r, _ in pipes))
+    finally:
+        for r, _ in pipes:
+            os.close(r)
     collector = Collector(recorder)
     collector.inflight = (lambda: [r for recs in collector.inflight_by_worker.values() for r in recs]) if distributed \
         else (lambda: list(getattr(getattr(env, "capbench_plan", None), "inflight", {}).values()))
@@ -241,6 +248,7 @@ def _drive(opts: RunOptions, prof: profiles.Profile, config: dict, run_id: str, 
     env = Environment(user_classes=[OpenLoopUser if prof.open_loop else ClosedLoopUser], stop_timeout=0.0)
     if not distributed:
         env.capbench_on_sent = collector.started
+        env.capbench_on_withdrawn = collector.withdrawn
     if distributed:
         port = opts.master_port if opts.expect_workers else _free_port()
         try:
@@ -280,7 +288,11 @@ def _drive(opts: RunOptions, prof: profiles.Profile, config: dict, run_id: str, 
         env.shape_class.extra_done = lambda after: done(0.0)
     env.shape_class.runner = env.runner
 
-    procs = _spawn_local_workers(opts.workers, env.runner.master_bind_port if distributed else 0)
+    try:
+        procs = _spawn_local_workers([w for _, w in pipes], env.runner.master_bind_port if distributed else 0)
+    finally:
+        for _, w in pipes:
+            os.close(w)
     try:
         if distributed:
             _wait_for_workers(env, n_workers, procs)
@@ -347,22 +359,30 @@ def _install_signals(env: Environment, state: dict) -> None:
         gevent.signal_handler(sig, abort)
 
 
-def _spawn_local_workers(n: int, port: int) -> list[subprocess.Popen]:
+def _spawn_local_workers(feeds: list[int], port: int) -> list[subprocess.Popen]:
+    """One worker per feed (the write end of its pipe to the recorder)."""
     cmd = [sys.executable, "-m", "loadgen.worker", "--master-host", "127.0.0.1", "--master-port", str(port),
            "--parent-pid", str(os.getpid())]
     # cwd: the checkout, for imports; every path in the run's config is absolute already (the CLI resolved them)
-    return [subprocess.Popen(cmd, cwd=Path(__file__).resolve().parent.parent) for _ in range(n)]
+    return [subprocess.Popen(cmd, cwd=Path(__file__).resolve().parent.parent, pass_fds=(fd,),
+                             env={**os.environ, PIPE_FD_ENV: str(fd)}) for fd in feeds]
 
 
 def _reap(procs: list[subprocess.Popen]) -> None:
-    """Workers leave on the master's quit message; whoever has not after 10 s is terminated."""
+    """Workers leave on the master's quit message; whoever has not after 10 s is terminated (signalled twice: it
+    writes its records and leaves), then killed."""
     deadline = time.time() + 10
     for p in procs:
         while p.poll() is None and time.time() < deadline:
             gevent.sleep(0.1)
         if p.poll() is None:
             p.terminate()
-            p.wait(timeout=10)
+            p.terminate()
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
 
 
 def _wait_for_workers(env: Environment, n: int, procs: list, timeout_s: float = 60.0) -> None:

@@ -75,6 +75,7 @@ class Plan:
     stopping: bool = field(init=False, default=False)
     # told as each request goes out; the event it returns is set once the recorder (or the master) has heard
     on_sent: Callable[[dict], Event] | None = field(init=False, default=None)
+    on_withdrawn: Callable[[dict], None] | None = field(init=False, default=None)  # announced, then not sent
 
     def __post_init__(self) -> None:
         c = self.config
@@ -186,6 +187,8 @@ def plan_of(environment) -> Plan:
         index = max(0, getattr(runner, "worker_index", 0) or 0)
         plan = Plan(json.loads(raw), worker_index=index, raw=raw)
         plan.on_sent = getattr(environment, "capbench_on_sent", None)
+        plan.on_withdrawn = getattr(environment, "capbench_on_withdrawn", None)
+        plan.stopping = bool(getattr(environment, "capbench_stopping", False))  # a signalled worker sends no more
         environment.capbench_plan = plan
     return plan
 
@@ -228,6 +231,8 @@ class OpenAIUser(FastHttpUser):
                 plan.on_sent(rec).wait()
             except GreenletExit:  # the run stopped before it went out: not sent, no record
                 plan.inflight.pop(rec["request_id"], None)
+                if plan.on_withdrawn is not None:
+                    plan.on_withdrawn(rec)
                 raise
             sent_at, start = clock_pair()  # the wait, if any, is the client's lag (an open loop's)
             rec["sent_at"] = sent_at
