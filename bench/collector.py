@@ -9,6 +9,7 @@ from gevent.event import Event
 
 from bench.store import Recorder
 from loadgen.frames import inflight as inflight_fields
+from loadgen.frames import rows as store_rows
 
 
 class Collector:
@@ -19,6 +20,7 @@ class Collector:
         self.inflight = inflight  # () -> this process's requests in flight, sent along in case it is killed
         self.pending: list[dict] = []
         self.records = 0
+        self.sessions_done = 0  # closed-loop sessions whose last record came (its last turn, or the one that failed)
         self.sent_by_worker: dict[str, int] = {}
         self.inflight_by_worker: dict[str, list[dict]] = {}
         self.recent: list[dict] = []  # for the live display
@@ -35,6 +37,7 @@ class Collector:
         self.inflight_by_worker[msg.node_id] = msg.data.get("inflight", [])
         if msg.data.get("stored"):  # a local worker wrote them into the recorder's pipe itself: counted, not sent
             self.records += len(msg.data["records"])
+            self.sessions_done += sum(1 for r in msg.data["records"] if r.get("session_last"))
             self.recent.extend(msg.data["records"])
             return
         self.add(msg.data["records"])
@@ -71,9 +74,10 @@ class Collector:
         self.pending.extend(recs)
         self.recent.extend(recs)
         self.records += len(recs)
+        self.sessions_done += sum(1 for r in recs if r.get("session_last"))
 
     def flush(self) -> None:
-        rows, self.pending = self.pending, []
+        rows, self.pending = store_rows(self.pending), []
         inflight = inflight_fields(self.inflight()) if self.inflight else None
         if rows or inflight is not None:
             self.recorder.send(rows, inflight)

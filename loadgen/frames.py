@@ -20,6 +20,14 @@ PIPE_FD_ENV = "CAPBENCH_RECORDER_FD"  # a local worker's write end of its pipe t
 INFLIGHT_FIELDS = ("request_id", "kind", "phase", "scheduled_at", "sent_at", "dispatch_lag_s")
 
 
+CLIENT_ONLY = ("session_last",)  # what a record tells the runner, not the store
+
+
+def rows(recs) -> list[dict]:
+    """Records as the store's rows (without what only the runner reads)."""
+    return [{k: v for k, v in r.items() if k not in CLIENT_ONLY} for r in recs]
+
+
 def inflight(recs) -> list[dict]:
     """What the recorder keeps of a request in flight (its row, should its sender die before the record)."""
     return [{k: r.get(k) for k in INFLIGHT_FIELDS} for r in recs]

@@ -27,7 +27,7 @@ import gevent
 from gevent.event import Event
 from locust.env import Environment
 
-from loadgen.frames import PIPE_FD_ENV, PipeWriter, inflight
+from loadgen.frames import PIPE_FD_ENV, PipeWriter, inflight, rows
 from loadgen.users import CONFIG_OPTION, ClosedLoopUser, OpenLoopUser
 
 RECORDS_MSG = "capbench_records"
@@ -86,8 +86,8 @@ class Forwarder:
         plan = self.plan()
         live = inflight(plan.inflight.values()) if plan is not None else []
         if self.pipe is not None and (self.unpiped or live):
-            rows, self.unpiped = self.unpiped, []
-            self.pipe.write({"rows": rows, "inflight": live})
+            done, self.unpiped = self.unpiped, []
+            self.pipe.write({"rows": rows(done), "inflight": live})
         out, self.batch = self.batch, []
         if to_master:
             self.env.runner.send_message(RECORDS_MSG, {"records": out, "sent": plan.sent if plan else 0,
