@@ -78,3 +78,5 @@ class WorkloadSpec(Schema):
     max_output_tokens: Tokens | None = None  # sharegpt
     shuffle: bool | None = None
     block_tokens: Tokens | None = None  # trace
+    loop: Literal["open", "closed"] | None = None  # multi_turn, agentic_coding: closed waits for each answer
+    think_s: NonNegative | dict | None = None  # multi_turn, agentic_coding: checked by loadgen/sessions.py
