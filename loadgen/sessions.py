@@ -17,12 +17,26 @@ from __future__ import annotations
 import json
 import math
 import random
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:  # a workload builds its sessions (workloads.py imports this module)
-    from loadgen.workloads import Workload
+from typing import Protocol
 
 from loadgen.prompts import _WORDS, DEFAULT_TOOL_OUTPUT, Lengths, RequestSpec, WorkloadError, seeded, text
+
+
+class Workload(Protocol):
+    """What a session reads of its workload (loadgen/workloads.py's Workload, which builds its sessions here)."""
+
+    name: str
+    type: str
+    seed: int
+    options: dict
+    input: Lengths
+    output: Lengths
+
+    @property
+    def closed_loop(self) -> bool: ...
+
+    def _spec(self, messages: list[dict], max_tokens: int, input_tokens: int, extra: dict | None = None
+              ) -> RequestSpec: ...
 
 TOOLS = [
     {"type": "function", "function": {"name": name, "description": desc, "parameters": {

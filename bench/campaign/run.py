@@ -8,8 +8,7 @@ A sweep offers Poisson rates start, start x factor, ... while the SLO holds (the
 `refine` times between the last rate within the SLO and the first past it. The cell's measured figure is that last
 rate within the SLO; the model's figure is the same sweep (rates, stage length in the deployment's own time, warm-up
 share) played by the simulator (bench/model/serving/simulate.py) for the same deployment, workload and SLO, so both
-answer
-one question. A short stage is not steady state: `capbench plan`'s converged rate (search_rate) is the longer-run
+answer one question. A short stage is not steady state: `capbench plan`'s converged rate (search_rate) is the longer-run
 answer. A stage that missed the SLO on a twin that fell behind its modelled pace (this host's CPU) is measured again.
 """
 
