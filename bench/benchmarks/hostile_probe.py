@@ -79,10 +79,14 @@ def disaggregated(field: str, value: str, template: str) -> str:
 
 
 def values(tmp: Path) -> None:
-    from bench.campaign import operator_templates, parse_campaign
-    from bench.campaign.launch import launch_command, spawn
-    from bench.campaign.pd_launch import plan
+    import importlib
+
+    from bench.campaign import launch_command, operator_templates, parse_campaign
     from bench.errors import BadInput
+
+    # the launch internals, by module name: the probe runs on checkouts whose package exports differ
+    spawn = importlib.import_module("bench.campaign.launch").spawn
+    plan = importlib.import_module("bench.campaign.pd_launch").plan
 
     (tmp / "bin").mkdir()
     (tmp / "bin" / "ssh").write_text('#!/bin/sh\nshift\nexec sh -c "$*"\n')
