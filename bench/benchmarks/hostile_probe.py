@@ -9,9 +9,10 @@
 3. forms of the key a server echoes (FORMS) left in the text after redaction; target URLs with a key in the
    query or path accepted;
 6. `capbench campaign` (a fake SGLang through a template, every other one `setsid -w`) SIGKILLed at a random
-   moment, 2-14 s in: processes it started still running 30 s later (those are then killed).
+   moment (2-14 s in, or 0-5 s after its server is up, in turn): processes it started still running 30 s later
+   (those are then killed).
 
-    python bench/benchmarks/hostile_probe.py [--kills 4]              # this checkout
+    python bench/benchmarks/hostile_probe.py [--kills 4] [--only values|redaction|orphans]   # this checkout
     PYTHONPATH=/path/to/other/checkout python bench/benchmarks/hostile_probe.py   # another one's code
 """
 
@@ -214,8 +215,14 @@ def orphans(kills: int) -> None:
                          "rate: 1}", "rate: 1}\n  - {name: b, workload: chat, profile: poisson, rate: 2}"))
         runner = subprocess.Popen([str(capbench), "campaign", str(f), "--db", str(db)], stdout=subprocess.DEVNULL,
                                   stderr=subprocess.DEVNULL, cwd=tmp)
-        when = random.Random(trial).uniform(2.0, 14.0)
-        time.sleep(when)
+        rng, t0 = random.Random(trial), time.monotonic()
+        if trial % 2:  # a random moment once the server is up (on a loaded host that can take a while)
+            while len(pids.read_text().split()) < 2 and runner.poll() is None and time.monotonic() - t0 < 120:
+                time.sleep(0.1)
+            time.sleep(rng.uniform(0.0, 5.0))
+        else:  # a random moment from the start: before, during or after the launch
+            time.sleep(rng.uniform(2.0, 14.0))
+        when = time.monotonic() - t0
         runner.kill()
         runner.wait()
         time.sleep(30)
@@ -235,8 +242,12 @@ def orphans(kills: int) -> None:
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--kills", type=int, default=4)
+    ap.add_argument("--only", choices=("values", "redaction", "orphans"), default=None)
     a = ap.parse_args()
-    with tempfile.TemporaryDirectory() as d:
-        values(Path(d))
-    redaction()
-    orphans(a.kills)
+    if a.only in (None, "values"):
+        with tempfile.TemporaryDirectory() as d:
+            values(Path(d))
+    if a.only in (None, "redaction"):
+        redaction()
+    if a.only in (None, "orphans"):
+        orphans(a.kills)
