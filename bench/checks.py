@@ -13,6 +13,11 @@ from urllib.parse import unquote, urlsplit
 from bench.errors import BadInput
 
 INT_MAX = 2**31 - 1
+# the bounds options and user files share (bench/cli/checks.py LIMITS, bench/files.py's schema types)
+PORT_MAX = 65535
+GPUS_MAX = 4096
+USERS_MAX = 100_000
+TOKENS_MAX = 1 << 24  # tokens of one prompt or answer: far past any model's context
 
 
 def check_target(url: str, flag: str = "--target") -> str:

@@ -37,12 +37,14 @@ def token_count(value: object, name: str, notes: list[str]) -> int | None:
 
 
 class Stream:
-    """What the response said: first/last token times (perf_counter), gaps, chunk count, usage, stream errors."""
+    """What the response said: first/last token times (perf_counter), gaps, chunk count, usage, stream errors; the
+    first content token's time (not reasoning, not a tool call); the answer's text when asked (keep_text: a
+    session's next turn carries it)."""
 
     __slots__ = ("start", "first", "last", "gaps", "chunks", "usage", "nbytes", "error", "server_id", "event_max",
-                 "on_first")
+                 "on_first", "first_content", "keep_text", "text")
 
-    def __init__(self, start: float, event_max: int = EVENT_MAX_BYTES):
+    def __init__(self, start: float, event_max: int = EVENT_MAX_BYTES, keep_text: bool = False):
         self.start = start
         self.event_max = event_max
         self.first: float | None = None
@@ -54,6 +56,15 @@ class Stream:
         self.error: RequestFailed | None = None
         self.server_id: str | None = None
         self.on_first = None  # called with the first token's time, while the answer is still streaming
+        self.first_content: float | None = None
+        self.keep_text = keep_text
+        self.text: list[str] = []
+
+    def _content(self, piece: object) -> None:
+        if self.first_content is None:
+            self.first_content = self.last
+        if self.keep_text and isinstance(piece, str):
+            self.text.append(piece)
 
     def _token(self) -> None:
         now = time.perf_counter()
@@ -112,8 +123,11 @@ class Stream:
                 if delta.get("content") or delta.get("reasoning_content") or delta.get("reasoning") or \
                         delta.get("tool_calls"):
                     self._token()
+                    if delta.get("content"):
+                        self._content(delta["content"])
             elif c.get("text"):
                 self._token()
+                self._content(c["text"])
         if obj.get("usage"):
             self.usage = obj["usage"]
 
@@ -130,6 +144,9 @@ class Stream:
                 raise TypeError("a choice without a message or a text")
             if msg.get("content") or msg.get("reasoning_content") or choice.get("text") or msg.get("tool_calls"):
                 self.chunks = 1
+            answer = msg.get("content") or choice.get("text")
+            if answer and self.keep_text and isinstance(answer, str):
+                self.text.append(answer)
             usage = obj.get("usage")
             if usage and not isinstance(usage, dict):
                 raise TypeError(f"usage is a {type(usage).__name__}")

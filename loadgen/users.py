@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from urllib.parse import urlparse
@@ -35,9 +34,10 @@ from geventhttpclient.url import URL
 from locust import task
 from locust.contrib.fasthttp import FastHttpUser
 
-from loadgen import profiles, workloads
+from loadgen import profiles, sessions, workloads
 from loadgen.redact import redact
 from loadgen.responses import EVENT_MAX_BYTES, RequestFailed, Stream, token_count
+from loadgen.timing import Slots, _slots, clock_pair, wait_until  # noqa: F401  (their home was here)
 
 # a nested profile's warm-up sends the workload's requests from here on: never a measured one, but of the same
 # seed (a shared system prompt is as warm as it would be in a long run)
@@ -76,6 +76,7 @@ class Plan:
     stopping: bool = field(init=False, default=False)
     # told as each request goes out; the event it returns is set once the recorder (or the master) has heard
     on_sent: Callable[[dict], Event] | None = field(init=False, default=None)
+    on_withdrawn: Callable[[dict], None] | None = field(init=False, default=None)  # announced, then not sent
 
     def __post_init__(self) -> None:
         c = self.config
@@ -84,12 +85,14 @@ class Plan:
         self.warmup_s = float(c.get("warmup_s", 0.0))
         self.end_at = self.t0 + float(c.get("duration_s", 0.0))  # closed loop: no new request after this
         self.workload = workloads.from_dict(c["workload"])
+        self.sessions = self.workload.closed_loop  # each arrival (or user's turn) is a session of several requests
+        self.turns = int(self.workload.options.get("turns", 4)) if self.sessions else 1
         workloads.corpus()  # the prompt corpus, built now rather than inside the first timed request
         prof = profiles.Profile(c["profile"]["name"], c["profile"]["type"], dict(c["profile"]["params"]))
         self.open_loop = prof.open_loop
         self.warm_count = 0
         if self.open_loop:
-            offsets = prof.arrivals(int(c.get("seed", 0)), self.warmup_s)
+            offsets = sessions.arrivals(prof.arrivals(int(c.get("seed", 0)), self.warmup_s), self.workload)
             self.total = len(offsets)
             if prof.nested:  # measured request j is the workload's j whatever the warm-up's count (common requests)
                 self.warm_count = int(np.count_nonzero(offsets < self.warmup_s))
@@ -134,46 +137,9 @@ class Plan:
             return self.workload.request(WARMUP_INDEX + i)
         return self.workload.request(i - self.warm_count, row)
 
-
-class Slots:
-    """At most n requests in flight; an arrival that finds none free waits, and slots go to the waiters in arrival
-    order. A freed slot is handed to the first waiter directly: gevent's Semaphore lets whoever asks next take a slot
-    freed before its waiter wakes (a later arrival would jump the queue); asyncio's, which bench_serving uses, does
-    not."""
-
-    def __init__(self, n: int):
-        self.free = n
-        self.waiting: deque[Event] = deque()
-
-    def take(self) -> bool:
-        """Take a slot, waiting in line if none is free; True when one was free at once."""
-        if self.free > 0 and not self.waiting:
-            self.free -= 1
-            return True
-        turn = Event()
-        self.waiting.append(turn)
-        try:
-            turn.wait()
-        except BaseException:  # killed while waiting: leave the line, or hand on the slot it was just given
-            if turn.is_set():
-                self.give()
-            else:
-                self.waiting.remove(turn)
-            raise
-        return False
-
-    def give(self) -> None:
-        if self.waiting:
-            self.waiting.popleft().set()
-        else:
-            self.free += 1
-
-
-def _slots(cap: int | None, workers: int, index: int) -> Slots | None:
-    """This process's share of the run's concurrency cap (the cap split evenly over the worker processes)."""
-    if not cap:
-        return None
-    return Slots(max(1, int(cap) // workers + (1 if index < int(cap) % workers else 0)))
+    def session(self, i: int) -> sessions.Session:
+        """Closed-loop session of arrival i (a nested profile's warm-up has sessions of its own)."""
+        return sessions.Session(self.workload, WARMUP_INDEX + i if i < self.warm_count else i - self.warm_count)
 
 
 def plan_of(environment) -> Plan:
@@ -187,6 +153,8 @@ def plan_of(environment) -> Plan:
         index = max(0, getattr(runner, "worker_index", 0) or 0)
         plan = Plan(json.loads(raw), worker_index=index, raw=raw)
         plan.on_sent = getattr(environment, "capbench_on_sent", None)
+        plan.on_withdrawn = getattr(environment, "capbench_on_withdrawn", None)
+        plan.stopping = bool(getattr(environment, "capbench_stopping", False))  # a signalled worker sends no more
         environment.capbench_plan = plan
     return plan
 
@@ -201,10 +169,12 @@ class OpenAIUser(FastHttpUser):
         self.plan = plan_of(self.environment)
 
     def send(self, spec: workloads.RequestSpec, index: int, scheduled_at: float | None,
-             slot_at: float | None = None) -> dict:
+             slot_at: float | None = None, turn: tuple[int, bool] | None = None,
+             phase_at: float | None = None) -> dict:
         """Send one request and fire its record; returns the record. slot_at: when a capped run's request got its
         slot; its latencies count from then (bench_serving's clock starts inside its semaphore), and the wait
-        before it is slot_wait_s."""
+        before it is slot_wait_s. turn: (turn, last) of closed-loop session `index` (the answer's text is kept
+        in self.answer); phase_at: the time that decides warm-up or measured (a session's start)."""
         plan = self.plan
         body = {"model": plan.model, **spec.body}
         if plan.stream:
@@ -215,9 +185,12 @@ class OpenAIUser(FastHttpUser):
         sent_at, start = clock_pair()
         due = sent_at if scheduled_at is None else scheduled_at
         wait = None if slot_at is None else max(0.0, slot_at - due)
-        rec = {"request_id": str(index), "kind": spec.kind, "scheduled_at": due, "sent_at": sent_at,
+        rid = str(index) if turn is None else f"{index}.{turn[0]}"
+        rec = {"request_id": rid, "kind": spec.kind, "scheduled_at": due, "sent_at": sent_at,
                "dispatch_lag_s": None, "slot_wait_s": wait,
-               "phase": "warmup" if due < plan.t0 + plan.warmup_s else "measured",
+               "phase": "warmup" if (phase_at or due) < plan.t0 + plan.warmup_s else "measured",
+               "session_id": None if turn is None else str(index), "turn": None if turn is None else turn[0],
+               "ttfc_s": None,
                "first_token_at": None, "ttft_s": None, "itl_s": [], "status": "ok", "error_kind": None,
                "error": None, "prompt_tokens": None, "completion_tokens": None, "cached_tokens": None,
                "reasoning_tokens": None, "tokens_from": None}
@@ -229,13 +202,15 @@ class OpenAIUser(FastHttpUser):
                 plan.on_sent(rec).wait()
             except GreenletExit:  # the run stopped before it went out: not sent, no record
                 plan.inflight.pop(rec["request_id"], None)
+                if plan.on_withdrawn is not None:
+                    plan.on_withdrawn(rec)
                 raise
             sent_at, start = clock_pair()  # the wait, if any, is the client's lag (an open loop's)
             rec["sent_at"] = sent_at
             if scheduled_at is None:  # a closed loop sends when it is ready: no schedule to lag behind
                 due = rec["scheduled_at"] = sent_at
         rec["dispatch_lag_s"] = sent_at - due - (wait or 0.0)
-        stream = Stream(start, plan.event_max)
+        stream = Stream(start, plan.event_max, keep_text=turn is not None)
         # known while it streams, so a run's end can tell a request that is already an SLO miss (late first token)
         stream.on_first = lambda now: rec.__setitem__("first_token_at", sent_at + (now - start))
         exc: RequestFailed | None = None
@@ -290,6 +265,11 @@ class OpenAIUser(FastHttpUser):
             rec["first_token_at"] = sent_at + (stream.first - stream.start)
             rec["ttft_s"] = rec["first_token_at"] - due
         rec["itl_s"] = stream.gaps
+        if stream.first_content is not None:  # the first token that is not reasoning (nor a tool call)
+            rec["ttfc_s"] = sent_at + (stream.first_content - stream.start) - due
+        if rec["session_id"] is not None:
+            self.answer = "".join(stream.text)
+            rec["session_last"] = rec["turn"] == self.plan.turns - 1 or exc is not None  # counted, not stored
         notes: list[str] = []
         if stream.usage:
             u = stream.usage
@@ -325,6 +305,25 @@ class OpenAIUser(FastHttpUser):
         return rec
 
 
+    def session(self, i: int, due: float | None, slot_at: float | None = None) -> None:
+        """Closed-loop session i: turn N+1 is due at turn N's last token plus a think time, and carries turn N's
+        answer; a failed turn ends the session. Every turn counts from its own due time; the session's start says
+        whether it is warm-up."""
+        plan = self.plan
+        sess = plan.session(i)
+        start = due
+        while True:
+            last = sess.turn == sess.turns - 1
+            rec = self.send(sess.request(), i, due, slot_at, (sess.turn, last), start)
+            slot_at = None
+            if rec["status"] != "ok" or not sess.answered(self.answer, rec["completion_tokens"]):
+                return
+            due = time.time() + sess.think_s()
+            wait_until(due)
+            if plan.stopping:
+                return
+
+
 class ClosedLoopUser(OpenAIUser):
     """`users` profile: one request after another, with the profile's think time between them."""
 
@@ -338,7 +337,10 @@ class ClosedLoopUser(OpenAIUser):
             gevent.sleep(0.2)  # the run's time is up: send nothing new, let the runner stop us
             return
         i = plan.next_index()
-        self.send(plan.request(i), i, None)
+        if plan.sessions:
+            self.session(i, None)
+        else:
+            self.send(plan.request(i), i, None)
 
 
 class OpenLoopUser(OpenAIUser):
@@ -352,43 +354,18 @@ class OpenLoopUser(OpenAIUser):
             gevent.sleep(0.2)
             return
         i, due = slot
-        spec = plan.request(i)  # built before the wait, so the send is on time
+        spec = None if plan.sessions else plan.request(i)  # built before the wait, so the send is on time
         wait_until(due)
         if plan.stopping:
             return
+        send = (lambda slot_at: self.session(i, due, slot_at)) if spec is None else \
+            (lambda slot_at: self.send(spec, i, due, slot_at))
         if plan.slots is None:
-            self.send(spec, i, due)
+            send(None)
             return
-        at_once = plan.slots.take()  # a free slot: any lateness is the client's (dispatch lag), not a wait
+        at_once = plan.slots.take()  # a free slot (a session holds it for all its turns): lateness is the client's
         try:
             if not plan.stopping:
-                self.send(spec, i, due, due if at_once else time.time())
+                send(due if at_once else time.time())
         finally:
             plan.slots.give()
-
-
-SPIN_S = 0.001  # libev rounds a timer's wait up to whole milliseconds: the last one is spent yielding instead
-
-
-def clock_pair() -> tuple[float, float]:
-    """time.time() and perf_counter() of one instant. Every timestamp of a request is the pair's time.time() plus a
-    perf_counter() delta, so a preemption between the two reads (a busy host's 1 ms scheduler tick) would move them
-    all, the first token to before the server made it; a read that straddles one is taken again."""
-    for _ in range(5):
-        before = time.perf_counter()
-        wall = time.time()
-        after = time.perf_counter()
-        if after - before < 50e-6:
-            break
-    return wall, (before + after) / 2
-
-
-def wait_until(due: float) -> None:
-    """Sleep until `due` (time.time()) to within tens of microseconds on an idle machine: a gevent timer to about a
-    millisecond before, then yields to the other greenlets (gevent.sleep(0)) until the time has come."""
-    if (delay := due - time.time() - SPIN_S) > 0:
-        gevent.sleep(delay)
-    while time.time() < due:
-        gevent.sleep(0)
-
-

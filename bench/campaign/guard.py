@@ -18,12 +18,9 @@ import string
 from pathlib import Path
 from urllib.parse import urlsplit
 
-import yaml
-
-from bench.errors import BadInput
+from bench import files
 
 MAX_BYTES = 256 * 1024  # a campaign is a page of YAML; anything larger is not one
-MAX_DEPTH = 24  # nesting levels: a campaign needs five
 PLACEHOLDERS = ("command", "port", "host", "python", "image")
 # the SGLang interpreter (a path or a name on PATH) and a container image: filled into a template's shell command,
 # so only these characters; the interpreter may not start with "-" (an option to the shell's command)
@@ -32,7 +29,10 @@ IMAGE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/:@+-]{0,299}$")
 # campaign key -> the highest value accepted (the lowest is checked where the key is read: positive, an int, ...)
 HIGHEST = {"duration": 1e6, "health_timeout": 7 * 86400, "rate": 1e6, "users": 100_000, "start": 1e6, "factor": 100,
            "max_stages": 1000, "refine": 30, "min_gain": 10, "port": 65535, "tp": 4096, "dp": 4096, "ep": 4096,
-           "gpus": 4096}
+           "gpus": 4096, "count": 256, "bootstrap_port": 65535}
+# SGLang's arguments whose value is a secret: given as env:NAME, filled in from the environment inside the server's
+# process (engine_patches/launch.py), so no file, log, report or `ps` line holds it
+SECRET_FLAGS = ("--api-key", "--admin-api-key", "--hf-token", "--ssl-keyfile-password")
 # Every word capbench fills into a launch template (a value the campaign gives: model path, scales path, flags, and
 # what capbench adds): only characters no shell reads specially, so the command line stays the same words however
 # many shells it passes through (ssh joins its arguments and hands them to the remote shell; `bash -c '{command}'`
@@ -41,39 +41,16 @@ WORD = re.compile(r"^[A-Za-z0-9_@%+=:,./-]+$")
 HOST = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.:-]{0,252}$")
 
 
-class _Loader(yaml.SafeLoader):
-    """SafeLoader that refuses aliases (no expansion at all) and nesting past MAX_DEPTH (no RecursionError)."""
-
-    depth = 0
-
-    def compose_node(self, parent, index):  # noqa: ANN001, ANN201 (PyYAML's signature)
-        if self.check_event(yaml.AliasEvent):
-            mark = self.peek_event().start_mark
-            raise yaml.YAMLError(f"aliases (*name) are not accepted in a campaign file (line {mark.line + 1})")
-        self.depth += 1
-        if self.depth > MAX_DEPTH:
-            raise yaml.YAMLError(f"nested deeper than {MAX_DEPTH} levels")
-        try:
-            return super().compose_node(parent, index)
-        finally:
-            self.depth -= 1
-
-
 def read_yaml(data: bytes | str, source: str) -> object:
-    """The YAML document in `data`, or BadInput in one line: too large, not UTF-8, not YAML, aliases, too deep."""
-    if len(data) > MAX_BYTES:
-        raise BadInput(f"{source}: {len(data)} bytes; a campaign file is at most {MAX_BYTES // 1024} kB")
-    if isinstance(data, bytes):
-        try:
-            data = data.decode("utf-8")
-        except UnicodeDecodeError as e:
-            raise BadInput(f"{source}: not UTF-8 text (byte {e.start}); a campaign is a YAML file") from None
-    if "\x00" in data:
-        raise BadInput(f"{source}: a binary file (NUL bytes); a campaign is a YAML file")
-    try:
-        return yaml.load(data, Loader=_Loader)  # noqa: S506 (a SafeLoader)
-    except yaml.YAMLError as e:
-        raise BadInput(f"{source}: not a campaign YAML ({str(e).splitlines()[0]})") from None
+    """The YAML document in `data`, or BadInput in one line: too large, not UTF-8, not YAML, aliases, too deep
+    (bench/files.py, the one reader of users' files)."""
+    return files.parse(data, source, "campaign", "yaml", MAX_BYTES)
+
+
+def read_file(path: str | Path, what: str = "campaign") -> bytes:
+    """A campaign (or templates) file's bytes: a regular file of at most MAX_BYTES (a FIFO or /dev/zero is refused
+    without being read), or BadInput."""
+    return files.regular_file(path, what, MAX_BYTES)
 
 
 def check_ranges(problems: list, where: str, raw: object) -> None:
@@ -203,7 +180,7 @@ def campaign_path(name: str, root: Path) -> Path | None:
     looks_like_path = "/" in name or p.suffix in (".yaml", ".yml")
     for candidate in ([p, root / p] if looks_like_path else [p, root / "data" / "campaigns" / f"{name}.yaml"]):
         try:
-            if candidate.is_file():
+            if candidate.exists() and not candidate.is_dir():  # a FIFO or a device: read_file says what it is
                 return candidate
         except OSError:  # a name too long for the file system
             return None

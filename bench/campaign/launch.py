@@ -63,7 +63,7 @@ def sglang_launch(server: list[str], kv_checksum: str = "off", kv_scales: str | 
 
 
 def attention_args(model: str, gpu: str | None, kv_dtype: str, tp: int, flags: list) -> list[str]:
-    """`--attention-backend` as a plan's line names it (bench/model/backend.py), unless the flags name one."""
+    """`--attention-backend` as a plan's line names it (bench/model/fits/backend.py), unless the flags name one."""
     if not gpu or any(str(f).split("=")[0].startswith("--attention-backend") for f in flags):
         return []
     return ["--attention-backend", sglang_args.attention_backend(model, gpu, kv_dtype, tp)]

@@ -14,8 +14,11 @@ instances and the router, each role placed on named nodes whose launch templates
       router: {node: gpu1, port: 8000}
 
 A role's `node` is one name (every node of the role there) or a list, one name per node in launch order (an
-instance of tp GPUs spans tp / GPUs-per-node nodes). A role without `node` runs on this host. Every problem is one
-line, like the rest of the campaign file's (bench/campaign/spec.py).
+instance of tp GPUs spans tp / GPUs-per-node nodes). A role without `node` runs on this host. A role has at most
+MAX_INSTANCES instances and MAX_GPUS GPUs (count x tp); ports given count up per instance and stay <= 65535; a
+`kv_scales` file must exist here and be the JSON SGLang reads (bench/campaign/scales.py). Every problem is one line,
+like the rest of the campaign file's (bench/campaign/spec.py); ports that collide on a node are found by
+`--check` (bench/campaign/pd_check.py), which places every launch as the launch would.
 """
 
 from __future__ import annotations
@@ -25,8 +28,13 @@ from dataclasses import dataclass, field
 
 from bench.campaign import flags as server_flags
 from bench.campaign import guard
+from bench.campaign.scales import check_scales
 from bench.campaign.templates import NAME, Template, parse_template
+from bench.checks import GPUS_MAX, PORT_MAX
 from bench.model import catalog
+
+MAX_INSTANCES = guard.HIGHEST["count"]  # of one role (256): LMSYS's largest published PD deployments run a dozen
+MAX_GPUS = GPUS_MAX  # of one role, count x tp: the bound of every --tp / gpus option
 
 KEYS = {"model", "model_path", "gpu", "kv_dtype", "weights", "transfer", "nodes", "prefill", "decode", "router",
         "kv_checksum", "kv_scales"}
@@ -86,6 +94,8 @@ def parse_pd(problems: list, where: str, raw: object, gpu: str) -> PDSpec | None
     if None in roles.values():
         return None
     path, scales = raw.get("model_path"), raw.get("kv_scales")
+    if scales and (wrong := check_scales(str(scales))) is not None:
+        problems.append(f"{where}.kv_scales: {wrong} (the file every prefill and decode node loads)")
     for key, value in (("model_path", path), ("kv_scales", scales)):
         if value is not None:
             guard.check_words(problems, f"{where}.{key}", [value])
@@ -126,7 +136,18 @@ def _role(problems: list, where: str, name: str, raw: object, nodes: dict, gpu: 
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 problems.append(f"{where}.{key}: a positive whole number is required, got {v!r}")
                 return None
+            if v > guard.HIGHEST[key]:
+                return None  # said by guard.check_ranges
             values[key] = v
+    count = values.get("count", 1)
+    for key in ("port", "bootstrap_port"):
+        if key in values and values[key] + count - 1 > PORT_MAX:
+            problems.append(f"{where}.{key}: {count} instance(s) take ports {values[key]} to "
+                            f"{values[key] + count - 1}, past {PORT_MAX}")
+    if count * values.get("tp", 8) > MAX_GPUS and name != "router":
+        problems.append(f"{where}: {count} instance(s) of tp {values.get('tp', 8)} are "
+                        f"{count * values.get('tp', 8):,} GPUs; a role has at most {MAX_GPUS:,}")
+        return None
     if name != "router":
         tp = values.get("tp", 8)
         values.setdefault("tp", tp)

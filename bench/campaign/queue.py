@@ -18,13 +18,13 @@ import contextlib
 import os
 import signal
 import socket
-import stat
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 from bench.campaign import guard, record
+from bench.campaign.predict import check_campaign
 from bench.campaign.run import Interrupt, run_campaign
 from bench.campaign.spec import parse_campaign
 from bench.campaign.templates import operator_templates
@@ -68,44 +68,19 @@ def reject(path: Path, why: str) -> Path:
     return moved
 
 
-def read_entry(path: Path) -> bytes:
-    """A queued file's bytes: a regular file only (a FIFO would block the runner, a link to /dev/zero would be read
-    until memory runs out), opened without following a link and without blocking, at most MAX_BYTES read.
-    BadInput in one line otherwise; FileNotFoundError when it was taken away meanwhile."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)  # ELOOP for a link
-    with os.fdopen(fd, "rb") as f:
-        st = os.fstat(f.fileno())
-        if not stat.S_ISREG(st.st_mode):
-            raise BadInput(f"{path.name}: not a regular file; a queued campaign is a YAML file")
-        data = f.read(guard.MAX_BYTES + 1)
-    if len(data) > guard.MAX_BYTES:
-        raise BadInput(f"{path.name}: over {guard.MAX_BYTES // 1024} kB; a campaign file is at most "
-                       f"{guard.MAX_BYTES // 1024} kB")
-    return data
 
 
-def take_submissions(store: Store, db: Path, templates: dict | None = None,
-                     say=lambda line: print(line, file=sys.stderr, flush=True)) -> list[str]:  # noqa: ANN001
-    """Every file in the queue folder into the DB as a queued campaign (or rejected/); returns the new ids. What is
-    not a regular file (a FIFO, a link) is skipped with a line and left alone; a file taken away meanwhile is
-    skipped."""
+def take_submissions(store: Store, db: Path, templates: dict | None = None) -> list[str]:
+    """Every file in the queue folder into the DB as a queued campaign, or into rejected/ with its reason (what is
+    not a regular file, a FIFO or a link, is moved there unread); returns the new ids. A file taken away meanwhile
+    is skipped."""
     ids = []
     for path in pending(db):
-        try:
-            campaign = parse_campaign(read_entry(path), path.name, templates)
-        except FileNotFoundError:
-            continue  # removed since it was listed
-        except OSError as e:
-            if path.is_symlink() or not path.is_file():
-                _skip(path, "a link or not a regular file", say)
-            else:
-                _skip(path, f"cannot be read ({e.strerror or type(e).__name__})", say)
-            continue
+        try:  # a regular file of at most guard.MAX_BYTES (a FIFO or a link to /dev/zero is refused unread), then
+            campaign = check_campaign(guard.read_file(path), path.name, templates)  # what --check says
         except BadInput as e:
-            if path.is_symlink() or (path.exists() and not path.is_file()):
-                _skip(path, "not a regular file", say)
-            else:
-                _reject(path, str(e))
+            if os.path.lexists(path):  # else withdrawn while being read: nothing to reject
+                _reject(path, str(e).replace(str(path), path.name))
             continue
         except Exception as e:  # whatever else is wrong with one file, the runner goes on with the next
             _reject(path, f"{path.name}: {type(e).__name__}: {str(e)[:300]}")
@@ -115,16 +90,6 @@ def take_submissions(store: Store, db: Path, templates: dict | None = None,
             path.unlink()
     return ids
 
-
-_skipped: set[tuple[str, int]] = set()  # said once per file (name, inode), not every second
-
-
-def _skip(path: Path, why: str, say) -> None:  # noqa: ANN001
-    with contextlib.suppress(OSError):
-        key = (path.name, path.lstat().st_ino)
-        if key not in _skipped:
-            _skipped.add(key)
-            say(f"campaign queue: {path.name} skipped: {why}; a queued campaign is a regular YAML file")
 
 
 def _reject(path: Path, why: str) -> None:

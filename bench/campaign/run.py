@@ -7,7 +7,8 @@ A sweep offers Poisson rates start, start x factor, ... while the SLO holds (the
 99 % of requests served) and goodput (offered rate x share within the SLO) keeps rising by min_gain; then it bisects
 `refine` times between the last rate within the SLO and the first past it. The cell's measured figure is that last
 rate within the SLO; the model's figure is the same sweep (rates, stage length in the deployment's own time, warm-up
-share) played by the simulator (bench/model/simulate.py) for the same deployment, workload and SLO, so both answer
+share) played by the simulator (bench/model/serving/simulate.py) for the same deployment, workload and SLO, so both
+answer
 one question. A short stage is not steady state: `capbench plan`'s converged rate (search_rate) is the longer-run
 answer. A stage that missed the SLO on a twin that fell behind its modelled pace (this host's CPU) is measured again.
 """
@@ -333,7 +334,7 @@ def _went_down(server: Launched | PDLaunched, what: str, wait_s: float = 1.0) ->
 
 def _result(dep: DeploymentSpec, load: Load, found: list[Found]) -> dict:
     """What the report reads: rates and tokens/s in the deployment's own time (a twin's divided by its scale); with
-    repeats, each figure is their mean with its 90 % interval (bench/model/confidence.py)."""
+    repeats, each figure is their mean with its 90 % interval (bench/model/evidence/confidence.py)."""
     scale = dep.time_scale
     price = catalog.gpu(dep.gpu).price_per_gpu_hour if dep.model else None
     rates = [f.best.rate if f.best else 0.0 for f in found]
@@ -379,7 +380,8 @@ def _result(dep: DeploymentSpec, load: Load, found: list[Found]) -> dict:
 
 def _with_bootstrap(found: list[Found], load: Load, dep: DeploymentSpec, *figures: Interval | None
                     ) -> tuple[Interval | None, ...]:
-    """The rate, goodput and $ per 1M intervals from the bootstrap over the stages' requests (bench/model/bootstrap.py):
+    """The rate, goodput and $ per 1M intervals from the bootstrap over the stages' requests
+    (bench/model/evidence/bootstrap.py):
     with one repeat, the bootstrap's; with more, the wider of it and the t interval over the repeats. Also the
     draws of the rate's bracket ends, kept with the cell for the gains between cells."""
     samples = [[s.sample for s in f.stages if s.sample is not None] for f in found]

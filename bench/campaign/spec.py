@@ -16,9 +16,11 @@ from bench.campaign import eval_stage, guard
 from bench.campaign import flags as server_flags
 from bench.campaign.keys import with_caps, with_repeats, with_stop_grace, workload_path
 from bench.campaign.pd_spec import PDSpec, parse_pd, resolve
+from bench.campaign.problems import Problems
 from bench.campaign.templates import Template, check_runtime_use, launch_by, parse_template, runtime_keys
 from bench.errors import BadInput
-from bench.model import Deployment, Slo, catalog, disagg, parse_slo
+from bench.model import Deployment, Slo, catalog, parse_slo
+from bench.model.pd import disagg
 
 KINDS = ("twin", "sglang", "url", "disaggregated")
 DEPLOYMENT_KEYS = {"name", "baseline", "health_timeout", "stop_grace", "model", "gpu", "gpus", *KINDS}
@@ -122,22 +124,13 @@ def cell_key(dep: DeploymentSpec, load: Load) -> str:
     return f"{dep.name}/{load.name}"
 
 
-class Problems(list):
-    def add(self, where: str, what: str) -> None:
-        self.append(f"{where}: {what}")
-
-
 def load_campaign(path: str | Path, templates: dict[str, Template] | None = None) -> Campaign:
     """A campaign file (a path, also relative to the checkout, or a built-in name), run by its own user: templates
     written in it are accepted, and `templates` are the ones it may name."""
     p = guard.campaign_path(str(path), Path(__file__).resolve().parents[2])
     if p is None:
         raise BadInput(f"no campaign file {str(path)[:200]} (a path, or a built-in name of data/campaigns/)")
-    try:
-        data = p.read_bytes()
-    except OSError as e:
-        raise BadInput(f"{p}: cannot be read ({e.strerror or type(e).__name__})") from None
-    return parse_campaign(data, str(p), templates, inline_templates=True)
+    return parse_campaign(guard.read_file(p), str(p), templates, inline_templates=True)
 
 
 def parse_campaign(text: str | bytes, source: str = "campaign", templates: dict[str, Template] | None = None,

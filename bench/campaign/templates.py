@@ -115,11 +115,7 @@ def operator_templates(path: str | Path | None) -> dict[str, Template]:
     a YAML mapping of name -> {start, stop, host, python, image}. BadInput listing every problem."""
     if not path:
         return {}
-    try:
-        data = Path(path).read_bytes()
-    except OSError as e:
-        raise BadInput(f"--templates {path}: cannot be read ({e.strerror or type(e).__name__})") from None
-    raw = guard.read_yaml(data, str(path))
+    raw = guard.read_yaml(guard.read_file(path, "templates"), str(path))
     if not isinstance(raw, dict) or not raw:
         raise BadInput(f"{path}: a mapping of template name -> {{start, stop, host}} is required")
     problems: list[str] = []

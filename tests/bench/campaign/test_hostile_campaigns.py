@@ -93,7 +93,7 @@ def test_a_workload_file_of_the_wrong_format_fails_the_check(tmp_path):
     f = tmp_path / "c.yaml"
     f.write_text(BASE.replace("workload: chat", f"workload: {tmp_path / 'convs.json'}"))
     out = _check(f, tmp_path)
-    assert out.returncode == 2 and "is not JSON" in out.stderr and "Traceback" not in out.stderr
+    assert out.returncode == 2 and "not a ShareGPT JSON" in out.stderr and "Traceback" not in out.stderr
 
 
 def test_a_campaign_path_works_from_any_folder(tmp_path):

@@ -1,7 +1,7 @@
 """The `disaggregated:` deployment of a campaign file: every problem one line; on `capbench serve` its nodes name
 the operator's templates and no role runs on the service's host; `--check` runs each role's memory arithmetic and
 a decode rank's KV pool against each load (one line per problem, exit 2, nothing launched); the predicted column
-is the PD simulator's (bench/model/pd_simulate.py) playing the same sweep."""
+is the PD simulator's (bench/model/pd/simulate.py) playing the same sweep."""
 
 import subprocess
 
@@ -13,7 +13,9 @@ from bench.campaign.predict import fit_problems, modelled, predicted
 from bench.campaign.run import _search
 from bench.campaign.templates import Template
 from bench.errors import BadInput
-from bench.model import disagg, load_workload, pd_simulate, usd_per_million
+from bench.model import load_workload, usd_per_million
+from bench.model.pd import disagg
+from bench.model.pd import simulate as pd_simulate
 from bench.sweep import sweep
 from tests.bench.campaign.test_predict import CLI
 
