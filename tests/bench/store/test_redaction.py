@@ -2,34 +2,11 @@
 with no 6 characters of the key in a row in any decoding; text without the key passes unchanged."""
 
 import base64
-import html
-import json
-import urllib.parse
 
 import pytest
 
+from bench.benchmarks.hostile_probe import FORMS, KEY  # noqa: E402 (the probe's forms: one list)
 from loadgen.redact import WINDOW, WITHHELD, _encoded, redact
-
-KEY = "sk-live-Zq81/hostile+KEY-Xw9QpLm7RtVb"
-P7 = [KEY[i:i + 7] for i in range(0, 21, 7)]
-FORMS = {
-    "raw": KEY, "upper": KEY.upper(), "lower": KEY.lower(), "prefix-12": KEY[:12], "suffix-10": KEY[-10:],
-    "json-slash": json.dumps(KEY).replace("/", "\\/"), "json-u": "".join(f"\\u{ord(c):04x}" for c in KEY),
-    "json-U": "".join(f"\\u{ord(c):04X}" for c in KEY), "json-ensure-ascii": json.dumps({"k": KEY}),
-    "base64": base64.b64encode(KEY.encode()).decode(), "base64-url": base64.urlsafe_b64encode(KEY.encode()).decode(),
-    "base64-in-blob-1": base64.b64encode(b"x" + KEY.encode()).decode(),
-    "base64-in-blob-2": base64.b64encode(b"{'k': '" + KEY.encode() + b"'}").decode(),
-    "base64-unpadded": base64.b64encode(KEY.encode()).decode().rstrip("="),
-    "hex": KEY.encode().hex(), "HEX": KEY.encode().hex().upper(), "hex-spaced": KEY.encode().hex(" "),
-    "hex-colons": KEY.encode().hex(":"), "html-dec": "".join(f"&#{ord(c)};" for c in KEY),
-    "html-hex": "".join(f"&#x{ord(c):x};" for c in KEY), "html-escaped": html.escape(KEY),
-    "percent-all": "".join(f"%{b:02X}" for b in KEY.encode()), "quote": urllib.parse.quote(KEY, safe=""),
-    "quote-plus": urllib.parse.quote_plus(KEY), "reversed": KEY[::-1], "reversed-upper": KEY[::-1].upper(),
-    "pieces-7": f"part {P7[0]} then {P7[1]} and {P7[2]}", "pieces-6": " / ".join(KEY[i:i + 6] for i in (0, 6, 12)),
-    "spaced": " ".join(KEY), "spaced-newlines": "\n".join(KEY), "spaced-reversed": " ".join(KEY[::-1]),
-    "tabbed-hex": "\t".join(f"{b:02x}" for b in KEY.encode()), "percent-of-json-u":
-        urllib.parse.quote("".join(f"\\u{ord(c):04x}" for c in KEY)),
-}
 
 
 @pytest.mark.parametrize("form", sorted(FORMS))
