@@ -39,6 +39,7 @@ BOUNDS = {"hbm_eff": (0.05, 1.0), "bf16_eff": (0.02, 1.0), "kernel_us": (0.1, 10
           "step_overhead_ms": (0.01, 200.0), "kernel_scale": (0.2, 5.0)}
 LONGEST_S = 1e5  # a TTFT or TPOT past the longest request timeout an option takes (--timeout) is no measurement
 STARTS = (1.0, 0.5, 2.0)  # every factor times this, clipped to its bounds: the starts of the fit
+LONGEST_S = 1e5  # a TTFT or TPOT past the longest request timeout an option takes (--timeout) is no measurement
 
 
 def fitted_factors(gpu: str) -> tuple[str, ...]:
@@ -161,8 +162,10 @@ def residuals(runs: list[MeasuredRun], eff: Efficiency) -> np.ndarray:
 
 
 def _loss(runs: list[MeasuredRun], eff: Efficiency) -> float:
+    """Mean squared log error over the metrics that can be compared (inf when none can)."""
     r = residuals(runs, eff)
-    return float(np.mean(r ** 2)) if r.size else math.inf
+    compared = np.count_nonzero(r)
+    return float(np.sum(r ** 2) / compared) if compared else math.inf
 
 
 @dataclass

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from bench.model.fits.capacity import Deployment
+from bench.model.fits.capacity import Deployment, weight_formats
 from bench.model.step import kernels
 
 # Dense GEMMs are priced by the roofline, not by gemm.parquet: its small-batch latencies (DeepGEMM FP8 block-128
@@ -54,8 +54,6 @@ class KernelStep:
         self.gpu, self.tp, self.dp, self.ep = d.gpu.id, d.tp, d.dp, d.ep
         self.attn_tp = d.tp // d.dp
         self.backend = d.attention or "triton"
-        from bench.model.fits.capacity import weight_formats
-
         self.experts_fmt, self.rest_fmt = weight_formats(m, d.weights)
         heads = m.attention_heads // self.attn_tp
         h, rest = m.hidden_size, self.rest_fmt
@@ -121,7 +119,12 @@ class KernelStep:
 
     def _moe(self, tokens: float) -> float:
         got = kernels.moe_time(self.dep.model, self.gpu, self.experts_fmt, tokens, self.ep, self.tp, self.version)
-        return self._op("MoE", got, f"{self.experts_fmt} MoE on {self.gpu}", {"tokens": tokens})
+        if got is None and kernels.moe_time(self.dep.model, self.gpu, self.experts_fmt, 1, self.ep, self.tp,
+                                            self.version):
+            self.unmeasured.setdefault("MoE beyond", f"MoE steps past {kernels.BEYOND:g}x the table's largest "
+                                                     f"token count on {self.gpu}: roofline")
+            return self.fallback("MoE", {"tokens": tokens})
+        return self._op("MoE", got, f"{self.experts_fmt} MoE on {self.gpu} at EP {self.ep}", {"tokens": tokens})
 
     def allreduce(self, tokens: float, graph: bool) -> float:
         if self.attn_tp <= 1 or tokens <= 0:

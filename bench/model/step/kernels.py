@@ -27,6 +27,7 @@ DTYPES = {"bf16": "bfloat16", "fp8-block128": "fp8_block", "fp8": "fp8", "int4-g
           "nvfp4": "nvfp4", "mxfp4": "w4a16_mxfp4", "mxfp4-w4a16": "w4a16_mxfp4", "mxfp4-w4a8": "w4a8_mxfp4_mxfp8"}
 # MoE shapes measured for borrowing: the catalog's (hidden, inter, experts, top-k) that were not collected
 NOT_KERNELS = ("situ_as_silu",)  # variants of a kernel for another activation
+BEYOND = 2.0  # a MoE step past this many times the table's largest token count is priced by the roofline
 
 
 def no_table(what: str) -> str:
@@ -219,7 +220,10 @@ def moe_time(model: Model, gpu: str, fmt: str, tokens: float, ep: int, tp: int, 
     if series is None:
         return None
     curve, scale, per_expert, label = series
-    y, out = curve(max(tokens * per_expert, 1))
+    x = max(tokens * per_expert, 1)
+    if x > BEYOND * curve.span[1]:
+        return None  # far past the largest step measured (wide-EP prefill): not this table's regime
+    y, out = curve(x)
     return y * scale, label + ("; extrapolated beyond the table" if out else "")
 
 

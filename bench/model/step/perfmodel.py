@@ -1,11 +1,12 @@
 """Step times of one SGLang instance: what a forward pass reads, computes and exchanges, on one GPU of it.
 
 Where the measured kernel tables cover the GPU (data/kernels: H100, H200, B200, GB200, B300), the GPU work of a step
-is priced operator by operator from them (kernel_step.py: attention on the deployment's backend and KV dtype, MoE in
-its expert format and EP, dense GEMMs, all-reduce, for its SGLang version), times kernel_scale, plus the kernels no
-table times and the CPU terms below; an operator no table covers is priced by the roofline below and `unmeasured`
-says so. A GPU without tables (MI300X, A100) is priced by the roofline throughout ("no kernel measurement for ...:
-roofline"). CAPBENCH_PERF=roofline prices every GPU by the roofline (the before/after comparison).
+is priced operator by operator (kernel_step.py: attention on the deployment's backend and KV dtype, MoE in its
+expert format and EP, all-reduce from the tables for its SGLang version, times kernel_scale; the dense GEMMs by the
+roofline below), plus the kernels no operator term prices and the CPU terms below; an operator no table covers is
+priced by the roofline below and `unmeasured` says so. A GPU without tables (MI300X, A100) is priced by the roofline
+throughout ("no kernel measurement for ...: roofline"). CAPBENCH_PERF=roofline prices every GPU by the roofline (the
+before/after comparison).
 
 The roofline:
 
