@@ -126,6 +126,9 @@ def print_summary(s: dict, to_stderr: bool = False, store=None, slo=None) -> Non
         console.print(f"waited for a slot under the concurrency cap: p50 {_ms(s['slot_wait_p50'])}, p90 "
                       f"{_ms(s['slot_wait_p90'])}, p99 {_ms(s['slot_wait_p99'])} (not in TTFT/E2E, as in "
                       "bench_serving; counted in SLO met)")
+    if s.get("ttfc_p50") is not None:
+        console.print(f"time to the first answer token (after reasoning): p50 {_ms(s['ttfc_p50'])}, "
+                      f"p90 {_ms(s['ttfc_p90'])}, p99 {_ms(s['ttfc_p99'])}")
     if s.get("by_turn"):
         console.print(turn_table(s["by_turn"]))
     lag = s.get("dispatch_lag_p99")

@@ -29,6 +29,7 @@ from bench.collector import Collector
 from bench.errors import BadInput
 from bench.live import Live, print_summary
 from bench.model import Slo
+from bench.request_shape import request_shape  # noqa: F401  (the CLI reaches it here)
 from bench.store import HELD_DB_WAIT_S, Recorder, Store, queries
 from bench.twin import Target
 from loadgen import profiles, sessions, workloads
@@ -71,6 +72,7 @@ class RunOptions:
     live: bool = True
     quiet: bool = False  # no start line, no summary table (the demo prints its own)
     run_config: dict = field(default_factory=dict)  # extra facts to keep with the run (e.g. the twin spec)
+    request_shape: dict = field(default_factory=dict)  # extra_body, headers_env, targets, route (request_shape())
 
 
 @dataclass
@@ -158,6 +160,7 @@ def _run_one(store: Store, opts: RunOptions, prof: profiles.Profile, wl: workloa
               "seed": opts.seed, "warmup_s": warmup, "workers": n_workers, "timeout_s": opts.timeout_s,
               "read_timeout_s": opts.read_timeout_s, "think_s": float(params.get("think_s", 0.0)),
               "slo": {k: v for k, v in vars(opts.slo).items() if v is not None}, "sessions": wl.closed_loop,
+              **opts.request_shape,
               **opts.run_config, **(extra or {})}
     stages = None
     if prof.open_loop:

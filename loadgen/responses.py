@@ -156,6 +156,27 @@ class Stream:
         self.usage = usage or None
 
 
+    def read_embeddings(self, raw: bytes) -> None:
+        """An embeddings answer: {data: [{embedding: [...]}, ...], usage: {prompt_tokens}}; its one "token" is the
+        whole answer (TTFT = E2E)."""
+        self.nbytes = len(raw)
+        try:
+            obj = _loads(raw)
+            data = obj["data"]
+            if not isinstance(data, list) or not data or not isinstance(data[0].get("embedding"), list | str):
+                raise TypeError("no embedding in data[0]")
+            usage = obj.get("usage")
+            if usage and not isinstance(usage, dict):
+                raise TypeError(f"usage is a {type(usage).__name__}")
+        except ValueError:
+            raise RequestFailed("malformed_stream", f"not JSON: {raw[:80]!r}") from None
+        except (AttributeError, TypeError, KeyError, IndexError) as e:
+            raise RequestFailed("malformed_response", f"an answer of an unexpected shape ({type(e).__name__}: {e}): "
+                                f"{raw[:80]!r}") from None
+        self._token()
+        self.usage = usage or None
+
+
 def _readline(resp, sep: bytes, limit: int) -> bytes:
     """geventhttpclient's HTTPSocketResponse.readline, with a size limit and a scan that resumes where it stopped
     (the library's rescans the whole buffer after every recv: a 50 MB event cost the timing loop seconds)."""

@@ -51,6 +51,7 @@ except ImportError:
 
 CONFIG_OPTION = "capbench"  # environment.parsed_options.capbench: the run's config as JSON (reaches workers too)
 ERROR_TEXT_MAX = 300
+API_PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions", "embeddings": "/v1/embeddings"}
 SERVER_ID_HEADER = "X-Capbench-Request-Id"  # the twin's id of a request: its server-side timestamps are at
 # GET /capbench/requests/{id}; travels in the Locust event's context, not in the record
 
@@ -101,10 +102,12 @@ class Plan:
                 self.trace_rows = prof.trace_rows()
         self.cursor = 0
         self.slots = _slots(prof.params.get("max_concurrency"), self.workers, self.worker_index)
-        target = urlparse(c["target"])
-        self.prefix = target.path.rstrip("/").removesuffix("/v1")
-        self.host = f"{target.scheme}://{target.netloc}"
         self.headers = {"Content-Type": "application/json", "Accept": "text/event-stream, application/json"}
+        for name, env in (c.get("headers_env") or {}).items():  # --header NAME=env:VAR: read in every process
+            self.headers[name] = os.environ.get(env, "")
+        self.extra_body = dict(c.get("extra_body") or {})
+        self.route = c.get("route", "round-robin")
+        self.rr = 0
         key_env = c.get("api_key_env")
         self.secret = os.environ.get(key_env, "") if key_env else ""
         if self.secret:
@@ -116,7 +119,22 @@ class Plan:
         self.pool = HTTPClientPool(concurrency=int(c.get("connections", 1024)), insecure=bool(c.get("insecure")),
                                    connection_timeout=float(c.get("connect_timeout_s", 10.0)),
                                    network_timeout=float(c.get("read_timeout_s", 120.0)))
-        self.http = self.pool.get_client(URL(self.host + "/"))
+        self.targets = []  # (url, path prefix, client): the target and every --also-target
+        for url in [c["target"], *(c.get("targets") or [])]:
+            u = urlparse(url)
+            host = f"{u.scheme}://{u.netloc}"
+            self.targets.append((url, u.path.rstrip("/").removesuffix("/v1"), self.pool.get_client(URL(host + "/"))))
+        self.prefix, self.http = self.targets[0][1], self.targets[0][2]
+
+    def target_for(self, index: int) -> tuple[str, str, object]:
+        """Where request (or session) `index` goes: by session (every turn of a session to one target, a request
+        being a session of one), or round robin over this process's requests."""
+        if len(self.targets) == 1:
+            return self.targets[0]
+        if self.route == "session":
+            return self.targets[index % len(self.targets)]
+        self.rr += 1
+        return self.targets[self.rr % len(self.targets)]
 
     def claim(self) -> tuple[int, float] | None:
         """The next arrival slot of this process: (request index, due time), or None when the schedule is done."""
@@ -176,11 +194,13 @@ class OpenAIUser(FastHttpUser):
         before it is slot_wait_s. turn: (turn, last) of closed-loop session `index` (the answer's text is kept
         in self.answer); phase_at: the time that decides warm-up or measured (a session's start)."""
         plan = self.plan
-        body = {"model": plan.model, **spec.body}
-        if plan.stream:
+        body = {"model": plan.model, **spec.body, **plan.extra_body}
+        stream_it = plan.stream and spec.api != "embeddings"
+        if stream_it:
             body["stream"] = True
             body["stream_options"] = {"include_usage": True}
-        path = plan.prefix + ("/v1/chat/completions" if spec.api == "chat" else "/v1/completions")
+        target, prefix, http = plan.target_for(index)
+        path = prefix + API_PATHS[spec.api]
         payload = _dumps(body)
         sent_at, start = clock_pair()
         due = sent_at if scheduled_at is None else scheduled_at
@@ -190,7 +210,7 @@ class OpenAIUser(FastHttpUser):
                "dispatch_lag_s": None, "slot_wait_s": wait,
                "phase": "warmup" if (phase_at or due) < plan.t0 + plan.warmup_s else "measured",
                "session_id": None if turn is None else str(index), "turn": None if turn is None else turn[0],
-               "ttfc_s": None,
+               "ttfc_s": None, "target": target if len(plan.targets) > 1 else None,
                "first_token_at": None, "ttft_s": None, "itl_s": [], "status": "ok", "error_kind": None,
                "error": None, "prompt_tokens": None, "completion_tokens": None, "cached_tokens": None,
                "reasoning_tokens": None, "tokens_from": None}
@@ -219,15 +239,17 @@ class OpenAIUser(FastHttpUser):
         resp = None
         try:
             with gevent.Timeout(plan.timeout_s, _Deadline):
-                resp = plan.http.request("POST", path, body=payload, headers=plan.headers)
+                resp = http.request("POST", path, body=payload, headers=plan.headers)
                 got_headers = True
                 stream.server_id = resp.get(SERVER_ID_HEADER)
                 status = resp.status_code
                 if status != 200:
                     text = resp.read()[:ERROR_TEXT_MAX].decode("utf-8", "replace")
                     raise RequestFailed(f"http_{status}", text or resp.status_message or "")
-                if plan.stream:
+                if stream_it:
                     stream.read_sse(resp)
+                elif spec.api == "embeddings":
+                    stream.read_embeddings(resp.read())
                 else:
                     stream.read_json(resp.read())
         except RequestFailed as e:

@@ -63,7 +63,7 @@ class WorkloadSpec(Schema):
     name: Annotated[str, Field(min_length=1, max_length=200)] | None = None
     description: Text = ""
     type: Literal[KINDS] = "synthetic"
-    api: Literal["chat", "completions"] = "chat"
+    api: Literal["chat", "completions", "embeddings"] = "chat"
     seed: Seed = 0
     ignore_eos: bool = True
     input: Length = 256

@@ -78,6 +78,9 @@ class Workload:
             body["ignore_eos"] = True
         if self.api == "chat":
             body["messages"] = messages
+        elif self.api == "embeddings":  # the prompt is what is embedded; nothing is generated
+            return RequestSpec(self.api, {"input": "\n\n".join(str(m.get("content") or "") for m in messages)},
+                               self.name, input_tokens)
         else:
             body["prompt"] = "\n\n".join(str(m.get("content") or "") for m in messages)
         body.update(extra or {})
@@ -230,6 +233,9 @@ def from_dict(spec: dict, seed: int | None = None, api: str | None = None, sourc
         raise WorkloadError(str(e)) from None
     if wl.type == "agentic_coding" and wl.api != "chat":
         raise WorkloadError(f"{source}: api: agentic_coding needs the chat API (tool calls), got {wl.api!r}")
+    if wl.api == "embeddings" and wl.type in SESSION_KINDS and (wl.loop or "closed") == "closed":
+        raise WorkloadError(f"{source}: api: {wl.type} sessions wait for answers, embeddings give none (loop: open, "
+                            "or another api)")
     if wl.loop is not None and wl.type not in SESSION_KINDS:
         raise WorkloadError(f"{source}: loop: for {' and '.join(SESSION_KINDS)} workloads only, not {wl.type}")
     if wl.type in SESSION_KINDS:

@@ -83,6 +83,19 @@ class Server(asyncio.Protocol):
             t.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
                     % (len(payload), payload))
             return
+        if path.endswith("/v1/embeddings"):
+            req = json.loads(body or b"{}")
+            self.counter[0] += 1
+            if self.opts.log:
+                self.opts.entries.append({"id": self.counter[0], "path": path, "arrived": time.time(), "body": req,
+                                          "headers": self.head.split("\r\n")[1:]})
+            n = len(str(req.get("input", "")).split())
+            payload = json.dumps({"object": "list", "data": [{"object": "embedding", "index": 0,
+                                                              "embedding": [0.0] * 8}],
+                                  "usage": {"prompt_tokens": n, "total_tokens": n}}).encode()
+            t.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+                    % (len(payload), payload))
+            return
         if not path.endswith("completions"):
             t.write(b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n")
             return

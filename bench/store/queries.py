@@ -111,6 +111,12 @@ def summary(con: duckdb.DuckDBPyConnection, run_id: str, slo: Slo | None = None)
         out.update(slot_wait_p50=waits[0], slot_wait_p90=waits[1], slot_wait_p99=waits[2])
     kinds = failed.assign(kind=failed.error_kind.fillna("unknown")).groupby("kind").n.sum()
     out["errors_by_kind"] = {k: int(v) for k, v in kinds.sort_values(ascending=False).items()}
+    ttfc = con.execute("SELECT quantile_cont(ttfc_s, [0.5, 0.9, 0.99]) FROM requests WHERE run_id = ? AND "
+                       "phase = 'measured' AND status = 'ok' AND ttfc_s IS NOT NULL AND "
+                       "(reasoning_tokens > 0 OR ttfc_s > ttft_s)",
+                       [run_id]).fetchone()[0]
+    if ttfc:  # a reasoning model: the time to its first answer token, beside TTFT (which counts reasoning)
+        out.update(ttfc_p50=ttfc[0], ttfc_p90=ttfc[1], ttfc_p99=ttfc[2])
     turns = by_turn(con, run_id)
     if turns:
         out["by_turn"] = turns

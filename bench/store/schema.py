@@ -78,10 +78,12 @@ MIGRATIONS: list[tuple[int, str, list[str]]] = [
             agreed INTEGER, mean_kl DOUBLE, kl_positions INTEGER, first_divergence INTEGER)""",
     ]),
     (9, "load generator: a request's session and turn (closed-loop sessions), its time to the first content token "
-        "(not reasoning: ttfc_s), and the node a GPU sample was scraped from (DCGM/Prometheus per node)", [
+        "(not reasoning: ttfc_s), the target it went to (several targets), and the node a GPU sample was scraped "
+        "from (DCGM/Prometheus per node)", [
         "ALTER TABLE requests ADD COLUMN session_id VARCHAR",
         "ALTER TABLE requests ADD COLUMN turn INTEGER",
         "ALTER TABLE requests ADD COLUMN ttfc_s DOUBLE",
+        "ALTER TABLE requests ADD COLUMN target VARCHAR",
         "ALTER TABLE gpu_samples ADD COLUMN node VARCHAR",
     ]),
 ]
@@ -105,7 +107,7 @@ REQUESTS_SCHEMA = pa.schema([
     ("prompt_tokens", pa.int32()), ("completion_tokens", pa.int32()), ("cached_tokens", pa.int32()),
     ("reasoning_tokens", pa.int32()), ("tokens_from", pa.string()), ("status", pa.string()),
     ("error_kind", pa.string()), ("error", pa.string()), ("note", pa.string()), ("slot_wait_s", pa.float64()),
-    ("session_id", pa.string()), ("turn", pa.int32()), ("ttfc_s", pa.float64()),
+    ("session_id", pa.string()), ("turn", pa.int32()), ("ttfc_s", pa.float64()), ("target", pa.string()),
 ])
 GPU_SCHEMA = pa.schema([
     ("run_id", pa.string()), ("t", pa.float64()), ("gpu", pa.int32()), ("name", pa.string()),
