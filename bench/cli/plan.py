@@ -8,6 +8,7 @@ from dataclasses import replace
 
 import typer
 
+from bench.cli.prices import parse_price, prices_json
 from bench.errors import BadInput
 
 MODEL = typer.Option(..., help="Model id from data/models (e.g. kimi-k2-thinking, glm-4.6).")
@@ -283,7 +284,6 @@ def plan(
     from rich.console import Console
     from rich.progress import Progress
 
-    from bench.cli.prices import parse_price
     from bench.model import Question, make_plan, parse_slo
     from bench.model.answer import make_headline
     from bench.report import terminal, wording
@@ -307,7 +307,7 @@ def plan(
     if campaign:
         from bench.cli.plan_campaign import write_campaign
 
-        write_campaign(result, campaign, as_json)
+        write_campaign(result, campaign)
     versus = None
     if pd:
         with Progress(transient=True, disable=as_json) as bar:
@@ -397,4 +397,4 @@ def _question_json(q) -> dict:
     from dataclasses import asdict
 
     return {k: (v.text() if k == "slo" else v) for k, v in asdict(q).items() if k != "slo"} | {"slo": q.slo.text()} \
-        | {"prices": {g: {"usd_per_gpu_hour": p, "given": given} for g, (p, given) in q.prices().items()}}
+        | {"prices": prices_json(q)}

@@ -10,8 +10,9 @@ from bench.errors import BadInput
 from bench.model import Plan, for_plan
 
 
-def write_campaign(result: Plan, out: str, quiet: bool) -> None:
-    """The plan's campaign file (bench/model/advice/campaign_file.py) at `out`, its workload file beside it."""
+def write_campaign(result: Plan, out: str) -> None:
+    """The plan's campaign file (bench/model/advice/campaign_file.py) at `out`, its workload file beside it; where
+    it went on stderr, so the answer stays the first thing on stdout (and --json stays JSON)."""
     made = for_plan(result)
     if made is None:
         raise BadInput("nothing serves this question within the SLO: no campaign file to write")
@@ -22,4 +23,4 @@ def write_campaign(result: Plan, out: str, quiet: bool) -> None:
         (path.parent / made.workload_name).write_text(made.workload_text or "")
     path.write_text(made.text)
     print(f"campaign file for this question: {path} (check: capbench campaign {path} --check)",
-          file=sys.stderr if quiet else sys.stdout)
+          file=sys.stderr)

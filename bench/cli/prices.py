@@ -35,3 +35,10 @@ def _dollars(value: str, where: str) -> float:
         raise BadInput(f"{where}: {value.strip()!r} is not a $ per GPU-hour; expected {SYNTAX}") from None
     checks.number(where, price, low=0, high=1e6, above=True)  # as every other number a command takes
     return price
+
+
+def prices_json(q) -> dict:  # noqa: ANN001 (a bench.model Question)
+    """--json's question.prices: every GPU asked about or searched, its $ per GPU-hour and whether it was given."""
+    from bench.model import prices
+
+    return {g: {"usd_per_gpu_hour": p, "given": given} for g, (p, given) in prices.costed(q).items()}

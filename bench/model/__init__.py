@@ -27,6 +27,7 @@ from bench.model.advice import (
     make_plan,
     option,
     plan,
+    prices,
     workload_names,
 )
 from bench.model.evidence import (
@@ -87,6 +88,7 @@ __all__ = [
     "option",
     "perfmodel", "plan", "rate", "scheduler", "simulate", "slo", "spec", "validate", "workload", "interconnect",
     "queues", "confidence", "bootstrap", "paired", "kernels", "fp8_kv", "campaign_file", "CampaignFile", "for_plan",
+    "prices",
     "Efficiency", "load_efficiency", "Capacity", "Deployment", "HOURS_PER_MONTH", "Config", "Option", "PerfModel",
     "Plan", "Question", "make_plan", "workload_names", "Prediction", "search_rate", "within_slo", "Request",
     "Scheduler", "Point", "Sweep", "Slo", "parse_slo", "Spec", "parse_spec", "Workload", "fixed_workload",

@@ -10,6 +10,7 @@ import textwrap
 import pandas as pd
 
 from bench.model import HOURS_PER_MONTH, Option, Plan, Question, capacity, catalog
+from bench.model import prices as gpu_prices
 from bench.model.answer import Headline, Saving
 
 NONE_MEETS = "no rate meets the SLO"
@@ -202,8 +203,9 @@ def choice(o: Option, percentile: int | None = None) -> str:
 def prices(q: Question) -> str:
     """Which price each GPU of the question is costed at: '$ per GPU-hour: H200 $3.10 (given); the catalog's
     indicative prices (not given) for B200 $5.99', so a price given for one GPU is never taken for every GPU's."""
-    given = [f"{g.upper()} ${p:.2f}" for g, (p, mine) in q.prices().items() if mine]
-    listed = [f"{g.upper()} ${p:.2f}" for g, (p, mine) in q.prices().items() if not mine]
+    costed = gpu_prices.costed(q)
+    given = [f"{g.upper()} ${p:.2f}" for g, (p, mine) in costed.items() if mine]
+    listed = [f"{g.upper()} ${p:.2f}" for g, (p, mine) in costed.items() if not mine]
     parts = ([", ".join(given) + " (given)"] if given else []) + \
         ([f"the catalog's indicative prices (not given) for {', '.join(listed)}"] if listed else [])
     return "$ per GPU-hour: " + "; ".join(parts)

@@ -20,7 +20,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field, replace
 
 from bench.errors import BadInput
-from bench.model.advice import curve, notes
+from bench.model.advice import curve, notes, prices
 from bench.model.advice.launch import int4_ep
 from bench.model.advice.option import HOURS_PER_MONTH, Config, Option
 from bench.model.evidence import corpus
@@ -89,17 +89,7 @@ class Question:
                 "slot; the wait counts in TTFT)")
 
     def price_of(self, gpu: str) -> float:
-        if gpu == self.gpu and self.price_per_gpu_hour is not None:
-            return self.price_per_gpu_hour
-        return dict(self.gpu_prices).get(gpu, catalog.gpu(gpu).price_per_gpu_hour)
-
-    def prices(self) -> dict[str, tuple[float, bool]]:
-        """Every GPU asked about or searched: its $ per GPU-hour and whether it was given (else the catalog's)."""
-        given = dict(self.gpu_prices)
-        if self.price_per_gpu_hour is not None:
-            given[self.gpu] = self.price_per_gpu_hour
-        gpus = dict.fromkeys([self.gpu, *(self.search_gpus or catalog.gpus()), *given])
-        return {g: (given[g], True) if g in given else (catalog.gpu(g).price_per_gpu_hour, False) for g in gpus}
+        return prices.price_of(self, gpu)
 
     @property
     def price(self) -> float:
@@ -122,13 +112,7 @@ class Question:
             raise BadInput(f"GPU count {self.gpus} must be a multiple of tp {self.tp}")
         for g in self.search_gpus or ():
             catalog.gpu(g)
-        for g, price in self.gpu_prices:  # a price for a GPU the plan never looks at would be silently unused
-            catalog.gpu(g)
-            if self.search_gpus and g not in (self.gpu, *self.search_gpus):
-                raise BadInput(f"a price was given for {g}, which is neither --gpu nor among --gpus "
-                               f"({','.join(self.search_gpus)})")
-            if not price >= 0:
-                raise BadInput(f"the price of {g} must be a non-negative $ per GPU-hour, got {price}")
+        prices.check(self)
         self.deployment()  # validates model, GPU, tp, dp, ep, KV dtype, weights, context
         ctx = self.context or catalog.model(self.model).max_context
         if not self.workload and self.input_tokens + self.output_tokens > ctx:

@@ -20,8 +20,10 @@ def test_one_price_is_the_gpus_and_the_answer_says_the_others_are_the_catalogs(t
     out = capbench(tmp_path, *ASK, "--price", "3.10", "--no-pd")
     assert out.returncode == 0, out.stderr
     b200 = catalog.gpu("b200").price_per_gpu_hour
-    assert (f"$ per GPU-hour: H200 $3.10 (given); the catalog's indicative prices (not given) for B200 ${b200:.2f}"
-            in out.stdout.splitlines()[:3])
+    said = f"$ per GPU-hour: H200 $3.10 (given); the catalog's indicative prices (not given) for B200 ${b200:.2f}"
+    lines = out.stdout.splitlines()
+    assert said in lines  # on the first screen, before the pointer to the tables
+    assert lines.index(said) < next(i for i, x in enumerate(lines) if x.startswith("More:"))
 
 
 def test_a_price_per_gpu_prices_every_gpu_it_names(tmp_path):
