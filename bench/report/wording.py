@@ -236,13 +236,13 @@ def recommendation(plan: Plan) -> str:
 
 def saving_words(s: Saving) -> str:
     """One step of the savings decomposition in one line."""
-    ratios = f"{s.kv_tokens_ratio:.2f}x the KV tokens, {s.rate_ratio:.2f}x the req/s per instance"
+    ratios = f"{s.kv_tokens_ratio:.2f}x KV tokens, {s.rate_ratio:.2f}x req/s an instance"
     if s.saves_usd > 0:
         return f"{s.what}: saves ${s.saves_usd:,.0f} a month ({ratios})"
     if s.saves_usd < 0:
         return f"{s.what}: costs ${-s.saves_usd:,.0f} a month more ({ratios})"
     room = s.kv_tokens_ratio > 1 and s.rate_ratio >= 1
-    return f"{s.what}: no monthly saving at this load ({ratios}){': headroom only' if room else ''}"
+    return f"{s.what}: no saving at this load ({ratios}){': headroom' if room else ''}"
 
 
 def shell_wrapped(command: str, width: int) -> list[str]:
@@ -268,10 +268,11 @@ def headline_lines(h: Headline, width: int = 100, launch: bool = True) -> list[s
     if h.kind == "none":
         return out + wrap(h.summary)
     out += wrap(f"Answer, {h.kind}: {h.summary}")
-    out += wrap(f"{h.gpus} GPUs, ${h.monthly_cost:,.0f} a month, ${h.usd_per_m_output:,.2f} per 1M output tokens")
+    figures = f"{h.gpus} GPUs, ${h.monthly_cost:,.0f} a month, ${h.usd_per_m_output:,.2f} per 1M output tokens"
     if h.cost_range:
         (g0, g1), (c0, c1) = h.gpus_range, h.cost_range
-        out += wrap(f"Range: {g0}-{g1} GPUs, ${c0:,.0f}-${c1:,.0f} a month ({h.interval_basis})")
+        figures += f"; range {g0}-{g1} GPUs, ${c0:,.0f}-${c1:,.0f} a month ({h.interval_basis})"
+    out += wrap(figures)
     for s in h.savings:
         out += wrap(saving_words(s))
     for r in h.risks:
