@@ -63,7 +63,7 @@ class WorkloadSpec(Schema):
     name: Annotated[str, Field(min_length=1, max_length=200)] | None = None
     description: Text = ""
     type: Literal[KINDS] = "synthetic"
-    api: Literal["chat", "completions"] = "chat"
+    api: Literal["chat", "completions", "embeddings"] = "chat"
     seed: Seed = 0
     ignore_eos: bool = True
     input: Length = 256
@@ -78,3 +78,5 @@ class WorkloadSpec(Schema):
     max_output_tokens: Tokens | None = None  # sharegpt
     shuffle: bool | None = None
     block_tokens: Tokens | None = None  # trace
+    loop: Literal["open", "closed"] | None = None  # multi_turn, agentic_coding: closed waits for each answer
+    think_s: NonNegative | dict | None = None  # multi_turn, agentic_coding: checked by loadgen/sessions.py

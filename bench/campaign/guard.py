@@ -1,7 +1,8 @@
 """What a campaign file may hold, checked before anything runs: YAML read with limits (size, nesting, no aliases:
 a 1 kB "billion laughs" file is refused, not expanded), every number finite and within a range a run can use, URLs
 that parse and carry no credentials, launch templates whose placeholders are known, workload files readable and
-of their format, and SGLang's secret flags only as `env:NAME`.
+of their format, and every value that reaches a launch command one word without shell characters (SGLang's
+flags themselves are parsed in bench/campaign/flags.py).
 
 Who may launch what (the trust model, docs/campaigns.md): `capbench campaign FILE` is the user's own command, so a
 template written in the file runs. `capbench serve` takes files from anyone who can open its page or write its queue
@@ -32,6 +33,12 @@ HIGHEST = {"duration": 1e6, "health_timeout": 7 * 86400, "rate": 1e6, "users": 1
 # SGLang's arguments whose value is a secret: given as env:NAME, filled in from the environment inside the server's
 # process (engine_patches/launch.py), so no file, log, report or `ps` line holds it
 SECRET_FLAGS = ("--api-key", "--admin-api-key", "--hf-token", "--ssl-keyfile-password")
+# Every word capbench fills into a launch template (a value the campaign gives: model path, scales path, flags, and
+# what capbench adds): only characters no shell reads specially, so the command line stays the same words however
+# many shells it passes through (ssh joins its arguments and hands them to the remote shell; `bash -c '{command}'`
+# expands it again). No quoting can be right for every template; a word without specials needs none.
+WORD = re.compile(r"^[A-Za-z0-9_@%+=:,./-]+$")
+HOST = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.:-]{0,252}$")
 
 
 def read_yaml(data: bytes | str, source: str) -> object:
@@ -85,11 +92,14 @@ def check_finite(config: object, highest: dict[str, float]) -> list[str]:
 
 def check_url(url: str) -> str | None:
     """What is wrong with a deployment's URL, or None: it parses, has a host and a valid port, no credentials."""
-    from bench.checks import without_credentials
+    from bench.checks import key_in_url, without_credentials
 
     if without_credentials(url) != url:
         return "credentials in the URL would be stored with the campaign and its runs; the server's key goes in " \
                "an environment variable"
+    if (where := key_in_url(url)) is not None:
+        return f"{where} would be stored with the campaign and its runs like credentials; the server's key goes " \
+               "in an environment variable"
     try:
         parts = urlsplit(url)
         port = parts.port
@@ -124,6 +134,32 @@ def check_runtime(key: str, value: object) -> str | None:
     return None
 
 
+def check_word(value: object) -> str | None:
+    """What is wrong with a value that reaches a launch command, or None: a word of WORD's characters only."""
+    text = str(value)
+    if WORD.match(text):
+        return None
+    bad = "".join(sorted({c for c in text if not WORD.match(c)}))[:20] if text else ""
+    # the value itself is not repeated: it may be a secret
+    return (f"{'characters a shell would read: ' + repr(bad) if bad else 'an empty value'}; a launch value is one "
+            "word of letters, digits and _ @ % + = : , . / - (it passes through the launch template's shell, and "
+            "through ssh's remote shell)")
+
+
+def check_words(problems: list, where: str, values: list) -> None:
+    """Each of `values` a WORD, its problem one line under `where`."""
+    for value in values:
+        if (wrong := check_word(value)) is not None:
+            problems.append(f"{where}: {wrong}")
+
+
+def check_host(value: object) -> str | None:
+    """What is wrong with a template's host (filled into {host} and the deployment's URL), or None."""
+    if isinstance(value, str) and HOST.match(value):
+        return None
+    return f"a host name or address is required (letters, digits, . : -), got {str(value)[:80]!r}"
+
+
 def check_workload_file(path: str) -> str | None:
     """What is wrong with a workload file a load names, or None: readable, and a workload YAML or ShareGPT JSON."""
     from loadgen import workloads
@@ -134,30 +170,6 @@ def check_workload_file(path: str) -> str | None:
         return str(e)
     except OSError as e:
         return f"{path} cannot be read ({e.strerror or type(e).__name__})"
-    return None
-
-
-def check_flags(flags: list[str]) -> list[str]:
-    """Problems with secret flags: each takes env:NAME (the key stays in the environment, never in the file)."""
-    out = []
-    for i, flag in enumerate(flags):
-        name, eq, value = flag.partition("=")
-        if name not in SECRET_FLAGS:
-            continue
-        value = value if eq else (flags[i + 1] if i + 1 < len(flags) else "")
-        if not value.startswith("env:") or not value[4:].isidentifier():
-            out.append(f"{name} takes env:NAME (the environment variable holding it); a secret written in the "
-                       "campaign would be stored, logged and reported")
-    return out
-
-
-def secret_env(flags: list[str]) -> str | None:
-    """The environment variable holding the server's --api-key, if a flag names one (the load runs with it)."""
-    for i, flag in enumerate(flags):
-        name, eq, value = flag.partition("=")
-        value = value if eq else (flags[i + 1] if i + 1 < len(flags) else "")
-        if name == "--api-key" and value.startswith("env:"):
-            return value[4:]
     return None
 
 

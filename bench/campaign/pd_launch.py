@@ -119,9 +119,11 @@ def _place(pd: PDSpec, role: Role, k: int) -> tuple[Template | None, str]:
     return t, t.host if t else "127.0.0.1"
 
 
-def patched(dep: DeploymentSpec) -> bool:
-    """Whether the deployment asks for capbench's engine patches: KV checksums, FP8 KV scales, INT4 experts."""
-    return dep.kv_checksum != "off" or bool(dep.pd.kv_scales) or dep.weights.startswith("int4")
+def patched(dep: DeploymentSpec, role: Role) -> bool:
+    """Whether the role's launch needs capbench's launcher: KV checksums, FP8 KV scales, INT4 experts, or a secret
+    flag given as env:NAME (filled in inside the server's process, as a colocated launch's is)."""
+    return (dep.kv_checksum != "off" or bool(dep.pd.kv_scales) or dep.weights.startswith("int4")
+            or any("env:" in f for f in role.flags))
 
 
 def server_command(dep: DeploymentSpec, role: Role, port: int, bootstrap: int | None, bind: str) -> list[str]:
@@ -144,7 +146,7 @@ def server_command(dep: DeploymentSpec, role: Role, port: int, bootstrap: int | 
     if "--mem-fraction-static" not in {f.split("=")[0] for f in role.flags}:  # as the PD model and plan assume
         argv += ["--mem-fraction-static", f"{disagg.pd_mem_fraction(dep.model, dep.gpu):.3f}"]
     argv += list(role.flags)
-    if patched(dep):
+    if patched(dep, role):
         return sglang_launch(argv, dep.kv_checksum, pd.kv_scales)
     return ["python", "-m", "sglang.launch_server", *argv]
 

@@ -26,9 +26,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from bench.campaign import flags as server_flags
 from bench.campaign import guard
 from bench.campaign.scales import check_scales
-from bench.campaign.templates import Template, parse_template
+from bench.campaign.templates import NAME, Template, parse_template
 from bench.checks import GPUS_MAX, PORT_MAX
 from bench.model import catalog
 
@@ -40,13 +41,6 @@ KEYS = {"model", "model_path", "gpu", "kv_dtype", "weights", "transfer", "nodes"
 ROLE_KEYS = {"count", "tp", "dp", "ep", "node", "port", "bootstrap_port", "flags"}
 ROUTER_KEYS = {"node", "port", "flags"}
 TRANSFERS = ("mooncake", "nixl")
-# the launch arguments the keys write (bench/campaign/pd_launch.py): a flag may not set them a second time
-OWN_FLAGS = {"--model-path", "--tp", "--tp-size", "--dp", "--dp-size", "--ep", "--ep-size", "--kv-cache-dtype",
-             "--port", "--host", "--disaggregation-mode", "--disaggregation-transfer-backend",
-             "--disaggregation-bootstrap-port", "--nnodes", "--node-rank", "--dist-init-addr"}
-ROUTER_OWN_FLAGS = {"--pd-disaggregation", "--prefill", "--decode", "--host", "--port"}
-
-
 @dataclass(frozen=True)
 class Role:
     role: str  # prefill | decode | router
@@ -102,6 +96,9 @@ def parse_pd(problems: list, where: str, raw: object, gpu: str) -> PDSpec | None
     path, scales = raw.get("model_path"), raw.get("kv_scales")
     if scales and (wrong := check_scales(str(scales))) is not None:
         problems.append(f"{where}.kv_scales: {wrong} (the file every prefill and decode node loads)")
+    for key, value in (("model_path", path), ("kv_scales", scales)):
+        if value is not None:
+            guard.check_words(problems, f"{where}.{key}", [value])
     return PDSpec(roles["prefill"], roles["decode"], roles["router"], nodes, refs, transfer,
                   str(path) if path else None, str(scales) if scales else None)
 
@@ -114,6 +111,8 @@ def _nodes(problems: list, where: str, raw: object) -> tuple[dict[str, Template 
     nodes: dict[str, Template | None] = {}
     refs: dict[str, str] = {}
     for name, t in raw.items():
+        if not NAME.match(str(name)):
+            problems.append(f"{where}.{str(name)[:80]!r}: a node name of letters, digits, . _ - is required")
         if isinstance(t, str):
             nodes[str(name)], refs[str(name)] = None, t
         else:
@@ -160,12 +159,11 @@ def _role(problems: list, where: str, name: str, raw: object, nodes: dict, gpu: 
         problems.append(f"{where}.flags: a list of arguments is required, e.g. [--mem-fraction-static, 0.8]")
         flags = []
     flags = [str(f) for f in flags]
-    own = ROUTER_OWN_FLAGS if name == "router" else OWN_FLAGS
-    for flag in flags:
-        if flag.startswith("--") and flag.split("=")[0] in own:
-            problems.append(f"{where}.flags: {flag.split('=')[0]} is set by the campaign's own keys; use those")
-    for wrong in guard.check_flags(flags):
-        problems.append(f"{where}.flags: {wrong}")
+    guard.check_words(problems, f"{where}.flags", flags)
+    if name == "router":
+        server_flags.check_router_flags(problems, f"{where}.flags", flags)
+    else:
+        server_flags.check_server_flags(problems, f"{where}.flags", flags, server_flags.PD_OWN)
     placed = raw.get("node", [])
     placed = [placed] if isinstance(placed, str) else placed
     if not isinstance(placed, list) or not all(isinstance(n, str) for n in placed):

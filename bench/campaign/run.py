@@ -8,8 +8,7 @@ A sweep offers Poisson rates start, start x factor, ... while the SLO holds (the
 `refine` times between the last rate within the SLO and the first past it. The cell's measured figure is that last
 rate within the SLO; the model's figure is the same sweep (rates, stage length in the deployment's own time, warm-up
 share) played by the simulator (bench/model/serving/simulate.py) for the same deployment, workload and SLO, so both
-answer
-one question. A short stage is not steady state: `capbench plan`'s converged rate (search_rate) is the longer-run
+answer one question. A short stage is not steady state: `capbench plan`'s converged rate (search_rate) is the longer-run
 answer. A stage that missed the SLO on a twin that fell behind its modelled pace (this host's CPU) is measured again.
 """
 
@@ -26,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.campaign import eval_stage, guard, own, predict, record
+from bench.campaign import eval_stage, flags, own, predict, record, watchdog
 from bench.campaign.launch import Launched, LaunchFailed, tail
 from bench.campaign.pd_launch import PDLaunched
 from bench.campaign.predict import WARMUP_SHARE
@@ -90,12 +89,17 @@ def run_campaign(campaign: Campaign, db: Path, source: str = "", resume: bool = 
         if cid is None:
             raise BadInput(f"no unfinished campaign {campaign.name!r} with this file in {db} to resume")
     cid = cid or record.new_campaign(store, campaign, source)
+    own.stop_timeout_s()  # a bad CAPBENCH_STOP_TIMEOUT_S: one line before anything runs
     owner = own.lock(db, cid)  # a second runner of this campaign is refused here
     stop = Interrupt()
     status = "aborted"
+    dog = None
+    mark = own.mark_item(db, cid)
     try:
         grace = max((d.stop_grace_s for d in campaign.deployments), default=30.0)
         own.stop_leftovers(store, db, grace, say, mine=cid)
+        dog = watchdog.start(mark, grace)  # what this runner starts carries the mark: ended when the runner ends
+        os.environ[mark.split("=", 1)[0]] = mark.split("=", 1)[1]
         record.set_status(store, cid, "running")
         done = record.completed_cells(store, cid)
         log_dir = log_dir or db.parent / "campaign-logs" / cid
@@ -109,6 +113,9 @@ def run_campaign(campaign: Campaign, db: Path, source: str = "", resume: bool = 
         status = "completed" if not failed else "failed"
     finally:
         stop.close()
+        os.environ.pop(mark.split("=", 1)[0], None)
+        if dog is not None:
+            watchdog.close(dog, grace)
         record.set_status(store, cid, status)
         owner.close()
         say(f"campaign {cid} {status}")
@@ -182,7 +189,7 @@ def _cell(store: Store, cid: str, dep: DeploymentSpec, load: Load, server: Launc
     drain = load.duration_s if drain is None else drain
 
     stages_run = [0]
-    key_env = guard.secret_env(dep.sglang.get("flags", []))
+    key_env = flags.secret_env(dep.sglang.get("flags", []))
 
     def stage(rate: float | None, users: int | None = None, seed: int = 0) -> Stage:
         """One load point. One that missed the SLO on a twin that fell behind its modelled pace may have missed for its

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from bench.campaign import eval_stage, guard
+from bench.campaign import flags as server_flags
 from bench.campaign.keys import with_caps, with_repeats, with_stop_grace, workload_path
 from bench.campaign.pd_spec import PDSpec, parse_pd, resolve
 from bench.campaign.problems import Problems
@@ -317,11 +318,12 @@ def _sglang(problems: Problems, where: str, raw: object, common: dict) -> Deploy
     if not isinstance(flags, list) or not all(isinstance(f, str | int | float) for f in flags):
         problems.add(f"{where}.flags", "a list of SGLang arguments is required, e.g. [--mem-fraction-static, 0.85]")
         flags = []
-    for flag in (str(f) for f in flags):
-        if flag.startswith("--") and flag.split("=")[0] in OWN_FLAGS:
-            problems.add(f"{where}.flags", f"{flag.split('=')[0]} is set by the campaign's own keys; use those")
-    for wrong in guard.check_flags([str(f) for f in flags]):
-        problems.add(f"{where}.flags", wrong)
+    flags = [str(f) for f in flags]
+    guard.check_words(problems, f"{where}.flags", flags)
+    server_flags.check_server_flags(problems, f"{where}.flags", flags)
+    for key in ("model_path", "kv_scales"):
+        if raw.get(key) is not None:
+            guard.check_words(problems, f"{where}.{key}", [raw[key]])
     runtime_keys(problems, where, raw)
     template = None
     if isinstance(raw.get("template"), str):
@@ -331,14 +333,9 @@ def _sglang(problems: Problems, where: str, raw: object, common: dict) -> Deploy
     tp = _number(Problems(), f"{where}.tp", raw.get("tp", 8), int)  # its problem is said above
     if not ok or tp is None:
         return None
-    spec = {**raw, "flags": [str(f) for f in flags], "tp": tp}
+    spec = {**raw, "flags": flags, "tp": tp}
     return DeploymentSpec(**common, sglang=spec, template=template, model=model, gpu=gpu, gpus=tp, kv_dtype=kv,
                           weights=weights, kv_checksum=checksum)
-
-
-# the launch arguments the sglang keys write (bench/campaign/launch.py); a flag may not set them a second time
-OWN_FLAGS = {"--model-path", "--tp", "--tp-size", "--dp", "--dp-size", "--ep", "--ep-size", "--kv-cache-dtype",
-             "--port", "--host"}
 
 
 def _load(problems: Problems, where: str, raw: object, slo: Slo, duration: float | None,

@@ -46,6 +46,8 @@ def parse_template(problems: list, where: str, t: object, name: str | None = Non
     for key in RUNTIME:
         if key in t and (wrong := guard.check_runtime(key, t[key])) is not None:
             problems.append(f"{where}.{key}: {wrong}")
+    if "host" in t and (wrong := guard.check_host(t["host"])) is not None:
+        problems.append(f"{where}.host: {wrong}")
     return Template(str(t["start"]), str(t["stop"]) if t.get("stop") else None, str(t.get("host", "127.0.0.1")),
                     name, t.get("python"), t.get("image"))
 

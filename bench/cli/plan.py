@@ -8,6 +8,7 @@ from dataclasses import replace
 
 import typer
 
+from bench.cli.prices import parse_price, prices_json
 from bench.errors import BadInput
 
 MODEL = typer.Option(..., help="Model id from data/models (e.g. kimi-k2-thinking, glm-4.6).")
@@ -257,7 +258,9 @@ def plan(
     tp: int = typer.Option(8, help="Your tensor-parallel size (always shown beside the search)."),
     kv_dtype: str = typer.Option("bf16", help="Your KV dtype (always shown)."),
     weights: str = typer.Option("native", help="Your expert weights (always shown)."),
-    price: float = typer.Option(None, help="$ per GPU-hour of --gpu (others: the catalog's indicative prices)."),
+    price: str = typer.Option(None, help="$ per GPU-hour: one figure for --gpu (3.10), or one per GPU "
+                              "(h200=3.10,b200=5.20); a GPU given none is costed at the catalog's indicative price, "
+                              "and the answer says which."),
     context: int = typer.Option(None, help="Context length (default: the model's maximum)."),
     workers: int = typer.Option(None, help="Processes for the search (default: the machine's cores)."),
     pd: bool = typer.Option(True, "--pd/--no-pd", help="Also search prefill/decode disaggregated shapes (wide EP) "
@@ -269,6 +272,9 @@ def plan(
     as_json: bool = typer.Option(False, "--json", help="Print JSON (every configuration) instead of tables."),
     details: bool = typer.Option(False, "--details", help="After the answer, the tables: Pareto fronts, each GPU's "
                                  "best, every configuration and why the rest lost, colocated vs disaggregated."),
+    campaign: str = typer.Option(None, help="Also write a campaign file that measures this answer (FILE.yaml): the "
+                                 "recommended deployment against BF16 KV and the shipped weights, and yours, under "
+                                 "this workload and SLO; check it with `capbench campaign FILE --check`."),
 ) -> None:
     """The deployment search: GPU x tp x DP attention x EP x KV dtype x expert weights x replicas, for a workload,
     SLO and target load. Prints the recommendation, the Pareto fronts, each GPU's best, and why the rest lost;
@@ -290,13 +296,18 @@ def plan(
         raise BadInput("give both --input-len and --output-len, or neither")
     q = Question(model=model, gpu=gpu, tp=tp, kv_dtype=kv_dtype, weights=weights, context=context,
                  workload=None if input_len else (workload or "chat"), input_tokens=input_len or 2000,
-                 output_tokens=output_len or 500, slo=parse_slo(slo), price_per_gpu_hour=price, target_rate_rps=rate,
+                 output_tokens=output_len or 500, slo=parse_slo(slo), target_rate_rps=rate,
                  search_gpus=tuple(g.strip() for g in gpus.split(",") if g.strip()) if gpus else None,
-                 max_concurrency=max_concurrency)
+                 max_concurrency=max_concurrency, **parse_price(price, gpu))
+    q.check()
     with Progress(transient=True, disable=as_json) as bar:
         task = bar.add_task("sizing", total=None)
         result = make_plan(q, lambda stage, done, total: bar.update(task, description=stage, completed=done,
                                                                    total=total), workers or os.cpu_count() or 1)
+    if campaign:
+        from bench.cli.plan_campaign import write_campaign
+
+        write_campaign(result, campaign)
     versus = None
     if pd:
         with Progress(transient=True, disable=as_json) as bar:
@@ -313,6 +324,7 @@ def plan(
     width = Console().width
     for line in wording.headline_lines(head, min(width, 100)):
         print(line)
+    print(wording.prices(q))  # which GPU is costed at which price: given, or the catalog's
     you = result.chosen
     if not details:
         if you is not result.recommended and you.serves:  # the deployment asked about (--gpu, --tp, ...)
@@ -384,4 +396,5 @@ def _row(option) -> dict | None:
 def _question_json(q) -> dict:
     from dataclasses import asdict
 
-    return {k: (v.text() if k == "slo" else v) for k, v in asdict(q).items() if k != "slo"} | {"slo": q.slo.text()}
+    return {k: (v.text() if k == "slo" else v) for k, v in asdict(q).items() if k != "slo"} | {"slo": q.slo.text()} \
+        | {"prices": prices_json(q)}

@@ -14,16 +14,20 @@ Callers outside bench.model import from here or from a layer's package, by the n
 from bench.model import answer, pd
 from bench.model.advice import (
     HOURS_PER_MONTH,
+    CampaignFile,
     Config,
     Option,
     Plan,
     Question,
+    campaign_file,
     curve,
+    for_plan,
     fp8_kv,
     launch,
     make_plan,
     option,
     plan,
+    prices,
     workload_names,
 )
 from bench.model.evidence import (
@@ -83,7 +87,8 @@ __all__ = [
     "answer", "pd", "backend", "calibration", "capacity", "catalog", "corpus", "curve", "fit", "interval", "launch",
     "option",
     "perfmodel", "plan", "rate", "scheduler", "simulate", "slo", "spec", "validate", "workload", "interconnect",
-    "queues", "confidence", "bootstrap", "paired", "kernels", "fp8_kv",
+    "queues", "confidence", "bootstrap", "paired", "kernels", "fp8_kv", "campaign_file", "CampaignFile", "for_plan",
+    "prices",
     "Efficiency", "load_efficiency", "Capacity", "Deployment", "HOURS_PER_MONTH", "Config", "Option", "PerfModel",
     "Plan", "Question", "make_plan", "workload_names", "Prediction", "search_rate", "within_slo", "Request",
     "Scheduler", "Point", "Sweep", "Slo", "parse_slo", "Spec", "parse_spec", "Workload", "fixed_workload",

@@ -10,6 +10,7 @@ import textwrap
 import pandas as pd
 
 from bench.model import HOURS_PER_MONTH, Option, Plan, Question, capacity, catalog
+from bench.model import prices as gpu_prices
 from bench.model.answer import Headline, Saving
 
 NONE_MEETS = "no rate meets the SLO"
@@ -199,10 +200,21 @@ def choice(o: Option, percentile: int | None = None) -> str:
             f"{money(o.usd_per_m_output, ',.2f')} per 1M output tokens" + (f". {said}" if said else ""))
 
 
+def prices(q: Question) -> str:
+    """Which price each GPU of the question is costed at: '$ per GPU-hour: H200 $3.10 (given); the catalog's
+    indicative prices (not given) for B200 $5.99', so a price given for one GPU is never taken for every GPU's."""
+    costed = gpu_prices.costed(q)
+    given = [f"{g.upper()} ${p:.2f}" for g, (p, mine) in costed.items() if mine]
+    listed = [f"{g.upper()} ${p:.2f}" for g, (p, mine) in costed.items() if not mine]
+    parts = ([", ".join(given) + " (given)"] if given else []) + \
+        ([f"the catalog's indicative prices (not given) for {', '.join(listed)}"] if listed else [])
+    return "$ per GPU-hour: " + "; ".join(parts)
+
+
 def question_text(q: Question) -> str:
     return (f"How many GPUs does {catalog.model(q.model).name} need on SGLang 0.5.23 to serve "
             f"{q.target_rate_rps:g} requests/s of {q.describe_workload()}{q.describe_cap()} within {q.slo.describe()} "
-            f"({q.gpu.upper()} at ${q.price:.2f} per GPU-hour, other GPUs at catalog prices), and what do an FP8 "
+            f"({prices(q)}), and what do an FP8 "
             "KV cache and INT4 expert weights save?")
 
 
@@ -224,13 +236,13 @@ def recommendation(plan: Plan) -> str:
 
 def saving_words(s: Saving) -> str:
     """One step of the savings decomposition in one line."""
-    ratios = f"{s.kv_tokens_ratio:.2f}x the KV tokens, {s.rate_ratio:.2f}x the req/s per instance"
+    ratios = f"{s.kv_tokens_ratio:.2f}x KV tokens, {s.rate_ratio:.2f}x req/s an instance"
     if s.saves_usd > 0:
         return f"{s.what}: saves ${s.saves_usd:,.0f} a month ({ratios})"
     if s.saves_usd < 0:
         return f"{s.what}: costs ${-s.saves_usd:,.0f} a month more ({ratios})"
     room = s.kv_tokens_ratio > 1 and s.rate_ratio >= 1
-    return f"{s.what}: no monthly saving at this load ({ratios}){': headroom only' if room else ''}"
+    return f"{s.what}: no saving at this load ({ratios}){': headroom' if room else ''}"
 
 
 def shell_wrapped(command: str, width: int) -> list[str]:
@@ -256,10 +268,11 @@ def headline_lines(h: Headline, width: int = 100, launch: bool = True) -> list[s
     if h.kind == "none":
         return out + wrap(h.summary)
     out += wrap(f"Answer, {h.kind}: {h.summary}")
-    out += wrap(f"{h.gpus} GPUs, ${h.monthly_cost:,.0f} a month, ${h.usd_per_m_output:,.2f} per 1M output tokens")
+    figures = f"{h.gpus} GPUs, ${h.monthly_cost:,.0f} a month, ${h.usd_per_m_output:,.2f} per 1M output tokens"
     if h.cost_range:
         (g0, g1), (c0, c1) = h.gpus_range, h.cost_range
-        out += wrap(f"Range: {g0}-{g1} GPUs, ${c0:,.0f}-${c1:,.0f} a month ({h.interval_basis})")
+        figures += f"; range {g0}-{g1} GPUs, ${c0:,.0f}-${c1:,.0f} a month ({h.interval_basis})"
+    out += wrap(figures)
     for s in h.savings:
         out += wrap(saving_words(s))
     for r in h.risks:

@@ -26,6 +26,7 @@ from dashboard.common import fmt
 
 BUILT_IN = Path(__file__).resolve().parents[2] / "data" / "campaigns"
 REFRESH_S = 3
+CURVE_HEIGHT = 420  # a latency-against-load chart with its legends above and below the plot
 
 st.title("Campaigns")
 db = common.db_path()
@@ -138,8 +139,8 @@ def matrix_section() -> None:
                            if (value := c.get(f"{what}_rps")) is not None])
         st.altair_chart(charts.compare_bars(df, "Highest rate within the SLO (req/s of the modelled GPUs)"),
                         width="stretch")
-    for title, chart in campaign_curves(matrix.cells):
-        st.altair_chart(chart, width="stretch", key=f"curve-{cid}-{title}")
+    for title, chart in campaign_curves(matrix.cells):  # a set height: "content" squashed them to a ~30 px strip
+        common.chart(st, chart, width="stretch", height=CURVE_HEIGHT, key=f"curve-{cid}-{title}")
     for c in matrix.cells:
         if c["status"] == "failed":
             with st.expander(f"{c['cell']}: failed"):

@@ -9,7 +9,7 @@ import pandas as pd
 import streamlit as st
 
 from bench.errors import BadInput
-from bench.model import Plan, Question, Slo, capacity, catalog, make_plan, workload_names
+from bench.model import Plan, Question, Slo, capacity, catalog, for_plan, make_plan, workload_names
 from bench.model.answer import make_headline
 from bench.model.pd import versus as pd_versus
 from bench.report import charts, compared, gpu_bests, load, plancharts, predicted_table, wording
@@ -60,6 +60,7 @@ q = Question(model=model_id, gpu=gpu_id, tp=int(tp), gpus=int(gpu_count), kv_dty
              context=int(context), workload=None if custom else workload, input_tokens=int(input_tokens),
              output_tokens=int(output_tokens), slo=Slo(ttft_s=slo_ttft, tpot_s=slo_tpot / 1e3, percentile=slo_p),
              price_per_gpu_hour=price, target_rate_rps=target, search_gpus=tuple(searched or [gpu_id]))
+st.caption(wording.prices(q))  # the price input is the chosen GPU's: which GPU is costed at what
 
 
 @st.cache_data(show_spinner=False, max_entries=64)
@@ -101,6 +102,17 @@ st.subheader("The answer")
 (st.success if head.kind != "none" else st.error)("  \n".join(wording.headline_lines(head, 10**6, launch=False)))
 if head.launch:
     st.code("\n".join(head.launch), language="bash", wrap_lines=True)
+made = for_plan(plan)  # what the intervals leave open, measured for this very question
+if made is not None:
+    st.download_button("Download a campaign file that measures the colocated answer", made.text, made.file_name,
+                       "text/yaml", key="campaign_file",
+                       help="The recommended colocated deployment against BF16 KV and the shipped weights, under this "
+                            "workload and SLO: `capbench campaign FILE --check`, then run it on the GPU host."
+                       + (f" It reads {made.workload_name} (the fixed lengths), also offered." if
+                          made.workload_name else ""))
+    if made.workload_name:
+        st.download_button(f"Download {made.workload_name} (its workload)", made.workload_text or "",
+                           made.workload_name, "text/yaml", key="campaign_workload")
 
 chosen, cap = plan.chosen, plan.chosen.capacity
 pred = chosen.prediction

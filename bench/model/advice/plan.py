@@ -20,7 +20,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field, replace
 
 from bench.errors import BadInput
-from bench.model.advice import curve, fp8_kv
+from bench.model.advice import curve, notes, prices
 from bench.model.advice.launch import int4_ep
 from bench.model.advice.option import HOURS_PER_MONTH, Config, Option
 from bench.model.evidence import corpus
@@ -60,6 +60,7 @@ class Question:
     dp: int = 1
     ep: int = 1
     max_concurrency: int | None = None  # the client keeps at most this many requests in flight to each instance
+    gpu_prices: tuple[tuple[str, float], ...] = ()  # (gpu, $ per GPU-hour) given for GPUs other than `gpu`
 
     @property
     def chosen(self) -> Config:
@@ -88,9 +89,7 @@ class Question:
                 "slot; the wait counts in TTFT)")
 
     def price_of(self, gpu: str) -> float:
-        if gpu == self.gpu and self.price_per_gpu_hour is not None:
-            return self.price_per_gpu_hour
-        return catalog.gpu(gpu).price_per_gpu_hour
+        return prices.price_of(self, gpu)
 
     @property
     def price(self) -> float:
@@ -113,6 +112,7 @@ class Question:
             raise BadInput(f"GPU count {self.gpus} must be a multiple of tp {self.tp}")
         for g in self.search_gpus or ():
             catalog.gpu(g)
+        prices.check(self)
         self.deployment()  # validates model, GPU, tp, dp, ep, KV dtype, weights, context
         ctx = self.context or catalog.model(self.model).max_context
         if not self.workload and self.input_tokens + self.output_tokens > ctx:
@@ -356,45 +356,14 @@ def make_plan(q: Question, progress: Callable[[str, int, int], None] | None = No
     chosen = plan.chosen
     if chosen.rejected_because:
         plan.notes.append(f"Your configuration ({chosen.label}): {chosen.rejected_because}.")
-    plan.notes += _interval_notes(plan)
-    plan.notes.append(fp8_note(q, (plan.recommended or chosen).config))
+    plan.notes += notes.interval_notes(plan.recommended, plan.simulated, chosen, q.target_rate_rps)
+    plan.notes.append(notes.fp8_note(q.model, q.context, (plan.recommended or chosen).config))
     if weight_formats(catalog.model(q.model), "native")[0].startswith("int4"):
         plan.notes.append(f"{q.model} ships INT4 experts: the other expert format searched is FP8 block-128.")
     return plan
-
-
-def fp8_note(q: Question, cfg: Config) -> str:
-    """FP8 KV's two effects at this GPU and parallelism, per backend that keeps its scales (advice/fp8_kv.py)."""
-    dep = replace(cfg, attention=None).deployment(q.model, q.context)
-    parts = [e.words() for e in fp8_kv.effects(dep)]
-    return f"FP8 KV on {cfg.gpu} x{cfg.tp} {cfg.parallelism()}: " + " | ".join(parts)
 
 
 def _seconds(pred: Prediction, slo: Slo) -> str:
     name = pred.limited_by.split()[0].lower()
     value = {"ttft": pred.ttft_s, "tpot": pred.tpot_s, "e2e": pred.e2e_s}.get(name)
     return "-" if value is None else (f"{value * 1e3:,.0f} ms" if value < 1 else f"{value:,.1f} s")
-
-def _interval_notes(plan: Plan) -> list[str]:
-    """What the intervals change about a plan's answer: a configuration cheaper than the recommended one at the
-    pessimistic end, and GPUs on hand that meet the target only at the optimistic end."""
-    notes = []
-    rec, q = plan.recommended, plan.question
-    if rec is not None and (iv := rec.interval()):
-        worst = {o.label: (o.interval() or {}).get("monthly_cost", (0, math.inf))[1] for o in plan.simulated
-                 if o.serves}
-        other = min((k for k in worst if k != rec.label), key=worst.get, default=None)
-        if other is not None and worst[other] < iv["monthly_cost"][1]:
-            notes.append(f"At the pessimistic end of the 80 % intervals {other} costs less than the recommended "
-                         f"one (${worst[other]:,.0f} against ${iv['monthly_cost'][1]:,.0f} a month): the "
-                         "recommendation is the cheapest as predicted, not under every outcome the evidence allows")
-    chosen = plan.chosen
-    if chosen.serves and chosen.gpus_on_hand and (iv := chosen.interval()):
-        instances = chosen.gpus_on_hand // chosen.tp
-        low, high = (r * instances for r in iv["rate_rps"])
-        if low < q.target_rate_rps <= chosen.rate_on_hand_rps:
-            notes.append(f"Your {chosen.gpus_on_hand} x {chosen.config.gpu} ({chosen.label}) meet "
-                         f"{q.target_rate_rps:g} req/s only towards the optimistic end of the 80 % interval "
-                         f"({low:,.2f}-{high:,.2f} req/s): at its pessimistic end they need "
-                         f"{iv['gpus_needed'][1]} GPUs")
-    return notes

@@ -52,8 +52,9 @@ class Headline:
 
 def make_headline(plan: Plan, versus: Versus | None = None) -> Headline:
     q = plan.question
-    question = (f"{catalog.model(q.model).name}, {q.describe_workload()}, {q.target_rate_rps:g} req/s"
-                f"{q.describe_cap()} within {q.slo.describe()}")
+    mix = f"'{q.workload}'" if q.workload else q.describe_workload()  # the name: the first screen is short
+    question = (f"{catalog.model(q.model).name}, {mix}, {q.target_rate_rps:g} req/s{q.describe_cap()} within "
+                f"{q.slo.describe()}")
     rec = plan.recommended
     pd_answer = versus.disaggregated if versus is not None else None
     if versus is not None and versus.winner == "disaggregated" and pd_answer is not None:
@@ -81,7 +82,7 @@ def make_headline(plan: Plan, versus: Versus | None = None) -> Headline:
             if not (c1 < d0 or d1 < c0):
                 other = (f"colocated ${c0:,.0f}-${c1:,.0f}" if h.kind == "disaggregated" else
                          f"disaggregated ${d0:,.0f}-${d1:,.0f}")
-                h.risks.append(f"the cost ranges overlap ({other}): the evidence does not decide, measure both")
+                h.risks.append(f"the cost ranges overlap ({other}): measure both")
     return h
 
 
@@ -100,8 +101,7 @@ def _colocated(question: str, plan: Plan, rec: Option) -> Headline:
     if iv is not None:
         h.gpus_range, h.cost_range = tuple(iv["gpus_needed"]), tuple(iv["monthly_cost"])
         n = iv["cases"]
-        h.interval_basis = (f"80 % interval from the model's out-of-sample error on {n} published case"
-                            f"{'' if n == 1 else 's'} of {iv['regime'].rsplit(',', 1)[0]}")
+        h.interval_basis = f"80 % interval, {n} published case{'' if n == 1 else 's'}"
     h.risks = risks(plan, rec)
     if iv is not None and iv["evidence"]:  # thin evidence, in its first clause (the rest: --details)
         h.risks.append(iv["evidence"].split(";")[0])
@@ -118,8 +118,7 @@ def _disaggregated(question: str, v: Versus) -> Headline:
     h = Headline(question, "disaggregated", summary, d.gpus_needed, d.monthly_cost, d.usd_per_m_output)
     if v.interval is not None:
         h.gpus_range, h.cost_range = tuple(v.interval["gpus_needed"]), tuple(v.interval["monthly_cost"])
-        h.interval_basis = ("bounds, not a calibrated interval: each role's colocated band stretched to hold the "
-                            "published PD cases")
+        h.interval_basis = "bounds, not a calibrated interval"
     cases = [c for c in corpus.load() if c.kind == "disaggregated"]
     h.risks = [f"PD figures come from an analytic model checked on {len(cases)} published PD runs: a first estimate"]
     h.launch = [line for c in pd_launch.commands(d, patches=patch_flags(s.kv_dtype))

@@ -45,7 +45,10 @@ LATENCY_BOUND = 4
 THIN = 5  # fewer out-of-sample cases in a regime than this: said in words
 HOURS_PER_MONTH = 730
 FAMILY = {"a100-80gb": "Ampere", "h100-sxm": "Hopper", "h200": "Hopper", "b200": "Blackwell", "mi300x": "MI300X"}
-CAMPAIGN = "data/campaigns/kv-study.yaml"
+# where the measurement a thin interval asks for comes from: a campaign file made for the plan's own question
+# (bench/model/advice/campaign_file.py), never a fixed example of another model and GPU
+MEASURE = ("measure before buying: `capbench plan ... --campaign FILE` writes a campaign file for this model, GPU, "
+           "formats and load (the Planner and the report offer it as a download)")
 
 
 @dataclass(frozen=True)
@@ -180,7 +183,7 @@ def _evidence(reg: Regime, rows: tuple[Row, ...]) -> str | None:
     if n < THIN:
         what = "no published evidence" if n == 0 else f"only {n} published case{'s' if n > 1 else ''}"
         return (f"{what} for {reg.describe()}{_delivered(own)}{also}: the interval is the corpus's spread widened; "
-                f"measure before buying (campaign file: {CAMPAIGN} with this deployment)")
+                f"{MEASURE}")
     b = band("output_tok_s", reg, rows)
     slower = [x for x in own if b and x < math.log(b.low)]
     faster = [x for x in own if b and x > math.log(b.high)]
@@ -188,8 +191,7 @@ def _evidence(reg: Regime, rows: tuple[Row, ...]) -> str | None:
         if len(side) * 2 >= len(own):
             return (f"{len(side)} of the {len(own)} published cases of {reg.describe()} delivered throughput "
                     f"{word} than even this interval allows ({reach} to {math.exp(worst(side)):.2f}x the prediction): "
-                    f"the interval is the corpus's, not this regime's; measure before buying (campaign file: "
-                    f"{CAMPAIGN} with this deployment)")
+                    f"the interval is the corpus's, not this regime's; {MEASURE}")
     return None
 
 

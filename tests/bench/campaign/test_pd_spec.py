@@ -54,7 +54,8 @@ def test_every_problem_is_one_line():
         f"{where}.prefill.colour: unknown key (known: bootstrap_port, count, dp, ep, flags, node, port, tp)",
         f"{where}.prefill: dp and ep must divide tp (tp 8, dp 3, ep 1)",
         f"{where}.prefill.node: no node named 'g9' (nodes: g1, g2)",
-        f"{where}.decode.flags: --disaggregation-mode is set by the campaign's own keys; use those",
+        f"{where}.decode.flags: --disaggregation-mode sets disaggregation_mode, which the campaign's own keys set; "
+        "use those",
         f"{where}.decode.node: 3 names for 2 launches (2 instance(s) of 1 node(s)); give one name, or one per launch",
         f"{where}.router.tp: unknown key (known: flags, node, port)",
     ], lines

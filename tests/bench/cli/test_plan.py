@@ -57,7 +57,7 @@ def test_plan_recommends_a_pool_that_holds_the_context_with_its_interval_and_evi
                    "--kv-dtype", "fp8_e4m3", "--weights", "native", "--no-pd", "--details", timeout=900)
     assert out.returncode == 0, out.stderr
     text = " ".join(out.stdout.split())
-    answer = text.split("Answer, colocated:", 1)[1].split("Range:", 1)[0]
+    answer = text.split("Answer, colocated:", 1)[1].split(" GPUs, $", 1)[0]
     assert "INT4-G32 experts (shipped), FP8 KV" in answer, answer
     assert "80 % interval" in text and "Only 3 published cases for INT4 experts, MLA on Hopper (they delivered" \
         in text and "measure before buying" in text

@@ -62,7 +62,7 @@ def test_report_with_runs_has_tables_charts_and_the_measurements(db):
     assert rec.launch()[0] in page  # the priced command: every flag of the recommended configuration
     assert "80 % interval" in page and "Intervals: every predicted figure carries" in page
     you = r.plan.chosen  # the asker's own deployment, when not the answer, gets its interval and evidence too
-    assert you is rec or f"Your choice, {you.label}:" in page
+    assert you.config == rec.config or f"Your choice, {you.label}:" in page
     assert "Only 3 published cases for INT4 experts, MLA on Hopper (they delivered" in page
     assert "--tp 16" in page and "--nnodes 2 --node-rank 1 --dist-init-addr" in page
 
