@@ -186,8 +186,9 @@ def _line(err: dict, where: str, schema: type[BaseModel]) -> str:
     if err["type"] == "missing":
         return f"{key}: required"
     got = err.get("input")
-    shown = repr(got) if not isinstance(got, dict | list) else type(got).__name__
-    return f"{key}: {msg}, got {shown[:120]}"
+    if isinstance(got, dict | list):  # a rule across the keys of a mapping: the message names their values
+        return f"{key}: {msg}"
+    return f"{key}: {msg}, got {repr(got)[:120]}"
 
 
 def _kind(mode: int) -> str:
