@@ -135,6 +135,9 @@ def print_summary(s: dict, to_stderr: bool = False, store=None, slo=None) -> Non
     if lag is not None and lag > LAG_WARN_S:
         console.print(f"note: dispatch lag p99 {lag * 1000:.1f} ms: the client fell behind its schedule (latencies "
                       "count from the due time, so they include it); more --workers or a quieter machine help.")
+        if s.get("ttft_from_send_p50") is not None:
+            console.print(f"TTFT p50 {_ms(s.get('ttft_p50'))} from the due time; from the send "
+                          f"{_ms(s['ttft_from_send_p50'])} (the client's lag p50 {_ms(s['ttft_lag_p50'])})")
 
 
 def turn_table(turns: list[dict]) -> Table:

@@ -56,7 +56,7 @@ def test_relative_link_resolves(page, target):
 
 def test_anchor_slugs_are_githubs():
     page = ROOT / "docs" / "planning.md"
-    assert "the-performance-model-benchmodelperfmodelpy" in anchors(page)
+    assert "the-performance-model-benchmodelstepperfmodelpy" in anchors(page)
     assert "capbench-validate-how-far-to-trust-the-model" in anchors(page)
 
 

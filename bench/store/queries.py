@@ -117,6 +117,11 @@ def summary(con: duckdb.DuckDBPyConnection, run_id: str, slo: Slo | None = None)
                        [run_id]).fetchone()[0]
     if ttfc:  # a reasoning model: the time to its first answer token, beside TTFT (which counts reasoning)
         out.update(ttfc_p50=ttfc[0], ttfc_p90=ttfc[1], ttfc_p99=ttfc[2])
+    late = con.execute("SELECT quantile_cont(dispatch_lag_s, 0.5), quantile_cont(ttft_s - dispatch_lag_s, 0.5) FROM "
+                       "requests WHERE run_id = ? AND phase = 'measured' AND status = 'ok' AND ttft_s IS NOT NULL",
+                       [run_id]).fetchone()
+    if late and late[1] is not None:  # TTFT counts from the due time: how much of it is the client's lateness
+        out.update(ttft_lag_p50=late[0], ttft_from_send_p50=late[1])
     turns = by_turn(con, run_id)
     if turns:
         out["by_turn"] = turns
