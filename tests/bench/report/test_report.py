@@ -63,7 +63,7 @@ def test_report_with_runs_has_tables_charts_and_the_measurements(db):
     assert "80 % interval" in page and "Intervals: every predicted figure carries" in page
     you = r.plan.chosen  # the asker's own deployment, when not the answer, gets its interval and evidence too
     assert you.config == rec.config or f"Your choice, {you.label}:" in page
-    assert "Only 3 published cases for INT4 experts, MLA on Hopper (they delivered" in page
+    assert "only 3 published cases for int4 experts, mla on hopper (they delivered" in page.lower()
     assert "--tp 16" in page and "--nnodes 2 --node-rank 1 --dist-init-addr" in page
 
 
@@ -118,7 +118,7 @@ def test_launch_commands_are_accepted_by_the_patched_launcher(tmp_path):
     from bench.model import launch as sglang_cmd
 
     scales = tmp_path / "kv_scales.json"
-    scales.write_text("{}")
+    scales.write_text('{"kv_cache": {"dtype": "float8_e4m3fn", "scaling_factor": {"0": {"0": 1.0}}}}')
     single, multi = sglang_cmd.commands("kimi-k2-thinking", "h100-sxm", 16, "fp8_e4m3", "native")
     assert single is None and len(multi) == 2 and all("--tp 16 " in c for c in multi)  # 16 GPUs: two 8-GPU nodes
     commands = [sglang_cmd.single_node("kimi-k2-thinking", 8, "fp8_e4m3", "native", 262144,
