@@ -3,6 +3,8 @@
 catalog    model and GPU facts from data/ (+ the user's override file)
 backend    SGLang 0.5.23's attention backends: its default, the ones that keep FP8 KV scales, the one a line names
 capacity   SGLang 0.5.23's memory arithmetic: weights per GPU, KV pool tokens, sequences that fit
+formats    routed-expert weight formats (data/expert_formats.yaml): bytes, kernels per GPU arch, checkpoints, accuracy
+format_table  the formats side by side for one model on one GPU (`capbench formats`), priced by one call
 perfmodel  step times of one instance (roofline terms with calibrated efficiencies), and cost
 scheduler  continuous batching on the KV budget, as SGLang's scheduler does it (the twin runs it too)
 workload   request mixes as the simulator draws them
@@ -43,6 +45,8 @@ from bench.model import (
     disagg,
     disagg_launch,
     fit,
+    format_table,
+    formats,
     interconnect,
     interval,
     launch,
@@ -84,7 +88,7 @@ __all__ = [
     "workload_names", "Prediction", "search_rate", "within_slo",
     "Request", "Scheduler", "Point", "Sweep", "Slo", "parse_slo",
     "Spec", "parse_spec", "Workload", "fixed_workload", "load_workload", "usd_per_million",
-    "disagg", "disagg_launch", "interconnect", "pd_search", "pd_simulate", "pd_versus",
+    "disagg", "disagg_launch", "format_table", "formats", "interconnect", "pd_search", "pd_simulate", "pd_versus",
     "validate_pd",
     "confidence", "Interval", "behind_said", "gain_interval", "gain_words", "mean_interval",
     "bootstrap", "StageSample", "cell_gain", "stage_sample",

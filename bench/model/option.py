@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from bench.model import catalog, interval, launch
+from bench.model import catalog, formats, interval, launch
 from bench.model.capacity import Capacity, Deployment, weight_formats
 from bench.model.perfmodel import usd_per_million
 from bench.model.rate import Prediction
@@ -71,6 +71,13 @@ class Option:
         """The KV dtype and expert weights only (for comparisons at one parallelism)."""
         experts = weight_formats(catalog.model(self.model), self.weights)[0]
         return f"{experts} experts{' (native)' if self.weights == 'native' else ''}, {self.kv_dtype} KV"
+
+    @property
+    def checkpoint(self) -> str:
+        """Where its checkpoint comes from: the vendor's, a published one (named), capbench's conversion, or
+        'not obtainable'."""
+        src = formats.source_of(catalog.model(self.model), self.weights)
+        return src.describe() if src else "not obtainable"
 
     @property
     def simulated(self) -> bool:
@@ -146,5 +153,6 @@ class Option:
             "gpus_total": self.gpus_needed, "gpus_needed": self.gpus_needed, "monthly_cost": self.monthly_cost,
             "price_per_gpu_hour": self.price, "rate_on_hand_rps": self.rate_on_hand_rps,
             "saturation_tps": self.saturation_tps, "launch": self.launch() if self.simulated else None,
+            "checkpoint": self.checkpoint,
             "interval": self.interval(),
         }

@@ -8,7 +8,7 @@ import math
 
 import pandas as pd
 
-from bench.model import HOURS_PER_MONTH, Option, Plan, Question, capacity, catalog
+from bench.model import HOURS_PER_MONTH, Option, Plan, Question, capacity, catalog, formats
 
 NONE_MEETS = "no rate meets the SLO"
 
@@ -26,8 +26,9 @@ def experts(o: Option) -> str:
 
 
 def converted(o: Option) -> bool:
-    """The expert weights are not the checkpoint's own: capbench converts them (a quality risk to check)."""
-    return experts(o) != capacity.weight_formats(catalog.model(o.model), "native")[0]
+    """The expert weights are not a published checkpoint's: capbench converts them (a quality risk to check)."""
+    src = formats.source_of(catalog.model(o.model), o.weights)
+    return src is None or src.kind == "capbench"
 
 
 def quality(drift: pd.DataFrame | None, model: str, what: str) -> str:
