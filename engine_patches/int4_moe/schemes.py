@@ -18,8 +18,8 @@ from dataclasses import dataclass
 
 MXFP4_REFUSAL = ("SGLang 0.5.23 does not load MXFP4 experts for DeepseekV3ForCausalLM or Glm4MoeForCausalLM: it "
                  "routes MXFP4 MoE to Mxfp4MoEMethod only for Kimi K3 (models/kimi_k3.py) and gpt-oss, and a "
-                 "compressed-tensors MXFP4 checkpoint of these models stops at CompressedTensorsConfig.get_moe_scheme "
-                 "('Unsupported FusedMoe scheme'); use --format nvfp4 (FP4 Marlin on Hopper, Ampere and Blackwell)")
+                 "compressed-tensors MXFP4 checkpoint of these models stops in CompressedTensorsConfig.get_moe_scheme "
+                 "with no scheme for it; use --format nvfp4 (FP4 Marlin on Hopper, Ampere and Blackwell)")
 
 
 @dataclass(frozen=True)
