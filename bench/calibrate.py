@@ -4,9 +4,13 @@ reports predict what a real deployment does.
 Each run is replayed in virtual time through the same scheduler and performance model the twin uses: its
 requests arrive when they were due, with the prompt tokens the server counted (less those it served from its
 prefix cache) and the output tokens it produced. The replay's TTFT and TPOT medians and p90s and its output
-throughput are compared with the measured ones; a coordinate search in log space moves the factors in
-FITTED until the mean squared log error stops falling. A run measured against a twin is scaled back by the
-twin's time_scale first, so a twin run stands for the GPU deployment it models.
+throughput are compared with the measured ones; scipy's bounded robust least squares (soft-L1 loss on
+log(predicted / measured), from several starts) fits the factors that GPU's model rests on: on a GPU with kernel
+tables the scale of the measured kernel latencies, the per-kernel cost of the kernels no table times and the step
+overhead; on another GPU the roofline's bandwidth and compute efficiencies with the same two fixed costs. Each
+fitted factor's uncertainty (one standard error, from the Jacobian at the optimum) is reported beside it. A run
+measured against a twin is scaled back by the twin's time_scale first, so a twin run stands for the GPU deployment
+it models.
 
 Not replayed: which requests shared a prefix (their cached tokens are taken off the prompt instead, so the
 replay's KV use is a little low), and client-side queueing before a request was sent.
@@ -19,14 +23,28 @@ import math
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+import numpy as np
+from scipy.optimize import least_squares
+
+from bench import files
 from bench.errors import BadInput
-from bench.model import Deployment, Efficiency, Request, load_efficiency, parse_spec, simulate
+from bench.model import Deployment, Efficiency, Request, kernels, load_efficiency, parse_spec, simulate
 from bench.store import Store
 
-FITTED = ("hbm_eff", "bf16_eff", "kernel_us", "step_overhead_ms")
+ROOFLINE = ("hbm_eff", "bf16_eff", "kernel_us", "step_overhead_ms")
+KERNEL = ("kernel_scale", "kernel_us", "step_overhead_ms")
+FITTED = ROOFLINE  # kept for callers that list the roofline's factors
 METRICS = ("ttft_p50", "ttft_p90", "tpot_p50", "tpot_p90", "output_tps")
 BOUNDS = {"hbm_eff": (0.05, 1.0), "bf16_eff": (0.02, 1.0), "kernel_us": (0.1, 100.0),
-          "step_overhead_ms": (0.01, 200.0)}
+          "step_overhead_ms": (0.01, 200.0), "kernel_scale": (0.2, 5.0)}
+LONGEST_S = 1e5  # a TTFT or TPOT past the longest request timeout an option takes (--timeout) is no measurement
+STARTS = (1.0, 0.5, 2.0)  # every factor times this, clipped to its bounds: the starts of the fit
+LONGEST_S = 1e5  # a TTFT or TPOT past the longest request timeout an option takes (--timeout) is no measurement
+
+
+def fitted_factors(gpu: str) -> tuple[str, ...]:
+    """What a GPU's model rests on: the kernel tables' scale where they cover it, else the roofline's efficiencies."""
+    return KERNEL if kernels.versions(gpu, "moe") else ROOFLINE
 
 
 @dataclass
@@ -62,10 +80,18 @@ def load_run(store: Store, run_id: str, deployment: str | None = None) -> Measur
             ORDER BY 1""", [run_id]).fetchall()
     if not rows:
         raise BadInput(f"run {run_id} has no completed requests to calibrate on")
-    t0 = rows[0][0]
-    m = [r for r in rows if r[6]]
+    mid = sorted(r[0] for r in rows if _usable(r[0]))[len(rows) // 2] if any(_usable(r[0]) for r in rows) else 0
+    rows = [r for r in rows if _usable(r[0]) and abs(r[0] - mid) < 100 * LONGEST_S]  # not 1e308
+    measured = [r for r in rows if r[6]]
+    m = [r for r in measured if _time(r[4]) and (r[5] is None or _time(r[5]))]
     if len(m) < 5:
-        raise BadInput(f"run {run_id} has {len(m)} measured requests; calibration needs at least 5")
+        bad = len(measured) - len(m)
+        raise BadInput(f"run {run_id}: nothing to fit: {len(m)} measured requests with usable times, calibration "
+                       f"needs at least 5" + (f" ({bad} have a TTFT or TPOT that is zero, negative, not a number or "
+                                              f"above {LONGEST_S:g} s)" if bad else ""))
+    kept = {id(r) for r in m}
+    rows = [r for r in rows if not r[6] or id(r) in kept]
+    t0 = rows[0][0]
     ttft = [r[4] * scale for r in m if r[4] is not None]
     tpot = [r[5] * scale for r in m if r[5] is not None]
     span = (max(r[0] + (r[4] or 0) for r in m) - min(r[0] for r in m)) * scale
@@ -73,9 +99,20 @@ def load_run(store: Store, run_id: str, deployment: str | None = None) -> Measur
                 "tpot_p50": simulate.percentile(tpot, 50), "tpot_p90": simulate.percentile(tpot, 90)}
     measured["output_tps"] = _throughput([(r[0] - t0) * scale for r in m], [r[4] * scale for r in m],
                                          [r[3] for r in m], [r[5] * scale if r[5] else 0.0 for r in m]) if span else 0
+    if not (math.isfinite(measured["ttft_p50"]) and measured["ttft_p50"] > 0):
+        raise BadInput(f"run {run_id}: nothing to fit: its measured TTFT median is {measured['ttft_p50']:g} s")
     return MeasuredRun(run_id, dep, scale, [(r[0] - t0) * scale for r in rows],
                        [max(1, r[1] - r[2]) for r in rows], [r[3] for r in rows],
                        [i for i, r in enumerate(rows) if r[6]], measured)
+
+
+def _usable(t: float | None) -> bool:
+    return t is not None and math.isfinite(t)
+
+
+def _time(t: float | None) -> bool:
+    """A latency a run could have measured: finite, above 0, below LONGEST_S."""
+    return _usable(t) and 0 < t < LONGEST_S
 
 
 def _throughput(arrivals: list[float], ttft: list[float], out: list[int], tpot: list[float]) -> float:
@@ -112,39 +149,78 @@ def errors(runs: list[MeasuredRun], eff: Efficiency) -> dict[str, float]:
     return {k: sum(v) / len(v) for k, v in per.items() if v}
 
 
-def _loss(runs: list[MeasuredRun], eff: Efficiency) -> float:
-    total, n = 0.0, 0
+def residuals(runs: list[MeasuredRun], eff: Efficiency) -> np.ndarray:
+    """log(predicted / measured) per run and metric (0 where a run did not measure it or the replay has none)."""
+    out = []
     for run in runs:
         pred = predict(run, eff)
         for k in METRICS:
             meas, p = run.measured.get(k), pred.get(k)
-            if meas and p and meas > 0 and p > 0 and math.isfinite(meas) and math.isfinite(p):
-                total += math.log(p / meas) ** 2
-                n += 1
-    return total / n if n else math.inf
+            ok = meas and p and meas > 0 and p > 0 and math.isfinite(meas) and math.isfinite(p)
+            out.append(math.log(p / meas) if ok else 0.0)
+    return np.array(out)
 
 
-def fit(runs: list[MeasuredRun], start: Efficiency, progress=lambda: None, rounds: int = 40) -> Efficiency:
-    """Coordinate search in log space: try each factor up and down by a step, keep what lowers the loss,
-    halve the step when nothing does."""
-    best, best_loss, step = start, _loss(runs, start), 0.5
-    for _ in range(rounds):
-        improved = False
-        for name in FITTED:
-            lo, hi = BOUNDS[name]
-            for factor in (1 + step, 1 / (1 + step)):
-                value = min(hi, max(lo, getattr(best, name) * factor))
-                cand = replace(best, **{name: value})
-                loss = _loss(runs, cand)
-                if loss < best_loss - 1e-12:
-                    best, best_loss, improved = cand, loss, True
-                    break
+def _loss(runs: list[MeasuredRun], eff: Efficiency) -> float:
+    """Mean squared log error over the metrics that can be compared (inf when none can)."""
+    r = residuals(runs, eff)
+    compared = np.count_nonzero(r)
+    return float(np.sum(r ** 2) / compared) if compared else math.inf
+
+
+@dataclass
+class Fit:
+    eff: Efficiency
+    factors: tuple[str, ...]
+    uncertainty: dict[str, float]  # one standard error of each factor, relative (0.1 = +-10 %); nan: not pinned
+    loss: float
+    starts: int
+
+
+def fit(runs: list[MeasuredRun], start: Efficiency, progress=lambda: None, factors: tuple[str, ...] | None = None
+        ) -> Efficiency:
+    """The factors that fit the runs best (see fit_with_uncertainty)."""
+    return fit_with_uncertainty(runs, start, progress, factors).eff
+
+
+def fit_with_uncertainty(runs: list[MeasuredRun], start: Efficiency, progress=lambda: None,
+                         factors: tuple[str, ...] | None = None) -> Fit:
+    """The runs' factors: least_squares_fit on their residuals."""
+    names = factors or fitted_factors(runs[0].dep.gpu.id)
+
+    def fun(eff: Efficiency) -> np.ndarray:
         progress()
-        if not improved:
-            step /= 2
-            if step < 0.005:
-                break
-    return best
+        return residuals(runs, eff)
+
+    return least_squares_fit(fun, start, names)
+
+
+def least_squares_fit(fun, start: Efficiency, names: tuple[str, ...], starts: tuple[float, ...] = STARTS,
+                      max_nfev: int = 60) -> Fit:
+    """Bounded robust least squares in log space over the factors `names` of `start`, minimising fun(eff) (log
+    errors), from several starts; the best fit, with each factor's standard error from the Jacobian
+    (sigma^2 (J^T J)^-1, sigma^2 from the residuals). `capbench calibrate` and the corpus check use it."""
+    lo = np.log([BOUNDS[n][0] for n in names])
+    hi = np.log([BOUNDS[n][1] for n in names])
+
+    def eff_of(x: np.ndarray) -> Efficiency:
+        return replace(start, **{n: float(math.exp(v)) for n, v in zip(names, x, strict=True)})
+
+    best = None
+    for f in starts:
+        x0 = np.clip(np.log([getattr(start, n) * f for n in names]), lo + 1e-9, hi - 1e-9)
+        r = least_squares(lambda x: fun(eff_of(x)), x0, bounds=(lo, hi), loss="soft_l1", f_scale=0.1,
+                          diff_step=0.05, max_nfev=max_nfev)
+        if best is None or r.cost < best.cost:
+            best = r
+    m, n = best.fun.size, len(names)
+    uncertainty = dict.fromkeys(names, math.nan)
+    jtj = best.jac.T @ best.jac
+    if m > n and np.linalg.matrix_rank(jtj) == n:
+        cov = np.linalg.inv(jtj) * float(best.fun @ best.fun) / (m - n)
+        sd = np.sqrt(np.clip(np.diag(cov), 0.0, None))
+        uncertainty = {nm: float(math.expm1(v)) if v < 5 else math.nan for nm, v in zip(names, sd, strict=True)}
+    return Fit(eff_of(best.x), names, uncertainty, float(np.mean(best.fun ** 2)), len(starts))
 
 
 def calibrate(store: Store, run_ids: list[str], deployment: str | None, out: Path, progress=lambda: None
@@ -155,30 +231,39 @@ def calibrate(store: Store, run_ids: list[str], deployment: str | None, out: Pat
         raise BadInput(f"calibrate runs of one GPU kind at a time; these ran on {', '.join(sorted(gpus))}")
     gpu = gpus.pop()
     start = load_efficiency(gpu)
+    if not math.isfinite(_loss(runs, start)):
+        raise BadInput(f"nothing to fit: no metric of run(s) {', '.join(run_ids)} can be compared with the model's "
+                       "prediction (each measured and predicted value must be finite and above 0)")
     before = errors(runs, start)
-    fitted = fit(runs, start, progress)
-    after = errors(runs, fitted)
-    write(out, gpu, fitted, run_ids)
-    return start, fitted, before, after
+    result = fit_with_uncertainty(runs, start, progress)
+    after = errors(runs, result.eff)
+    write(out, gpu, result.eff, run_ids, result)
+    return start, result, before, after
 
 
-def write(path: Path, gpu: str, eff: Efficiency, run_ids: list[str]) -> None:
+def write(path: Path, gpu: str, eff: Efficiency, run_ids: list[str], result: Fit | None = None) -> None:
     """Merge the fitted factors for `gpu` into a calibration file (other GPUs' entries are kept)."""
     doc = {}
     if path.exists():
         try:
-            doc = json.loads(path.read_text())
-        except ValueError:
-            raise BadInput(f"{path} exists and is not a calibration JSON file; pass another --out") from None
+            doc = files.read(path, "calibration", "json")
+        except BadInput as e:
+            raise BadInput(f"{e}; pass another --out") from None
+        if not isinstance(doc, dict):
+            raise BadInput(f"{path} exists and is not a calibration JSON file; pass another --out")
     gpus = doc.setdefault("gpus", {})
-    gpus[gpu] = {name: round(getattr(eff, name), 6) for name in FITTED}
+    names = result.factors if result else fitted_factors(gpu)
+    gpus[gpu] = {name: round(getattr(eff, name), 6) for name in names}
     doc.setdefault("runs", {})[gpu] = run_ids
+    if result:
+        doc.setdefault("uncertainty", {})[gpu] = {k: (None if math.isnan(v) else round(v, 4))
+                                                  for k, v in result.uncertainty.items()}
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
 
 
 
-def print_result(start: Efficiency, fitted: Efficiency, before: dict, after: dict, out: Path) -> None:
+def print_result(start: Efficiency, result: Fit, before: dict, after: dict, out: Path) -> None:
     from rich.console import Console
     from rich.table import Table
 
@@ -188,11 +273,13 @@ def print_result(start: Efficiency, fitted: Efficiency, before: dict, after: dic
     for k in METRICS:
         if k in before:
             errs.add_row(k, f"{before[k]:.1%}", f"{after.get(k, math.nan):.1%}")
-    factors = Table(title=f"efficiency factors, written to {out}")
-    for col in ("factor", "before", "fitted"):
+    factors = Table(title=f"factors (bounded robust least squares, {result.starts} starts), written to {out}")
+    for col in ("factor", "before", "fitted", "standard error"):
         factors.add_column(col, justify="left" if col == "factor" else "right")
-    for name in FITTED:
-        factors.add_row(name, f"{getattr(start, name):.4g}", f"{getattr(fitted, name):.4g}")
+    for name in result.factors:
+        u = result.uncertainty.get(name, math.nan)
+        factors.add_row(name, f"{getattr(start, name):.4g}", f"{getattr(result.eff, name):.4g}",
+                        "not pinned by these runs" if math.isnan(u) else f"+-{u:.0%}")
     console = Console(width=max(Console().width, 100))
     console.print(errs)
     console.print(factors)

@@ -5,13 +5,19 @@ from __future__ import annotations
 
 import ipaddress
 import math
+import re
 import socket
 from pathlib import Path
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 from bench.errors import BadInput
 
 INT_MAX = 2**31 - 1
+# the bounds options and user files share (bench/cli/checks.py LIMITS, bench/files.py's schema types)
+PORT_MAX = 65535
+GPUS_MAX = 4096
+USERS_MAX = 100_000
+TOKENS_MAX = 1 << 24  # tokens of one prompt or answer: far past any model's context
 
 
 def check_target(url: str, flag: str = "--target") -> str:
@@ -19,6 +25,9 @@ def check_target(url: str, flag: str = "--target") -> str:
     if without_credentials(url) != url:
         raise BadInput(f"{flag} {without_credentials(url)!r}: credentials in the URL would be stored with the run "
                        "and shown by ps; put the key in an environment variable and pass --api-key-env NAME")
+    if (where := key_in_url(url)) is not None:
+        raise BadInput(f"{flag} {_origin(url)}: {where} would be stored with the run and shown by ps like "
+                       "credentials; put the key in an environment variable and pass --api-key-env NAME")
     try:
         parts = urlsplit(url)
         port = parts.port  # raises on a port out of range or not a number
@@ -45,6 +54,51 @@ def without_credentials(url: str) -> str:
         return url
     before_query = rest.split("?")[0].split("#")[0]
     return f"{head}://{rest[before_query.rfind('@') + 1:]}" if "@" in before_query else url
+
+
+# a query or path part named like this holds a key; a path segment this long of letters and digits looks like one
+_KEY_WORDS = ("key", "token", "secret", "passw", "auth", "credential", "bearer", "signature")
+_KEY_LIKE = re.compile(r"^(?=.*[A-Za-z])(?=.*[0-9])[A-Za-z0-9_\-+/=.~]{20,}$|^(sk|pk|hf|ghp|xox[a-z])[-_]", re.I)
+
+
+def key_in_url(url: str) -> str | None:
+    """Where a URL would carry a key, or None: any query or fragment (an OpenAI-compatible server needs none), or
+    a path segment named like a key or shaped like one. The URL itself is not repeated: it holds the key."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return None  # said by the caller's parse
+    if parts.query or parts.fragment or url.rstrip().endswith(("?", "#")):
+        return "a query or fragment (?... #...)"
+    for seg in unquote(parts.path).split("/"):
+        if any(w in seg.lower() for w in _KEY_WORDS) or _KEY_LIKE.search(seg):
+            return "a path segment that looks like a key"
+    return None
+
+
+def _origin(url: str) -> str:
+    try:
+        parts = urlsplit(without_credentials(url))
+        return f"{parts.scheme}://{parts.netloc}"
+    except ValueError:
+        return "(the URL)"
+
+
+def env_seconds(name: str, default: float, low: float, high: float) -> float:
+    """A duration from the environment: seconds from `low` to `high`, or `default` when unset; BadInput in one line
+    otherwise (nan, inf, negative, not a number: a hung stop command would never be killed)."""
+    import os
+
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and low <= value <= high):
+        raise BadInput(f"{name}={raw[:40]!r}: seconds from {low:g} to {high:g} are required")
+    return value
 
 
 def check_host(host: str, flag: str) -> None:

@@ -8,6 +8,8 @@ import gevent
 from gevent.event import Event
 
 from bench.store import Recorder
+from loadgen.frames import inflight as inflight_fields
+from loadgen.frames import rows as store_rows
 
 
 class Collector:
@@ -18,6 +20,7 @@ class Collector:
         self.inflight = inflight  # () -> this process's requests in flight, sent along in case it is killed
         self.pending: list[dict] = []
         self.records = 0
+        self.sessions_done = 0  # closed-loop sessions whose last record came (its last turn, or the one that failed)
         self.sent_by_worker: dict[str, int] = {}
         self.inflight_by_worker: dict[str, list[dict]] = {}
         self.recent: list[dict] = []  # for the live display
@@ -32,6 +35,11 @@ class Collector:
     def on_message(self, environment, msg, **_kw) -> None:
         self.sent_by_worker[msg.node_id] = msg.data["sent"]
         self.inflight_by_worker[msg.node_id] = msg.data.get("inflight", [])
+        if msg.data.get("stored"):  # a local worker wrote them into the recorder's pipe itself: counted, not sent
+            self.records += len(msg.data["records"])
+            self.sessions_done += sum(1 for r in msg.data["records"] if r.get("session_last"))
+            self.recent.extend(msg.data["records"])
+            return
         self.add(msg.data["records"])
         self.flush()  # on to the recorder at once: a master killed now loses only the worker's last 0.2 s
 
@@ -46,11 +54,18 @@ class Collector:
             gevent.spawn(self.announce, self.announced)  # a greenlet, not a loop callback: the write may wait
         return self.announced
 
+    def withdrawn(self, rec: dict) -> None:
+        """A request announced (or about to be) that was never sent: the run stopped while it waited."""
+        if rec in self.starting:
+            self.starting.remove(rec)
+        else:
+            self.recorder.withdrawn([rec["request_id"]])
+
     def announce(self, done: Event | None = None) -> None:
         recs, self.starting = self.starting, []
         try:
             if recs:
-                self.recorder.started(recs)
+                self.recorder.started(inflight_fields(recs))
         finally:
             if done is not None:
                 done.set()
@@ -59,9 +74,10 @@ class Collector:
         self.pending.extend(recs)
         self.recent.extend(recs)
         self.records += len(recs)
+        self.sessions_done += sum(1 for r in recs if r.get("session_last"))
 
     def flush(self) -> None:
-        rows, self.pending = self.pending, []
-        inflight = self.inflight() if self.inflight else None
+        rows, self.pending = store_rows(self.pending), []
+        inflight = inflight_fields(self.inflight()) if self.inflight else None
         if rows or inflight is not None:
             self.recorder.send(rows, inflight)

@@ -112,8 +112,11 @@ def print_summary(s: dict, to_stderr: bool = False, store=None, slo=None) -> Non
     the dashboard and the reports show it (runinfo.summary), labelled so."""
     if store is not None:
         with store.connect() as con:
-            if runinfo.time_scale(con, s["run_id"]) != 1:
+            scale = runinfo.time_scale(con, s["run_id"])
+            if scale != 1:
                 s = {**s, **runinfo.summary(con, s["run_id"], slo)}
+                s["by_turn"] = [{**t, **{k: None if t[k] is None else t[k] * scale for k in ("ttft_p50", "ttft_p90")}}
+                                for t in s.get("by_turn") or []]
     console = Console(stderr=to_stderr)
     console.print(summary_table(s))
     if "sent" in s:
@@ -123,10 +126,28 @@ def print_summary(s: dict, to_stderr: bool = False, store=None, slo=None) -> Non
         console.print(f"waited for a slot under the concurrency cap: p50 {_ms(s['slot_wait_p50'])}, p90 "
                       f"{_ms(s['slot_wait_p90'])}, p99 {_ms(s['slot_wait_p99'])} (not in TTFT/E2E, as in "
                       "bench_serving; counted in SLO met)")
+    if s.get("ttfc_p50") is not None:
+        console.print(f"time to the first answer token (after reasoning): p50 {_ms(s['ttfc_p50'])}, "
+                      f"p90 {_ms(s['ttfc_p90'])}, p99 {_ms(s['ttfc_p99'])}")
+    if s.get("by_turn"):
+        console.print(turn_table(s["by_turn"]))
     lag = s.get("dispatch_lag_p99")
     if lag is not None and lag > LAG_WARN_S:
         console.print(f"note: dispatch lag p99 {lag * 1000:.1f} ms: the client fell behind its schedule (latencies "
                       "count from the due time, so they include it); more --workers or a quieter machine help.")
+
+
+def turn_table(turns: list[dict]) -> Table:
+    """Closed-loop sessions by turn: TTFT and the prefix cache's share of each turn's prompt."""
+    t = Table(title="by turn (closed-loop sessions)")
+    for col in ("turn", "requests", "ok", "TTFT p50", "TTFT p90", "prompt tokens", "cached"):
+        t.add_column(col, justify="right")
+    for r in turns:
+        cached = r["cached_share"]
+        t.add_row(str(r["turn"]), str(r["requests"]), str(r["ok"]), _ms(r["ttft_p50"]), _ms(r["ttft_p90"]),
+                  "-" if r["prompt_tokens_mean"] is None else f"{r['prompt_tokens_mean']:.0f}",
+                  "not reported" if cached is None else f"{cached:.0%}")
+    return t
 
 
 def print_sweep(stages: list[tuple[float | None, dict]], min_attainment: float) -> None:

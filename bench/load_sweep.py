@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from bench.live import print_sweep
 from bench.store import Store, queries
@@ -19,7 +19,6 @@ from bench.sweep import Search, sweep
 from loadgen import profiles
 
 if TYPE_CHECKING:
-    from bench.runner import RunOptions, RunResult
     from loadgen.workloads import Workload
 
 
@@ -36,8 +35,18 @@ class _Point:  # one stage of `capbench run --profile sweep`, as bench/sweep.py 
     sure: bool = True  # a run's sweep keeps no per-request sample to resample: never anchored
 
 
-def run_sweep(store: Store, opts: RunOptions, prof: profiles.Profile, wl: Workload, model: str,
-              run_one: Callable[..., RunResult]) -> list[RunResult]:
+class StageResult(Protocol):
+    """What the sweep reads of one stage's run (bench/runner.py's RunResult)."""
+    run_id: str
+    status: str
+    summary: dict
+
+
+Result = TypeVar("Result", bound=StageResult)
+
+
+def run_sweep(store: Store, opts: object, prof: profiles.Profile, wl: Workload, model: str,
+              run_one: Callable[..., Result]) -> list[Result]:
     """One user, then bench/sweep.py's search (the campaign's): up the profile's rates while no stage saturates and
     the share within --slo holds, then bisection to the profile's resolution (5 %)."""
     p = prof.params

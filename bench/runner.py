@@ -13,8 +13,6 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import socket
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -25,15 +23,16 @@ import gevent
 from locust.env import Environment
 from locust.exception import RPCError
 
-from bench import load_sweep
+from bench import load_sweep, local_workers
 from bench.checks import check_target
 from bench.collector import Collector
 from bench.errors import BadInput
 from bench.live import Live, print_summary
 from bench.model import Slo
+from bench.request_shape import request_shape  # noqa: F401  (the CLI reaches it here)
 from bench.store import HELD_DB_WAIT_S, Recorder, Store, queries
 from bench.twin import Target
-from loadgen import profiles, workloads
+from loadgen import profiles, sessions, workloads
 from loadgen.users import ClosedLoopUser, OpenLoopUser
 from loadgen.worker import RECORDS_MSG, locust_options
 
@@ -73,6 +72,7 @@ class RunOptions:
     live: bool = True
     quiet: bool = False  # no start line, no summary table (the demo prints its own)
     run_config: dict = field(default_factory=dict)  # extra facts to keep with the run (e.g. the twin spec)
+    request_shape: dict = field(default_factory=dict)  # extra_body, headers_env, targets, route (request_shape())
 
 
 @dataclass
@@ -159,10 +159,12 @@ def _run_one(store: Store, opts: RunOptions, prof: profiles.Profile, wl: workloa
               "profile": {"name": prof.name, "type": prof.type, "params": params}, "workload": wl.to_dict(),
               "seed": opts.seed, "warmup_s": warmup, "workers": n_workers, "timeout_s": opts.timeout_s,
               "read_timeout_s": opts.read_timeout_s, "think_s": float(params.get("think_s", 0.0)),
-              "slo": {k: v for k, v in vars(opts.slo).items() if v is not None}, **opts.run_config, **(extra or {})}
+              "slo": {k: v for k, v in vars(opts.slo).items() if v is not None}, "sessions": wl.closed_loop,
+              **opts.request_shape,
+              **opts.run_config, **(extra or {})}
     stages = None
     if prof.open_loop:
-        offsets = prof.arrivals(opts.seed, warmup)
+        offsets = sessions.arrivals(prof.arrivals(opts.seed, warmup), wl)
         total = len(offsets)
         last_offset = float(offsets[-1]) if total else 0.0
         # never more users than requests to send: spawning the pool is the wait before the first arrival
@@ -233,7 +235,13 @@ def _drive(opts: RunOptions, prof: profiles.Profile, config: dict, run_id: str, 
     distributed = opts.workers + opts.expect_workers > 0
     n_workers = config["workers"]
     params = config["profile"]["params"]
-    recorder = Recorder(store.path, run_id, opts.target)
+    # each local worker writes into a pipe of its own to the recorder: a master killed outright loses none of its rows
+    pipes = [os.pipe() for _ in range(opts.workers)]
+    try:
+        recorder = Recorder(store.path, run_id, opts.target, feeds=tuple(r for r, _ in pipes))
+    finally:
+        for r, _ in pipes:
+            os.close(r)
     collector = Collector(recorder)
     collector.inflight = (lambda: [r for recs in collector.inflight_by_worker.values() for r in recs]) if distributed \
         else (lambda: list(getattr(getattr(env, "capbench_plan", None), "inflight", {}).values()))
@@ -241,8 +249,9 @@ def _drive(opts: RunOptions, prof: profiles.Profile, config: dict, run_id: str, 
     env = Environment(user_classes=[OpenLoopUser if prof.open_loop else ClosedLoopUser], stop_timeout=0.0)
     if not distributed:
         env.capbench_on_sent = collector.started
+        env.capbench_on_withdrawn = collector.withdrawn
     if distributed:
-        port = opts.master_port if opts.expect_workers else _free_port()
+        port = opts.master_port if opts.expect_workers else local_workers.free_port()
         try:
             env.create_master_runner(opts.master_bind, port)
         except RPCError as e:
@@ -264,7 +273,10 @@ def _drive(opts: RunOptions, prof: profiles.Profile, config: dict, run_id: str, 
             return True
         if now < state["t0"] + config["duration_s"]:
             return False
-        settled = collector.records >= total if total is not None else collector.records >= sent_total()
+        if total is not None:  # every arrival's request, or every arrival's session, has ended
+            settled = (collector.sessions_done if config["sessions"] else collector.records) >= total
+        else:
+            settled = collector.records >= sent_total()
         return settled or now > state["t0"] + config["duration_s"] + opts.drain_s or _all_late(now)
 
     def _all_late(now: float) -> bool:  # each measured request in flight already missed the TTFT bound
@@ -280,10 +292,14 @@ def _drive(opts: RunOptions, prof: profiles.Profile, config: dict, run_id: str, 
         env.shape_class.extra_done = lambda after: done(0.0)
     env.shape_class.runner = env.runner
 
-    procs = _spawn_local_workers(opts.workers, env.runner.master_bind_port if distributed else 0)
+    try:
+        procs = local_workers.spawn([w for _, w in pipes], env.runner.master_bind_port if distributed else 0)
+    finally:
+        for _, w in pipes:
+            os.close(w)
     try:
         if distributed:
-            _wait_for_workers(env, n_workers, procs)
+            local_workers.wait_for(env, n_workers, procs)
         # time to spawn the pool (about 10k users/s here; 2000/s counted) before the first request is due; a local
         # pool is spawned by the shape's first tick, a few milliseconds after start_shape
         lead = ((2.0 if distributed else 0.1) + pool / 2000 / n_workers) if prof.open_loop else 0.0
@@ -317,7 +333,7 @@ def _drive(opts: RunOptions, prof: profiles.Profile, config: dict, run_id: str, 
         if distributed:  # free the port now: the next run (a sweep's next stage) binds it again
             env.runner.server.close(linger=0)
     finally:
-        _reap(procs)
+        local_workers.reap(procs)
         collector.announce()
         collector.flush()
         written = recorder.close()
@@ -345,37 +361,3 @@ def _install_signals(env: Environment, state: dict) -> None:
 
     for sig in (signal.SIGINT, signal.SIGTERM):
         gevent.signal_handler(sig, abort)
-
-
-def _spawn_local_workers(n: int, port: int) -> list[subprocess.Popen]:
-    cmd = [sys.executable, "-m", "loadgen.worker", "--master-host", "127.0.0.1", "--master-port", str(port),
-           "--parent-pid", str(os.getpid())]
-    # cwd: the checkout, for imports; every path in the run's config is absolute already (the CLI resolved them)
-    return [subprocess.Popen(cmd, cwd=Path(__file__).resolve().parent.parent) for _ in range(n)]
-
-
-def _reap(procs: list[subprocess.Popen]) -> None:
-    """Workers leave on the master's quit message; whoever has not after 10 s is terminated."""
-    deadline = time.time() + 10
-    for p in procs:
-        while p.poll() is None and time.time() < deadline:
-            gevent.sleep(0.1)
-        if p.poll() is None:
-            p.terminate()
-            p.wait(timeout=10)
-
-
-def _wait_for_workers(env: Environment, n: int, procs: list, timeout_s: float = 60.0) -> None:
-    deadline = time.time() + timeout_s
-    while len(env.runner.clients.ready) < n:
-        if any(p.poll() is not None for p in procs):
-            raise BadInput("a local Locust worker process exited before the run started")
-        if time.time() > deadline:
-            raise BadInput(f"only {len(env.runner.clients.ready)} of {n} workers joined within {timeout_s:.0f}s")
-        gevent.sleep(0.1)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]

@@ -79,6 +79,13 @@ def slo_inputs(key: str) -> Slo:
     return Slo(ttft_s=ttft, tpot_s=tpot / 1e3)
 
 
+def own_slo(runs_df: pd.DataFrame, run_id: str) -> Slo | None:
+    """The SLO the run recorded when it ran (runinfo.run_config's "slo"), None when it recorded none."""
+    row = runs_df[runs_df.run_id == run_id]
+    value = row.iloc[0].get("slo") if not row.empty and "slo" in row else None
+    return value if isinstance(value, Slo) else None
+
+
 def md_text(text: str) -> str:
     """Text for st.subheader/st.caption, which render Markdown: a run label stays a label, never an image that
     makes the viewer's browser fetch a URL, a link, HTML or a Streamlit directive."""
@@ -104,8 +111,9 @@ SVG = {"embedOptions": {"renderer": "svg"}}
 
 def chart(where, c, **kwargs) -> None:
     """where.altair_chart(c), drawn as SVG (also past Streamlit's 2,000-point switch to canvas), so the browser test
-    can count every chart's data marks."""
-    where.altair_chart(c.properties(usermeta=SVG), **kwargs)
+    can count every chart's data marks; in the chart's own colours, as the reports draw it (Streamlit's theme
+    recolours every category with its palette, whose second blue is near-white beside a faint band)."""
+    where.altair_chart(c.properties(usermeta=SVG), **{"theme": None, **kwargs})
 
 
 def drift_table() -> pd.DataFrame | None:

@@ -22,6 +22,8 @@ import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from engine_patches.secrets import FILL_SECRETS, secret_refs
+
 ENV = "CAPBENCH_PATCHES"
 BOOT_DIR = Path(__file__).resolve().parent / "boot"
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -88,6 +90,7 @@ def _apply_kv_checksum(o: PatchOptions) -> None:
     register_backend(o.kv_checksum, o.kv_scrub_pages_per_s, o.integrity_log)
     after_import("sglang.srt.model_executor.model_runner", hooks.install_seal_on_fill)
     after_import("sglang.srt.managers.schedule_batch", hooks.install_admission_mark)
+    after_import("sglang.srt.disaggregation.decode", hooks.install_seal_on_arrival)
 
 
 class BadLaunch(ValueError):
@@ -202,7 +205,7 @@ def build_command(o: PatchOptions, sglang_args: list[str]) -> tuple[list[str], d
     if o.integrity_log:
         o = PatchOptions(**{**asdict(o), "integrity_log": str(Path(o.integrity_log).expanduser().resolve())})
     sglang_args = server_arguments(sglang_args)
-    main = ["-c", FILL_SECRETS] if _secret_refs(sglang_args) else ["-m", "sglang.launch_server"]
+    main = ["-c", FILL_SECRETS] if secret_refs(sglang_args) else ["-m", "sglang.launch_server"]
     argv = [sys.executable, *main, *sglang_args, *int4_checkpoint_args(sglang_args)]
     for p in active_patches(o):
         argv += p.server_args(o)
@@ -213,37 +216,9 @@ def build_command(o: PatchOptions, sglang_args: list[str]) -> tuple[list[str], d
     return argv, env
 
 
-# SGLang reads its keys only from its command line. Given as `--api-key env:NAME`, the value is filled in inside the
-# server's own process, before SGLang parses its arguments: no `ps` line, log or stored command holds it.
-SECRET_FLAGS = ("--api-key", "--admin-api-key", "--hf-token", "--ssl-keyfile-password")
-FILL_SECRETS = (
-    "import os, runpy, sys\n"
-    f"S = {SECRET_FLAGS!r}\n"
-    "a = sys.argv\n"
-    "for i in range(1, len(a)):\n"
-    "    f, eq, v = a[i].partition('=')\n"
-    "    if eq and f in S and v.startswith('env:'):\n"
-    "        a[i] = f + '=' + os.environ[v[4:]]\n"
-    "    elif a[i - 1] in S and a[i].startswith('env:'):\n"
-    "        a[i] = os.environ[a[i][4:]]\n"
-    "runpy.run_module('sglang.launch_server', run_name='__main__', alter_sys=True)\n")
-
-
-def _secret_refs(sglang_args: list[str]) -> list[str]:
-    """The environment variables named by env:NAME values of SGLang's secret flags."""
-    out = []
-    for i, arg in enumerate(sglang_args):
-        flag, eq, value = arg.partition("=")
-        if eq and flag in SECRET_FLAGS and value.startswith("env:"):
-            out.append(value[4:])
-        elif i and sglang_args[i - 1] in SECRET_FLAGS and arg.startswith("env:"):
-            out.append(arg[4:])
-    return out
-
-
 def launch(o: PatchOptions, sglang_args: list[str], dry_run: bool = False) -> None:
     validate(o, sglang_args)
-    missing = [name for name in _secret_refs(server_arguments(sglang_args)) if not os.environ.get(name)]
+    missing = [name for name in secret_refs(server_arguments(sglang_args)) if not os.environ.get(name)]
     if missing:
         raise BadLaunch(f"environment variable {missing[0]} (named by env:{missing[0]}) is not set")
     argv, env = build_command(o, sglang_args)

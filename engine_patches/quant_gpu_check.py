@@ -166,7 +166,7 @@ def speedups(rows: list[dict], key: str, fast: str, slow: str, group_keys: tuple
 
 
 def factors(gpu: str, attention: list[dict], moe: list[dict]) -> dict | None:
-    """Efficiency factors in the flat form bench/model/perfmodel.py reads with --calibration (`jq .factors FILE`):
+    """Efficiency factors in the flat form bench/model/step/perfmodel.py reads with --calibration (`jq .factors FILE`):
     hbm_eff = median decode-attention bandwidth at the largest batch x context / datasheet peak;
     int4_dequant_factor = INT4 / BF16 MoE time at the largest M measured (the model applies it to expert compute)."""
     peak = next((v for k, v in PEAK_HBM_TBPS.items() if k in gpu), None)

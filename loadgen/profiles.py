@@ -25,8 +25,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-import yaml
 from locust import LoadTestShape
+
+from bench import files
+from bench.errors import BadInput
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "profiles"
 OPEN_TYPES = ("constant", "poisson", "gamma", "ramp", "steps", "spike", "diurnal", "trace")
@@ -248,14 +250,14 @@ def names() -> list[str]:
 def load(name_or_path: str, overrides: dict | None = None) -> Profile:
     """A built-in name (data/profiles/NAME.yaml) or a YAML file path; `overrides` (from the command line) win."""
     path = Path(name_or_path)
-    if not path.is_file():
+    if not path.exists():
         path = DATA / f"{name_or_path}.yaml"
         if not path.is_file():
             raise ProfileError(f"unknown profile {name_or_path!r}: not a file, and not one of {', '.join(names())}")
-    try:
-        spec = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as e:
-        raise ProfileError(f"profile {path}: not valid YAML ({str(e).splitlines()[0]})") from None
+    try:  # a regular file, without aliases, nested at most 24 levels (bench/files.py)
+        spec = files.read(path, "profile", "yaml") or {}
+    except BadInput as e:
+        raise ProfileError(str(e)) from None
     if not isinstance(spec, dict):
         raise ProfileError(f"profile {path}: expected a mapping")
     kind = spec.pop("type", path.stem)

@@ -4,7 +4,6 @@ and usage; anything of the wrong shape, too large or cut short is a RequestFaile
 from __future__ import annotations
 
 import json
-import re
 import time
 from copy import copy
 
@@ -17,8 +16,6 @@ except ImportError:
 
 EVENT_MAX_BYTES = 1 << 20  # one SSE event larger than this is an error for its request, not a stalled timing loop
 COUNT_MAX = 2**63 - 1  # what msgpack carries; the store's narrower columns say what else does not fit
-_BEARER = re.compile(r"bearer\s+\S+", re.IGNORECASE)
-SECRET_WINDOW = 8  # this many characters of the API key in a row are redacted wherever they appear
 
 
 class RequestFailed(Exception):
@@ -27,33 +24,6 @@ class RequestFailed(Exception):
     def __init__(self, kind: str, message: str):
         super().__init__(f"{kind}: {message}")
         self.kind, self.message = kind, message
-
-
-def redact(text: str, secret: str = "") -> str:
-    """Server or exception text without the API key in any form a server may echo it: as given, JSON-escaped
-    (`\\/`), URL-encoded, in another case, or any 8 characters of it (a prefix, a cut): each becomes ***, with the
-    key-like characters around it. Any `Bearer ...` token is blanked too."""
-    if secret and len(secret) >= 4:
-        text = _secret_pattern(secret).sub("***", text)
-    return _BEARER.sub("Bearer ***", text)
-
-
-_KEY_CHARS = r"[A-Za-z0-9_\-\\/%+.~]*"
-_patterns: dict[str, re.Pattern] = {}
-
-
-def _secret_pattern(secret: str) -> re.Pattern:
-    """Any WINDOW characters of any form of the secret, case-insensitive, with the key characters around them."""
-    if secret not in _patterns:
-        from urllib.parse import quote, quote_plus
-
-        forms = {secret, secret.replace("/", "\\/"), json.dumps(secret)[1:-1], quote(secret, safe=""),
-                 quote_plus(secret)}
-        n = min(SECRET_WINDOW, len(secret))
-        windows = sorted({f[i:i + n] for f in forms for i in range(len(f) - n + 1)}, key=len, reverse=True)
-        body = "|".join(re.escape(w) for w in windows)
-        _patterns[secret] = re.compile(f"{_KEY_CHARS}(?:{body}){_KEY_CHARS}", re.IGNORECASE)
-    return _patterns[secret]
 
 
 def token_count(value: object, name: str, notes: list[str]) -> int | None:
@@ -67,12 +37,14 @@ def token_count(value: object, name: str, notes: list[str]) -> int | None:
 
 
 class Stream:
-    """What the response said: first/last token times (perf_counter), gaps, chunk count, usage, stream errors."""
+    """What the response said: first/last token times (perf_counter), gaps, chunk count, usage, stream errors; the
+    first content token's time (not reasoning, not a tool call); the answer's text when asked (keep_text: a
+    session's next turn carries it)."""
 
     __slots__ = ("start", "first", "last", "gaps", "chunks", "usage", "nbytes", "error", "server_id", "event_max",
-                 "on_first")
+                 "on_first", "first_content", "keep_text", "text")
 
-    def __init__(self, start: float, event_max: int = EVENT_MAX_BYTES):
+    def __init__(self, start: float, event_max: int = EVENT_MAX_BYTES, keep_text: bool = False):
         self.start = start
         self.event_max = event_max
         self.first: float | None = None
@@ -84,6 +56,15 @@ class Stream:
         self.error: RequestFailed | None = None
         self.server_id: str | None = None
         self.on_first = None  # called with the first token's time, while the answer is still streaming
+        self.first_content: float | None = None
+        self.keep_text = keep_text
+        self.text: list[str] = []
+
+    def _content(self, piece: object) -> None:
+        if self.first_content is None:
+            self.first_content = self.last
+        if self.keep_text and isinstance(piece, str):
+            self.text.append(piece)
 
     def _token(self) -> None:
         now = time.perf_counter()
@@ -142,8 +123,11 @@ class Stream:
                 if delta.get("content") or delta.get("reasoning_content") or delta.get("reasoning") or \
                         delta.get("tool_calls"):
                     self._token()
+                    if delta.get("content"):
+                        self._content(delta["content"])
             elif c.get("text"):
                 self._token()
+                self._content(c["text"])
         if obj.get("usage"):
             self.usage = obj["usage"]
 
@@ -160,12 +144,36 @@ class Stream:
                 raise TypeError("a choice without a message or a text")
             if msg.get("content") or msg.get("reasoning_content") or choice.get("text") or msg.get("tool_calls"):
                 self.chunks = 1
+            answer = msg.get("content") or choice.get("text")
+            if answer and self.keep_text and isinstance(answer, str):
+                self.text.append(answer)
             usage = obj.get("usage")
             if usage and not isinstance(usage, dict):
                 raise TypeError(f"usage is a {type(usage).__name__}")
         except (AttributeError, TypeError, KeyError, IndexError) as e:
             raise RequestFailed("malformed_response", f"an answer of an unexpected shape ({type(e).__name__}: {e}): "
                                 f"{raw[:80]!r}") from None
+        self.usage = usage or None
+
+
+    def read_embeddings(self, raw: bytes) -> None:
+        """An embeddings answer: {data: [{embedding: [...]}, ...], usage: {prompt_tokens}}; its one "token" is the
+        whole answer (TTFT = E2E)."""
+        self.nbytes = len(raw)
+        try:
+            obj = _loads(raw)
+            data = obj["data"]
+            if not isinstance(data, list) or not data or not isinstance(data[0].get("embedding"), list | str):
+                raise TypeError("no embedding in data[0]")
+            usage = obj.get("usage")
+            if usage and not isinstance(usage, dict):
+                raise TypeError(f"usage is a {type(usage).__name__}")
+        except ValueError:
+            raise RequestFailed("malformed_stream", f"not JSON: {raw[:80]!r}") from None
+        except (AttributeError, TypeError, KeyError, IndexError) as e:
+            raise RequestFailed("malformed_response", f"an answer of an unexpected shape ({type(e).__name__}: {e}): "
+                                f"{raw[:80]!r}") from None
+        self._token()
         self.usage = usage or None
 
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from urllib.parse import urlparse
@@ -35,8 +34,10 @@ from geventhttpclient.url import URL
 from locust import task
 from locust.contrib.fasthttp import FastHttpUser
 
-from loadgen import profiles, workloads
-from loadgen.responses import EVENT_MAX_BYTES, RequestFailed, Stream, redact, token_count
+from loadgen import profiles, sessions, workloads
+from loadgen.redact import redact
+from loadgen.responses import EVENT_MAX_BYTES, RequestFailed, Stream, token_count
+from loadgen.timing import Slots, _slots, clock_pair, wait_until  # noqa: F401  (their home was here)
 
 # a nested profile's warm-up sends the workload's requests from here on: never a measured one, but of the same
 # seed (a shared system prompt is as warm as it would be in a long run)
@@ -50,6 +51,7 @@ except ImportError:
 
 CONFIG_OPTION = "capbench"  # environment.parsed_options.capbench: the run's config as JSON (reaches workers too)
 ERROR_TEXT_MAX = 300
+API_PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions", "embeddings": "/v1/embeddings"}
 SERVER_ID_HEADER = "X-Capbench-Request-Id"  # the twin's id of a request: its server-side timestamps are at
 # GET /capbench/requests/{id}; travels in the Locust event's context, not in the record
 
@@ -75,6 +77,7 @@ class Plan:
     stopping: bool = field(init=False, default=False)
     # told as each request goes out; the event it returns is set once the recorder (or the master) has heard
     on_sent: Callable[[dict], Event] | None = field(init=False, default=None)
+    on_withdrawn: Callable[[dict], None] | None = field(init=False, default=None)  # announced, then not sent
 
     def __post_init__(self) -> None:
         c = self.config
@@ -83,12 +86,14 @@ class Plan:
         self.warmup_s = float(c.get("warmup_s", 0.0))
         self.end_at = self.t0 + float(c.get("duration_s", 0.0))  # closed loop: no new request after this
         self.workload = workloads.from_dict(c["workload"])
+        self.sessions = self.workload.closed_loop  # each arrival (or user's turn) is a session of several requests
+        self.turns = int(self.workload.options.get("turns", 4)) if self.sessions else 1
         workloads.corpus()  # the prompt corpus, built now rather than inside the first timed request
         prof = profiles.Profile(c["profile"]["name"], c["profile"]["type"], dict(c["profile"]["params"]))
         self.open_loop = prof.open_loop
         self.warm_count = 0
         if self.open_loop:
-            offsets = prof.arrivals(int(c.get("seed", 0)), self.warmup_s)
+            offsets = sessions.arrivals(prof.arrivals(int(c.get("seed", 0)), self.warmup_s), self.workload)
             self.total = len(offsets)
             if prof.nested:  # measured request j is the workload's j whatever the warm-up's count (common requests)
                 self.warm_count = int(np.count_nonzero(offsets < self.warmup_s))
@@ -97,10 +102,12 @@ class Plan:
                 self.trace_rows = prof.trace_rows()
         self.cursor = 0
         self.slots = _slots(prof.params.get("max_concurrency"), self.workers, self.worker_index)
-        target = urlparse(c["target"])
-        self.prefix = target.path.rstrip("/").removesuffix("/v1")
-        self.host = f"{target.scheme}://{target.netloc}"
         self.headers = {"Content-Type": "application/json", "Accept": "text/event-stream, application/json"}
+        for name, env in (c.get("headers_env") or {}).items():  # --header NAME=env:VAR: read in every process
+            self.headers[name] = os.environ.get(env, "")
+        self.extra_body = dict(c.get("extra_body") or {})
+        self.route = c.get("route", "round-robin")
+        self.rr = 0
         key_env = c.get("api_key_env")
         self.secret = os.environ.get(key_env, "") if key_env else ""
         if self.secret:
@@ -112,7 +119,22 @@ class Plan:
         self.pool = HTTPClientPool(concurrency=int(c.get("connections", 1024)), insecure=bool(c.get("insecure")),
                                    connection_timeout=float(c.get("connect_timeout_s", 10.0)),
                                    network_timeout=float(c.get("read_timeout_s", 120.0)))
-        self.http = self.pool.get_client(URL(self.host + "/"))
+        self.targets = []  # (url, path prefix, client): the target and every --also-target
+        for url in [c["target"], *(c.get("targets") or [])]:
+            u = urlparse(url)
+            host = f"{u.scheme}://{u.netloc}"
+            self.targets.append((url, u.path.rstrip("/").removesuffix("/v1"), self.pool.get_client(URL(host + "/"))))
+        self.prefix, self.http = self.targets[0][1], self.targets[0][2]
+
+    def target_for(self, index: int) -> tuple[str, str, object]:
+        """Where request (or session) `index` goes: by session (every turn of a session to one target, a request
+        being a session of one), or round robin over this process's requests."""
+        if len(self.targets) == 1:
+            return self.targets[0]
+        if self.route == "session":
+            return self.targets[index % len(self.targets)]
+        self.rr += 1
+        return self.targets[self.rr % len(self.targets)]
 
     def claim(self) -> tuple[int, float] | None:
         """The next arrival slot of this process: (request index, due time), or None when the schedule is done."""
@@ -133,46 +155,9 @@ class Plan:
             return self.workload.request(WARMUP_INDEX + i)
         return self.workload.request(i - self.warm_count, row)
 
-
-class Slots:
-    """At most n requests in flight; an arrival that finds none free waits, and slots go to the waiters in arrival
-    order. A freed slot is handed to the first waiter directly: gevent's Semaphore lets whoever asks next take a slot
-    freed before its waiter wakes (a later arrival would jump the queue); asyncio's, which bench_serving uses, does
-    not."""
-
-    def __init__(self, n: int):
-        self.free = n
-        self.waiting: deque[Event] = deque()
-
-    def take(self) -> bool:
-        """Take a slot, waiting in line if none is free; True when one was free at once."""
-        if self.free > 0 and not self.waiting:
-            self.free -= 1
-            return True
-        turn = Event()
-        self.waiting.append(turn)
-        try:
-            turn.wait()
-        except BaseException:  # killed while waiting: leave the line, or hand on the slot it was just given
-            if turn.is_set():
-                self.give()
-            else:
-                self.waiting.remove(turn)
-            raise
-        return False
-
-    def give(self) -> None:
-        if self.waiting:
-            self.waiting.popleft().set()
-        else:
-            self.free += 1
-
-
-def _slots(cap: int | None, workers: int, index: int) -> Slots | None:
-    """This process's share of the run's concurrency cap (the cap split evenly over the worker processes)."""
-    if not cap:
-        return None
-    return Slots(max(1, int(cap) // workers + (1 if index < int(cap) % workers else 0)))
+    def session(self, i: int) -> sessions.Session:
+        """Closed-loop session of arrival i (a nested profile's warm-up has sessions of its own)."""
+        return sessions.Session(self.workload, WARMUP_INDEX + i if i < self.warm_count else i - self.warm_count)
 
 
 def plan_of(environment) -> Plan:
@@ -186,6 +171,8 @@ def plan_of(environment) -> Plan:
         index = max(0, getattr(runner, "worker_index", 0) or 0)
         plan = Plan(json.loads(raw), worker_index=index, raw=raw)
         plan.on_sent = getattr(environment, "capbench_on_sent", None)
+        plan.on_withdrawn = getattr(environment, "capbench_on_withdrawn", None)
+        plan.stopping = bool(getattr(environment, "capbench_stopping", False))  # a signalled worker sends no more
         environment.capbench_plan = plan
     return plan
 
@@ -200,23 +187,30 @@ class OpenAIUser(FastHttpUser):
         self.plan = plan_of(self.environment)
 
     def send(self, spec: workloads.RequestSpec, index: int, scheduled_at: float | None,
-             slot_at: float | None = None) -> dict:
+             slot_at: float | None = None, turn: tuple[int, bool] | None = None,
+             phase_at: float | None = None) -> dict:
         """Send one request and fire its record; returns the record. slot_at: when a capped run's request got its
         slot; its latencies count from then (bench_serving's clock starts inside its semaphore), and the wait
-        before it is slot_wait_s."""
+        before it is slot_wait_s. turn: (turn, last) of closed-loop session `index` (the answer's text is kept
+        in self.answer); phase_at: the time that decides warm-up or measured (a session's start)."""
         plan = self.plan
-        body = {"model": plan.model, **spec.body}
-        if plan.stream:
+        body = {"model": plan.model, **spec.body, **plan.extra_body}
+        stream_it = plan.stream and spec.api != "embeddings"
+        if stream_it:
             body["stream"] = True
             body["stream_options"] = {"include_usage": True}
-        path = plan.prefix + ("/v1/chat/completions" if spec.api == "chat" else "/v1/completions")
+        target, prefix, http = plan.target_for(index)
+        path = prefix + API_PATHS[spec.api]
         payload = _dumps(body)
         sent_at, start = clock_pair()
         due = sent_at if scheduled_at is None else scheduled_at
         wait = None if slot_at is None else max(0.0, slot_at - due)
-        rec = {"request_id": str(index), "kind": spec.kind, "scheduled_at": due, "sent_at": sent_at,
+        rid = str(index) if turn is None else f"{index}.{turn[0]}"
+        rec = {"request_id": rid, "kind": spec.kind, "scheduled_at": due, "sent_at": sent_at,
                "dispatch_lag_s": None, "slot_wait_s": wait,
-               "phase": "warmup" if due < plan.t0 + plan.warmup_s else "measured",
+               "phase": "warmup" if (phase_at or due) < plan.t0 + plan.warmup_s else "measured",
+               "session_id": None if turn is None else str(index), "turn": None if turn is None else turn[0],
+               "ttfc_s": None, "target": target if len(plan.targets) > 1 else None,
                "first_token_at": None, "ttft_s": None, "itl_s": [], "status": "ok", "error_kind": None,
                "error": None, "prompt_tokens": None, "completion_tokens": None, "cached_tokens": None,
                "reasoning_tokens": None, "tokens_from": None}
@@ -228,13 +222,15 @@ class OpenAIUser(FastHttpUser):
                 plan.on_sent(rec).wait()
             except GreenletExit:  # the run stopped before it went out: not sent, no record
                 plan.inflight.pop(rec["request_id"], None)
+                if plan.on_withdrawn is not None:
+                    plan.on_withdrawn(rec)
                 raise
             sent_at, start = clock_pair()  # the wait, if any, is the client's lag (an open loop's)
             rec["sent_at"] = sent_at
             if scheduled_at is None:  # a closed loop sends when it is ready: no schedule to lag behind
                 due = rec["scheduled_at"] = sent_at
         rec["dispatch_lag_s"] = sent_at - due - (wait or 0.0)
-        stream = Stream(start, plan.event_max)
+        stream = Stream(start, plan.event_max, keep_text=turn is not None)
         # known while it streams, so a run's end can tell a request that is already an SLO miss (late first token)
         stream.on_first = lambda now: rec.__setitem__("first_token_at", sent_at + (now - start))
         exc: RequestFailed | None = None
@@ -243,15 +239,17 @@ class OpenAIUser(FastHttpUser):
         resp = None
         try:
             with gevent.Timeout(plan.timeout_s, _Deadline):
-                resp = plan.http.request("POST", path, body=payload, headers=plan.headers)
+                resp = http.request("POST", path, body=payload, headers=plan.headers)
                 got_headers = True
                 stream.server_id = resp.get(SERVER_ID_HEADER)
                 status = resp.status_code
                 if status != 200:
                     text = resp.read()[:ERROR_TEXT_MAX].decode("utf-8", "replace")
                     raise RequestFailed(f"http_{status}", text or resp.status_message or "")
-                if plan.stream:
+                if stream_it:
                     stream.read_sse(resp)
+                elif spec.api == "embeddings":
+                    stream.read_embeddings(resp.read())
                 else:
                     stream.read_json(resp.read())
         except RequestFailed as e:
@@ -289,6 +287,11 @@ class OpenAIUser(FastHttpUser):
             rec["first_token_at"] = sent_at + (stream.first - stream.start)
             rec["ttft_s"] = rec["first_token_at"] - due
         rec["itl_s"] = stream.gaps
+        if stream.first_content is not None:  # the first token that is not reasoning (nor a tool call)
+            rec["ttfc_s"] = sent_at + (stream.first_content - stream.start) - due
+        if rec["session_id"] is not None:
+            self.answer = "".join(stream.text)
+            rec["session_last"] = rec["turn"] == self.plan.turns - 1 or exc is not None  # counted, not stored
         notes: list[str] = []
         if stream.usage:
             u = stream.usage
@@ -324,6 +327,25 @@ class OpenAIUser(FastHttpUser):
         return rec
 
 
+    def session(self, i: int, due: float | None, slot_at: float | None = None) -> None:
+        """Closed-loop session i: turn N+1 is due at turn N's last token plus a think time, and carries turn N's
+        answer; a failed turn ends the session. Every turn counts from its own due time; the session's start says
+        whether it is warm-up."""
+        plan = self.plan
+        sess = plan.session(i)
+        start = due
+        while True:
+            last = sess.turn == sess.turns - 1
+            rec = self.send(sess.request(), i, due, slot_at, (sess.turn, last), start)
+            slot_at = None
+            if rec["status"] != "ok" or not sess.answered(self.answer, rec["completion_tokens"]):
+                return
+            due = time.time() + sess.think_s()
+            wait_until(due)
+            if plan.stopping:
+                return
+
+
 class ClosedLoopUser(OpenAIUser):
     """`users` profile: one request after another, with the profile's think time between them."""
 
@@ -337,7 +359,10 @@ class ClosedLoopUser(OpenAIUser):
             gevent.sleep(0.2)  # the run's time is up: send nothing new, let the runner stop us
             return
         i = plan.next_index()
-        self.send(plan.request(i), i, None)
+        if plan.sessions:
+            self.session(i, None)
+        else:
+            self.send(plan.request(i), i, None)
 
 
 class OpenLoopUser(OpenAIUser):
@@ -351,43 +376,18 @@ class OpenLoopUser(OpenAIUser):
             gevent.sleep(0.2)
             return
         i, due = slot
-        spec = plan.request(i)  # built before the wait, so the send is on time
+        spec = None if plan.sessions else plan.request(i)  # built before the wait, so the send is on time
         wait_until(due)
         if plan.stopping:
             return
+        send = (lambda slot_at: self.session(i, due, slot_at)) if spec is None else \
+            (lambda slot_at: self.send(spec, i, due, slot_at))
         if plan.slots is None:
-            self.send(spec, i, due)
+            send(None)
             return
-        at_once = plan.slots.take()  # a free slot: any lateness is the client's (dispatch lag), not a wait
+        at_once = plan.slots.take()  # a free slot (a session holds it for all its turns): lateness is the client's
         try:
             if not plan.stopping:
-                self.send(spec, i, due, due if at_once else time.time())
+                send(due if at_once else time.time())
         finally:
             plan.slots.give()
-
-
-SPIN_S = 0.001  # libev rounds a timer's wait up to whole milliseconds: the last one is spent yielding instead
-
-
-def clock_pair() -> tuple[float, float]:
-    """time.time() and perf_counter() of one instant. Every timestamp of a request is the pair's time.time() plus a
-    perf_counter() delta, so a preemption between the two reads (a busy host's 1 ms scheduler tick) would move them
-    all, the first token to before the server made it; a read that straddles one is taken again."""
-    for _ in range(5):
-        before = time.perf_counter()
-        wall = time.time()
-        after = time.perf_counter()
-        if after - before < 50e-6:
-            break
-    return wall, (before + after) / 2
-
-
-def wait_until(due: float) -> None:
-    """Sleep until `due` (time.time()) to within tens of microseconds on an idle machine: a gevent timer to about a
-    millisecond before, then yields to the other greenlets (gevent.sleep(0)) until the time has come."""
-    if (delay := due - time.time() - SPIN_S) > 0:
-        gevent.sleep(delay)
-    while time.time() < due:
-        gevent.sleep(0)
-
-

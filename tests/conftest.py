@@ -12,6 +12,7 @@ LOCUST_PART = os.environ.get("CAPBENCH_TESTS") == "locust"
 # (-m "not slow") leaves them out. A test may also carry @pytest.mark.slow itself. The longest first: they run first.
 SLOW_TESTS = ("tests/bench/campaign/test_campaign_run.py", "tests/bench/campaign/test_ownership.py", "tests/e2e",
               "tests/dashboard/test_apptest_planner.py", "tests/engine_patches/test_kv_checksum_detection.py",
+              "tests/engine_patches/test_kv_checksum_partial.py",
               "tests/bench/test_calibrate.py", "tests/engine_patches/test_int4_sglang_load.py")
 if LOCUST_PART:
     from gevent import monkey

@@ -33,7 +33,7 @@ MODULES = _modules()
 
 
 def _resolve(name: str) -> str | None:
-    """The longest known module that `name` is or lies in (`bench.model.capacity.Deployment` -> the module)."""
+    """The longest known module that `name` is or lies in (`bench.model.fits.capacity.Deployment` -> the module)."""
     while name:
         if name in MODULES:
             return name
@@ -41,15 +41,16 @@ def _resolve(name: str) -> str | None:
     return None
 
 
-def _edges(module: str, path: Path) -> list[tuple[str, str, str | None, bool]]:
-    """(imported module, module as written, name taken from it or None, lazy?) for every import of our packages."""
+def _edges(module: str, path: Path, typing: bool = False) -> list[tuple[str, str, str | None, bool]]:
+    """(imported module, module as written, name taken from it or None, lazy?) for every import of our packages;
+    typing: also the imports made for annotations only (under TYPE_CHECKING)."""
     tree = ast.parse(path.read_text())
     is_pkg = path.name == "__init__.py"
     out = []
 
     def visit(node: ast.AST, lazy: bool) -> None:
         for child in ast.iter_child_nodes(node):
-            if isinstance(child, ast.If) and _is_type_checking(child.test):
+            if isinstance(child, ast.If) and _is_type_checking(child.test) and not typing:
                 continue  # annotations only: nothing is imported at run time
             inner = lazy or isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef)
             if isinstance(child, ast.Import):
@@ -81,6 +82,7 @@ def _is_type_checking(test: ast.expr) -> bool:
 
 
 GRAPH = {m: _edges(m, p) for m, p in MODULES.items()}
+TYPED_GRAPH = {m: _edges(m, p, typing=True) for m, p in MODULES.items()}
 
 
 def _area(module: str) -> str:
@@ -91,6 +93,7 @@ def _area(module: str) -> str:
 
 
 def test_no_import_cycles():
+    """No loops, those closed by imports made for annotations only included."""
     state: dict[str, int] = {}
     stack: list[str] = []
     cycles = []
@@ -98,7 +101,7 @@ def test_no_import_cycles():
     def dfs(m: str) -> None:
         state[m] = 1
         stack.append(m)
-        for target, *_ in GRAPH[m]:
+        for target, *_ in TYPED_GRAPH[m]:
             if state.get(target) == 1:
                 cycles.append(stack[stack.index(target):] + [target])
             elif target not in state:
@@ -106,13 +109,15 @@ def test_no_import_cycles():
         stack.pop()
         state[m] = 2
 
-    for m in sorted(GRAPH):
+    for m in sorted(TYPED_GRAPH):
         if m not in state:
             dfs(m)
     assert not cycles, "import cycles: " + "; ".join(" -> ".join(c) for c in cycles)
 
 
-# what each part of the house may import (besides itself, bench.errors and the bench package's version)
+# the foundation every part may import: the one error, the options' bounds and the one reader of users' files
+FOUNDATION = ("bench", "bench.errors", "bench.checks", "bench.files")
+# what each part of the house may import (besides itself and the FOUNDATION)
 ALLOWED = {
     "loadgen": set(),
     "bench.model": {"loadgen"},
@@ -132,10 +137,15 @@ def test_imports_point_one_way(part):
             continue
         for target, *_ in edges:
             area = _area(target)
-            if area in (part, "bench", "bench.errors") or area in ALLOWED[part]:
+            if area in (part, *FOUNDATION) or area in ALLOWED[part]:
                 continue
             bad.append(f"{m} -> {target}")
     assert not bad, f"{part} may import only {sorted(ALLOWED[part]) or 'nothing else'}: " + ", ".join(bad)
+
+
+def test_the_foundation_imports_only_itself():
+    bad = [f"{m} -> {t}" for m in FOUNDATION for t, *_ in GRAPH[m] if t not in FOUNDATION]
+    assert not bad, "the foundation modules import only each other: " + ", ".join(bad)
 
 
 def test_engine_patches_only_from_the_cli_and_lazily():
@@ -169,11 +179,35 @@ def test_callers_use_a_package_public_names(package):
         if m == package or m.startswith(package + "."):
             continue
         for _, base, name, _ in edges:
-            if base.startswith(package + "."):
+            if base in LAYER_PACKAGES and base.startswith(package + "."):
+                if name not in _public_names(base):
+                    bad.append(f"{m}: {name} is not in {base}.__all__")
+            elif base.startswith(package + "."):
                 bad.append(f"{m}: from {base} import {name}" if name else f"{m}: import {base}")
             elif base == package and name not in public:
                 bad.append(f"{m}: {name} is not in {package}.__all__")
     assert not bad, "import from the package's public names: " + "; ".join(sorted(set(bad)))
+
+
+# bench/model's layers, lowest first: a module imports from its own layer or a lower one, never a higher one
+LAYERS = ("fits", "step", "serving", "evidence", "advice", "pd", "answer")
+LAYER_PACKAGES = {f"bench.model.{x}" for x in LAYERS}
+
+
+def _layer(module: str) -> int | None:
+    parts = module.split(".")
+    return LAYERS.index(parts[2]) if module.startswith("bench.model.") and parts[2] in LAYERS else None
+
+
+def test_bench_model_is_layered():
+    """Every bench/model module lives in a layer, and no layer imports a higher one (annotations included)."""
+    loose = [m for m in MODULES if m.startswith("bench.model.") and _layer(m) is None]
+    assert not loose, f"bench/model modules outside a layer package: {loose}"
+    up = [f"{m} -> {t}" for m, edges in TYPED_GRAPH.items() if (lm := _layer(m)) is not None
+          for t, *_ in edges if (lt := _layer(t)) is not None and lt > lm]
+    assert not up, "a layer imports a higher one: " + ", ".join(up)
+    for layer in LAYERS:
+        assert _public_names(f"bench.model.{layer}"), f"bench/model/{layer}/__init__.py has no __all__"
 
 
 def test_modules_stay_small():
@@ -183,6 +217,8 @@ def test_modules_stay_small():
 
 def test_the_graph_is_read():
     """The walker finds the imports it judges (a walker that reads nothing would pass everything)."""
-    assert any(target == "bench.model.capacity" for target, *_ in GRAPH["bench.model.perfmodel"])
+    assert any(target == "bench.model.fits.capacity" for target, *_ in GRAPH["bench.model.step.perfmodel"])
+    assert any(t == "bench.model.serving.simulate" for t, *_ in TYPED_GRAPH["bench.model.evidence.interval"])
+    assert not any(t == "bench.model.serving.simulate" for t, *_ in GRAPH["bench.model.evidence.interval"])
     assert any(t.startswith("engine_patches") and lazy for m, e in GRAPH.items() if m.startswith("bench.cli")
                for t, _, _, lazy in e)

@@ -2,8 +2,9 @@
 question, the Planner's defaults (and its model changed to GLM-4.6) and the demo's capacity report with an empty
 cache, with the Planner's latency-against-load curve and every configuration's curve over concurrency, and writes
 every answer it found to data/plan-cache/rates.json.
-Each answer is keyed by a hash of its inputs and of the simulator's source (bench/model/rate.py), so after a change
-to the model, the catalog, a workload or the simulator the shipped answers are simply not found: run this again.
+Each answer is keyed by a hash of its inputs and of the simulator's source (bench/model/serving/rate.py), so
+after a change to the model, the catalog, a workload or the simulator the shipped answers are simply not found:
+run this again.
 
     python -m bench.benchmarks.plan_cache [--questions readme,planner,demo]
 """

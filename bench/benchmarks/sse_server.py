@@ -5,7 +5,9 @@ shows; optional seeded faults for failure tests. Run it in its own process:
 
 Faults (each a probability; the rest are answered normally): http_500, stall (headers and one token, then
 silence), malformed (a data line that is not JSON), reset (TCP reset after two tokens), close (clean close after
-two tokens, no [DONE]). `--token-delay S` spaces the tokens. Binds 127.0.0.1 only.
+two tokens, no [DONE]). `--token-delay S` spaces the tokens. `--log`: each answer's tokens name it (`r7 r7 ...`),
+and GET /log lists every request (arrival, last token's time, the messages or prompt, the answer, headers).
+Binds 127.0.0.1 only.
 """
 
 from __future__ import annotations
@@ -71,8 +73,26 @@ class Server(asyncio.Protocol):
             t.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
                     % (len(payload), payload))
             return
+        if path.endswith("/log"):
+            payload = json.dumps(self.opts.entries).encode()
+            t.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+                    % (len(payload), payload))
+            return
         if path.endswith("/stats"):  # how many completions it was sent: tests wait for load, not for a clock
             payload = json.dumps({"requests": self.counter[0]}).encode()
+            t.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+                    % (len(payload), payload))
+            return
+        if path.endswith("/v1/embeddings"):
+            req = json.loads(body or b"{}")
+            self.counter[0] += 1
+            if self.opts.log:
+                self.opts.entries.append({"id": self.counter[0], "path": path, "arrived": time.time(), "body": req,
+                                          "headers": self.head.split("\r\n")[1:]})
+            n = len(str(req.get("input", "")).split())
+            payload = json.dumps({"object": "list", "data": [{"object": "embedding", "index": 0,
+                                                              "embedding": [0.0] * 8}],
+                                  "usage": {"prompt_tokens": n, "total_tokens": n}}).encode()
             t.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
                     % (len(payload), payload))
             return
@@ -100,17 +120,26 @@ class Server(asyncio.Protocol):
             t.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
                     % (len(payload), payload))
             return
-        tok = ({"choices": [{"index": 0, "delta": {"content": "tok "}}]} if chat
-               else {"choices": [{"index": 0, "text": "tok "}]})
+        word = "tok "
+        entry = None
+        if self.opts.log:
+            word = f"r{self.counter[0]} "
+            entry = {"id": self.counter[0], "path": path, "arrived": time.time(), "last_token": None,
+                     "body": req, "answer": word * n, "headers": self.head.split("\r\n")[1:]}
+            self.opts.entries.append(entry)
+        tok = ({"choices": [{"index": 0, "delta": {"content": word}}]} if chat
+               else {"choices": [{"index": 0, "text": word}]})
         token = _event(tok)
         usage = b"" if self.opts.no_usage else _event(
             {"choices": [], "usage": {"prompt_tokens": 8, "completion_tokens": n, "total_tokens": 8 + n}})
         if fault is None and self.opts.token_delay <= 0 and not self.opts.reasoning:
+            if entry is not None:
+                entry["last_token"] = time.time()
             t.write(_HEAD + token * n + usage + _DONE)
             return
-        asyncio.get_running_loop().create_task(self.slow(fault, token, usage, n))
+        asyncio.get_running_loop().create_task(self.slow(fault, token, usage, n, entry))
 
-    async def slow(self, fault: str | None, token: bytes, usage: bytes, n: int) -> None:
+    async def slow(self, fault: str | None, token: bytes, usage: bytes, n: int, entry: dict | None = None) -> None:
         t = self.transport
         t.write(_HEAD + _event({"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]}))
         thinking = _event({"choices": [{"index": 0, "delta": {"reasoning_content": "hmm "}}]})
@@ -135,6 +164,8 @@ class Server(asyncio.Protocol):
                 t.write(b"0\r\n\r\n")
                 t.close()
                 return
+            if entry is not None:
+                entry["last_token"] = time.time()
             t.write(token)
             if self.opts.token_delay > 0:
                 await asyncio.sleep(self.opts.token_delay)
@@ -170,9 +201,11 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-usage", action="store_true", help="send no usage chunk (clients must count chunks)")
     ap.add_argument("--reasoning", type=int, default=0, help="the first N tokens are reasoning_content deltas")
+    ap.add_argument("--log", action="store_true", help="keep every request (GET /log); tokens name their request")
     ap.add_argument("--require-key", default="", help="answer 401 unless 'Authorization: Bearer KEY' is sent")
     opts = ap.parse_args()
     opts.fault_probs = parse_faults(opts.faults)
+    opts.entries = []  # --log: every request, shared by the connections
     try:
         import uvloop
 

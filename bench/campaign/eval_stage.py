@@ -17,13 +17,8 @@ import subprocess
 import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Protocol
 
-
-class Problems(Protocol):  # bench/campaign/spec.py's, which imports this module
-    def add(self, where: str, what: str) -> None: ...
-
-    def __iter__(self): ...
+from bench.campaign.problems import Problems
 
 EVAL_KEYS = {"suites", "limit", "seed", "when", "timeout", "concurrency"}
 WHEN = ("after", "during")

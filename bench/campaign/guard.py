@@ -1,7 +1,8 @@
 """What a campaign file may hold, checked before anything runs: YAML read with limits (size, nesting, no aliases:
 a 1 kB "billion laughs" file is refused, not expanded), every number finite and within a range a run can use, URLs
 that parse and carry no credentials, launch templates whose placeholders are known, workload files readable and
-of their format, and SGLang's secret flags only as `env:NAME`.
+of their format, and every value that reaches a launch command one word without shell characters (SGLang's
+flags themselves are parsed in bench/campaign/flags.py).
 
 Who may launch what (the trust model, docs/campaigns.md): `capbench campaign FILE` is the user's own command, so a
 template written in the file runs. `capbench serve` takes files from anyone who can open its page or write its queue
@@ -17,12 +18,9 @@ import string
 from pathlib import Path
 from urllib.parse import urlsplit
 
-import yaml
-
-from bench.errors import BadInput
+from bench import files
 
 MAX_BYTES = 256 * 1024  # a campaign is a page of YAML; anything larger is not one
-MAX_DEPTH = 24  # nesting levels: a campaign needs five
 PLACEHOLDERS = ("command", "port", "host", "python", "image")
 # the SGLang interpreter (a path or a name on PATH) and a container image: filled into a template's shell command,
 # so only these characters; the interpreter may not start with "-" (an option to the shell's command)
@@ -31,45 +29,28 @@ IMAGE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/:@+-]{0,299}$")
 # campaign key -> the highest value accepted (the lowest is checked where the key is read: positive, an int, ...)
 HIGHEST = {"duration": 1e6, "health_timeout": 7 * 86400, "rate": 1e6, "users": 100_000, "start": 1e6, "factor": 100,
            "max_stages": 1000, "refine": 30, "min_gain": 10, "port": 65535, "tp": 4096, "dp": 4096, "ep": 4096,
-           "gpus": 4096}
+           "gpus": 4096, "count": 256, "bootstrap_port": 65535}
 # SGLang's arguments whose value is a secret: given as env:NAME, filled in from the environment inside the server's
 # process (engine_patches/launch.py), so no file, log, report or `ps` line holds it
 SECRET_FLAGS = ("--api-key", "--admin-api-key", "--hf-token", "--ssl-keyfile-password")
-
-
-class _Loader(yaml.SafeLoader):
-    """SafeLoader that refuses aliases (no expansion at all) and nesting past MAX_DEPTH (no RecursionError)."""
-
-    depth = 0
-
-    def compose_node(self, parent, index):  # noqa: ANN001, ANN201 (PyYAML's signature)
-        if self.check_event(yaml.AliasEvent):
-            mark = self.peek_event().start_mark
-            raise yaml.YAMLError(f"aliases (*name) are not accepted in a campaign file (line {mark.line + 1})")
-        self.depth += 1
-        if self.depth > MAX_DEPTH:
-            raise yaml.YAMLError(f"nested deeper than {MAX_DEPTH} levels")
-        try:
-            return super().compose_node(parent, index)
-        finally:
-            self.depth -= 1
+# Every word capbench fills into a launch template (a value the campaign gives: model path, scales path, flags, and
+# what capbench adds): only characters no shell reads specially, so the command line stays the same words however
+# many shells it passes through (ssh joins its arguments and hands them to the remote shell; `bash -c '{command}'`
+# expands it again). No quoting can be right for every template; a word without specials needs none.
+WORD = re.compile(r"^[A-Za-z0-9_@%+=:,./-]+$")
+HOST = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.:-]{0,252}$")
 
 
 def read_yaml(data: bytes | str, source: str) -> object:
-    """The YAML document in `data`, or BadInput in one line: too large, not UTF-8, not YAML, aliases, too deep."""
-    if len(data) > MAX_BYTES:
-        raise BadInput(f"{source}: {len(data)} bytes; a campaign file is at most {MAX_BYTES // 1024} kB")
-    if isinstance(data, bytes):
-        try:
-            data = data.decode("utf-8")
-        except UnicodeDecodeError as e:
-            raise BadInput(f"{source}: not UTF-8 text (byte {e.start}); a campaign is a YAML file") from None
-    if "\x00" in data:
-        raise BadInput(f"{source}: a binary file (NUL bytes); a campaign is a YAML file")
-    try:
-        return yaml.load(data, Loader=_Loader)  # noqa: S506 (a SafeLoader)
-    except yaml.YAMLError as e:
-        raise BadInput(f"{source}: not a campaign YAML ({str(e).splitlines()[0]})") from None
+    """The YAML document in `data`, or BadInput in one line: too large, not UTF-8, not YAML, aliases, too deep
+    (bench/files.py, the one reader of users' files)."""
+    return files.parse(data, source, "campaign", "yaml", MAX_BYTES)
+
+
+def read_file(path: str | Path, what: str = "campaign") -> bytes:
+    """A campaign (or templates) file's bytes: a regular file of at most MAX_BYTES (a FIFO or /dev/zero is refused
+    without being read), or BadInput."""
+    return files.regular_file(path, what, MAX_BYTES)
 
 
 def check_ranges(problems: list, where: str, raw: object) -> None:
@@ -111,11 +92,14 @@ def check_finite(config: object, highest: dict[str, float]) -> list[str]:
 
 def check_url(url: str) -> str | None:
     """What is wrong with a deployment's URL, or None: it parses, has a host and a valid port, no credentials."""
-    from bench.checks import without_credentials
+    from bench.checks import key_in_url, without_credentials
 
     if without_credentials(url) != url:
         return "credentials in the URL would be stored with the campaign and its runs; the server's key goes in " \
                "an environment variable"
+    if (where := key_in_url(url)) is not None:
+        return f"{where} would be stored with the campaign and its runs like credentials; the server's key goes " \
+               "in an environment variable"
     try:
         parts = urlsplit(url)
         port = parts.port
@@ -150,6 +134,32 @@ def check_runtime(key: str, value: object) -> str | None:
     return None
 
 
+def check_word(value: object) -> str | None:
+    """What is wrong with a value that reaches a launch command, or None: a word of WORD's characters only."""
+    text = str(value)
+    if WORD.match(text):
+        return None
+    bad = "".join(sorted({c for c in text if not WORD.match(c)}))[:20] if text else ""
+    # the value itself is not repeated: it may be a secret
+    return (f"{'characters a shell would read: ' + repr(bad) if bad else 'an empty value'}; a launch value is one "
+            "word of letters, digits and _ @ % + = : , . / - (it passes through the launch template's shell, and "
+            "through ssh's remote shell)")
+
+
+def check_words(problems: list, where: str, values: list) -> None:
+    """Each of `values` a WORD, its problem one line under `where`."""
+    for value in values:
+        if (wrong := check_word(value)) is not None:
+            problems.append(f"{where}: {wrong}")
+
+
+def check_host(value: object) -> str | None:
+    """What is wrong with a template's host (filled into {host} and the deployment's URL), or None."""
+    if isinstance(value, str) and HOST.match(value):
+        return None
+    return f"a host name or address is required (letters, digits, . : -), got {str(value)[:80]!r}"
+
+
 def check_workload_file(path: str) -> str | None:
     """What is wrong with a workload file a load names, or None: readable, and a workload YAML or ShareGPT JSON."""
     from loadgen import workloads
@@ -163,30 +173,6 @@ def check_workload_file(path: str) -> str | None:
     return None
 
 
-def check_flags(flags: list[str]) -> list[str]:
-    """Problems with secret flags: each takes env:NAME (the key stays in the environment, never in the file)."""
-    out = []
-    for i, flag in enumerate(flags):
-        name, eq, value = flag.partition("=")
-        if name not in SECRET_FLAGS:
-            continue
-        value = value if eq else (flags[i + 1] if i + 1 < len(flags) else "")
-        if not value.startswith("env:") or not value[4:].isidentifier():
-            out.append(f"{name} takes env:NAME (the environment variable holding it); a secret written in the "
-                       "campaign would be stored, logged and reported")
-    return out
-
-
-def secret_env(flags: list[str]) -> str | None:
-    """The environment variable holding the server's --api-key, if a flag names one (the load runs with it)."""
-    for i, flag in enumerate(flags):
-        name, eq, value = flag.partition("=")
-        value = value if eq else (flags[i + 1] if i + 1 < len(flags) else "")
-        if name == "--api-key" and value.startswith("env:"):
-            return value[4:]
-    return None
-
-
 def campaign_path(name: str, root: Path) -> Path | None:
     """The campaign file a command line names: a path (as given, or relative to the checkout, so that
     `capbench campaign data/campaigns/kv-study.yaml` works from any folder), or a built-in name."""
@@ -194,7 +180,7 @@ def campaign_path(name: str, root: Path) -> Path | None:
     looks_like_path = "/" in name or p.suffix in (".yaml", ".yml")
     for candidate in ([p, root / p] if looks_like_path else [p, root / "data" / "campaigns" / f"{name}.yaml"]):
         try:
-            if candidate.is_file():
+            if candidate.exists() and not candidate.is_dir():  # a FIFO or a device: read_file says what it is
                 return candidate
         except OSError:  # a name too long for the file system
             return None

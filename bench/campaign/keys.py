@@ -6,10 +6,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from bench.campaign.spec import Problems
+from bench.campaign.problems import Problems
 
 
 def with_stop_grace(problems: Problems, raw: dict, deps: list) -> list:

@@ -24,7 +24,7 @@ from pathlib import Path
 import httpx
 
 from bench import http
-from bench.campaign import own
+from bench.campaign import guard, own, watchdog
 from bench.campaign.spec import DeploymentSpec
 from bench.campaign.templates import CONTAINER_PYTHON, Template, runtime
 from bench.errors import BadInput
@@ -63,7 +63,7 @@ def sglang_launch(server: list[str], kv_checksum: str = "off", kv_scales: str | 
 
 
 def attention_args(model: str, gpu: str | None, kv_dtype: str, tp: int, flags: list) -> list[str]:
-    """`--attention-backend` as a plan's line names it (bench/model/backend.py), unless the flags name one."""
+    """`--attention-backend` as a plan's line names it (bench/model/fits/backend.py), unless the flags name one."""
     if not gpu or any(str(f).split("=")[0].startswith("--attention-backend") for f in flags):
         return []
     return ["--attention-backend", sglang_args.attention_backend(model, gpu, kv_dtype, tp)]
@@ -189,15 +189,19 @@ def spawn(name: str, cmd: list[str], template: Template | None, port: int, host:
     template's stop command filled in)."""
     log_dir.mkdir(parents=True, exist_ok=True)
     log = log_dir / f"{name.replace('/', '-')}-{int(time.time())}.log"
+    launch_id = f"{os.getpid()}-{time.time_ns()}"
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
-           **(own.mark(store.path, cid) if store is not None else {})}
+           **(own.mark(store.path, cid) if store is not None else {}), watchdog.LAUNCH: launch_id}
     stop_command = None
+    unsafe = [w for w in cmd if guard.check_word(w) is not None]
+    if template and unsafe:  # checked with the campaign already; never filled into a shell command
+        raise LaunchFailed(f"{name}: refused to launch: {guard.check_word(unsafe[0])}")
     with log.open("w") as out:
         if template:
             # a template's own python / image (PD nodes name no deployment-level ones)
             fill = {"python": shlex.quote(template.python or CONTAINER_PYTHON),
                     "image": shlex.quote(template.image or ""), **(fill or {}),
-                    "command": shlex.join(cmd), "port": port, "host": host}
+                    "command": " ".join(cmd), "port": port, "host": host}  # words without shell characters
             started = template.start.format(**fill)
             stop_command = template.stop.format(**fill) if template.stop else None
             out.write(f"$ {started}\n")
@@ -209,6 +213,7 @@ def spawn(name: str, cmd: list[str], template: Template | None, port: int, host:
             out.flush()
             proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
                                     start_new_session=True)
+    proc.launch_id = launch_id  # what halt() ends of it once its group is stopped
     if store is not None:
         own.record_server(store, cid, name, proc, stop_command, log)
     return proc, log, stop_command
@@ -227,6 +232,9 @@ def halt(proc: subprocess.Popen | None, stop_command: str | None, log: Path | No
             own.run_stop_command(stop_command, out)
         if proc is not None:
             own.stop_group(proc.pid, grace_s, lambda line: print(line, file=out, flush=True), proc.poll)
+            if (left := watchdog.stop_launch(getattr(proc, "launch_id", ""), grace_s)):
+                print(f"capbench: ended {left} process(es) of the launch that had left its process group", file=out,
+                      flush=True)
             proc.poll()
     if proc is not None and store is not None:
         try:

@@ -28,10 +28,11 @@ from typing import IO
 import httpx
 
 from bench import http
+from bench.campaign import watchdog
 from bench.errors import BadInput
 from bench.store import Store
 
-STOP_COMMAND_S = float(os.environ.get("CAPBENCH_STOP_TIMEOUT_S", 120))  # a template's stop command gets this long
+STOP_TIMEOUT = "CAPBENCH_STOP_TIMEOUT_S"  # seconds a template's stop command gets (default 120)
 MARK = "CAPBENCH_LAUNCHED_BY"  # in a launched server's environment (and its children's): "<db>|<campaign id>"
 
 
@@ -42,7 +43,7 @@ def mark(db: Path, cid: str) -> dict[str, str]:
 
 
 def marked(db: Path) -> dict[str, set[int]]:
-    """Process groups on this host carrying a mark of this DB, by campaign id."""
+    """Processes on this host carrying a mark of this DB, by campaign id."""
     prefix = f"{MARK}={Path(db).resolve()}|".encode()
     out: dict[str, set[int]] = {}
     for entry in Path("/proc").iterdir():
@@ -57,8 +58,13 @@ def marked(db: Path) -> dict[str, set[int]]:
             continue
         for item in env.split(b"\0"):
             if item.startswith(prefix):
-                out.setdefault(item[len(prefix):].decode(errors="replace"), set()).add(int(fields[2]))
+                out.setdefault(item[len(prefix):].decode(errors="replace"), set()).add(int(entry.name))
     return out
+
+
+def mark_item(db: Path, cid: str) -> str:
+    """The mark as one NAME=value environment entry."""
+    return "=".join(next(iter(mark(db, cid).items())))
 
 
 def lock_path(db: Path, cid: str) -> Path:
@@ -195,33 +201,48 @@ def stop_leftovers(store: Store, db: Path, grace_s: float, say: Callable[[str], 
                     continue
         server_stopped(store, cid, pid)
         stopped += 1
-    for cid, groups in marked(db).items():  # launched but not recorded: the runner died in between
+    for cid, pids in marked(db).items():  # launched but not recorded, or out of their group: one by one
         if cid != mine and held(db, cid):
             continue
-        for pgid in groups:
-            say(f"stopping what campaign {cid} left running: process group {pgid} (not recorded)")
-            stop_group(pgid, grace_s)
-            stopped += 1
+        say(f"stopping what campaign {cid} left running: pids {' '.join(map(str, sorted(pids)))} (not recorded, "
+            "or out of their process group)")
+        stopped += watchdog.end_marked(mark_item(db, cid), grace_s)
     if refused:
         raise BadInput("servers a dead campaign left running cannot be stopped from here; stop them first: "
                        + "; ".join(refused))
     return stopped
 
 
+def stop_timeout_s() -> float:
+    """CAPBENCH_STOP_TIMEOUT_S, checked: BadInput in one line when it is not seconds from 1 to a day."""
+    from bench.checks import env_seconds
+
+    return env_seconds(STOP_TIMEOUT, 120.0, low=1.0, high=86400.0)
+
+
+def stop_orphans(db: Path, say: Callable[[str], None]) -> int:
+    """`capbench campaign --stop-orphans`: what campaigns whose runner is gone left running, stopped now."""
+    if not Path(db).is_file():
+        raise BadInput(f"--db {db}: no such DB")
+    stop_timeout_s()
+    return stop_leftovers(Store(db), Path(db), 30.0, say)
+
+
 def run_stop_command(command: str, out: IO) -> None:
+    limit = stop_timeout_s()
     out.write(f"$ {command}\n")
     out.flush()
     stopper = subprocess.Popen(command, shell=True, stdout=out, stderr=subprocess.STDOUT,
                                stdin=subprocess.DEVNULL, start_new_session=True)
     try:
-        stopper.wait(timeout=STOP_COMMAND_S)
+        stopper.wait(timeout=limit)
     except subprocess.TimeoutExpired:  # a hung stop command is killed with its children
         try:
             os.killpg(stopper.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
         stopper.wait()
-        out.write(f"the stop command did not finish within {STOP_COMMAND_S:g} s: killed\n")
+        out.write(f"the stop command did not finish within {limit:g} s: killed\n")
 
 
 def identity(url: str) -> dict:

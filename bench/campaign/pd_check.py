@@ -1,23 +1,27 @@
 """What the PD model says about a campaign's disaggregated deployment: whether each role fits its GPUs, whether a
 decode rank's KV pool holds its batch and each load's longest request (checked before anything launches, one line
-per problem), and the disaggregated shape (bench/model/disagg.py) that bench/model/pd_simulate.py plays for the
+per problem), and the disaggregated shape (bench/model/pd/disagg.py) that bench/model/pd/simulate.py plays for the
 cell's predicted column.
 
 The PD model plays P prefill and D decode instances of one shape behind a router that splits the load evenly
 (each instance of a role takes total / count), each instance with expert parallelism over all its GPUs, decode
 with DP attention over all of them (dp = ep = tp), prefill with DP attention or TP attention (dp = tp or 1): the
-shapes bench/model/pd_search.py searches. The static memory fraction and max running requests of each role are
+shapes bench/model/pd/search.py searches. The static memory fraction and max running requests of each role are
 modelled; a deployment of another shape, or with a flag that changes serving and that the model does not know, is
 "not predicted" (its capacity is still checked).
 """
 
 from __future__ import annotations
 
+import itertools
+
+from bench.campaign.pd_launch import plan
 from bench.campaign.pd_spec import Role
 from bench.campaign.spec import DeploymentSpec, Load
 from bench.errors import BadInput
-from bench.model import Deployment, catalog, disagg, load_workload
+from bench.model import Deployment, catalog, load_workload
 from bench.model import capacity as memory
+from bench.model.pd import disagg
 
 # flags the shape (or nothing it predicts) covers: the DeepEP / EPLB / two-batch-overlap setup of a PD plan
 SHAPED = {"--enable-eplb", "--enable-two-batch-overlap", "--enable-dp-attention", "--moe-a2a-backend",
@@ -119,4 +123,29 @@ def fit_problems(where: str, dep: DeploymentSpec, loads: list[Load]) -> list[str
                        f"at load {load.name}'s mean length ({ln.prompt + ln.output:,.0f} tokens) needs "
                        f"{batch * (ln.prompt + ln.output):,.0f} tokens; its KV pool holds {pool:,} (set "
                        f"--max-running-requests to at most {pool // (ln.prompt + ln.output) * dec.dp:,.0f})")
+    return out
+
+
+def port_problems(where: str, dep: DeploymentSpec) -> list[str]:
+    """One line per port two launches would take on one host: every role's HTTP port, the prefill bootstrap ports,
+    the multi-node instances' dist-init ports and the router's, placed exactly as the launch places them
+    (pd_launch.plan; a free port of this host stands for itself and collides with nothing)."""
+    taken: dict[tuple[str, int], str] = {}
+    out = []
+    for part in plan(dep, free=itertools.count(-1, -1).__next__):
+        if not part.serves:
+            continue  # an instance's other nodes bind nothing of these
+        uses = [("port", part.port)]
+        args = dict(zip(part.argv, part.argv[1:], strict=False))
+        if "--disaggregation-bootstrap-port" in args:
+            uses.append(("bootstrap port", int(args["--disaggregation-bootstrap-port"])))
+        if "--dist-init-addr" in args:
+            uses.append(("dist-init port", int(args["--dist-init-addr"].rpartition(":")[2])))
+        for what, port in uses:
+            if port < 0:
+                continue
+            if (part.host, port) in taken:
+                out.append(f"{where}: {part.label}'s {what} {port} on {part.host} is {taken[part.host, port]}'s too")
+            else:
+                taken[part.host, port] = f"{part.label}'s {what}"
     return out

@@ -25,8 +25,9 @@ from bench.campaign.launch import LaunchFailed, attention_args, free_port, halt,
 from bench.campaign.pd_spec import PDSpec, Role, nodes_per_instance
 from bench.campaign.spec import DeploymentSpec
 from bench.campaign.templates import Template
-from bench.model import disagg, disagg_launch
 from bench.model import launch as sglang_args
+from bench.model.pd import disagg
+from bench.model.pd import launch as disagg_launch
 from bench.store import Store
 
 
@@ -59,23 +60,25 @@ class Ports:
     """Ports per host: given ones count up from the role's `port`; otherwise a free one on this host, and from
     SGLang's defaults up on a remote node (two instances on one node get different ports)."""
 
-    def __init__(self) -> None:
+    def __init__(self, free: Callable[[], int] = free_port) -> None:
         self.next: dict[tuple[str, int], int] = {}
+        self.free = free
 
     def take(self, host: str, given: int | None, index: int, default: int) -> int:
         if given:
             return given + index
         if host in ("127.0.0.1", "localhost"):
-            return free_port()
+            return self.free()
         port = self.next.get((host, default), default)
         self.next[(host, default)] = port + 1
         return port
 
 
-def plan(dep: DeploymentSpec) -> list[Part]:
-    """Every prefill node, every decode node, then the router, with the command each runs."""
+def plan(dep: DeploymentSpec, free: Callable[[], int] = free_port) -> list[Part]:
+    """Every prefill node, every decode node, then the router, with the command each runs (`free`: a free port of
+    this host; the check passes one that binds nothing)."""
     pd = dep.pd
-    ports = Ports()
+    ports = Ports(free)
     parts: list[Part] = []
     urls: dict[str, list[str]] = {"prefill": [], "decode": []}
     for role in (pd.prefill, pd.decode):
@@ -116,9 +119,11 @@ def _place(pd: PDSpec, role: Role, k: int) -> tuple[Template | None, str]:
     return t, t.host if t else "127.0.0.1"
 
 
-def patched(dep: DeploymentSpec) -> bool:
-    """Whether the deployment asks for capbench's engine patches: KV checksums, FP8 KV scales, INT4 experts."""
-    return dep.kv_checksum != "off" or bool(dep.pd.kv_scales) or dep.weights.startswith("int4")
+def patched(dep: DeploymentSpec, role: Role) -> bool:
+    """Whether the role's launch needs capbench's launcher: KV checksums, FP8 KV scales, INT4 experts, or a secret
+    flag given as env:NAME (filled in inside the server's process, as a colocated launch's is)."""
+    return (dep.kv_checksum != "off" or bool(dep.pd.kv_scales) or dep.weights.startswith("int4")
+            or any("env:" in f for f in role.flags))
 
 
 def server_command(dep: DeploymentSpec, role: Role, port: int, bootstrap: int | None, bind: str) -> list[str]:
@@ -141,7 +146,7 @@ def server_command(dep: DeploymentSpec, role: Role, port: int, bootstrap: int | 
     if "--mem-fraction-static" not in {f.split("=")[0] for f in role.flags}:  # as the PD model and plan assume
         argv += ["--mem-fraction-static", f"{disagg.pd_mem_fraction(dep.model, dep.gpu):.3f}"]
     argv += list(role.flags)
-    if patched(dep):
+    if patched(dep, role):
         return sglang_launch(argv, dep.kv_checksum, pd.kv_scales)
     return ["python", "-m", "sglang.launch_server", *argv]
 

@@ -14,8 +14,11 @@ instances and the router, each role placed on named nodes whose launch templates
       router: {node: gpu1, port: 8000}
 
 A role's `node` is one name (every node of the role there) or a list, one name per node in launch order (an
-instance of tp GPUs spans tp / GPUs-per-node nodes). A role without `node` runs on this host. Every problem is one
-line, like the rest of the campaign file's (bench/campaign/spec.py).
+instance of tp GPUs spans tp / GPUs-per-node nodes). A role without `node` runs on this host. A role has at most
+MAX_INSTANCES instances and MAX_GPUS GPUs (count x tp); ports given count up per instance and stay <= 65535; a
+`kv_scales` file must exist here and be the JSON SGLang reads (bench/campaign/scales.py). Every problem is one line,
+like the rest of the campaign file's (bench/campaign/spec.py); ports that collide on a node are found by
+`--check` (bench/campaign/pd_check.py), which places every launch as the launch would.
 """
 
 from __future__ import annotations
@@ -23,22 +26,21 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from bench.campaign import flags as server_flags
 from bench.campaign import guard
-from bench.campaign.templates import Template, parse_template
+from bench.campaign.scales import check_scales
+from bench.campaign.templates import NAME, Template, parse_template
+from bench.checks import GPUS_MAX, PORT_MAX
 from bench.model import catalog
+
+MAX_INSTANCES = guard.HIGHEST["count"]  # of one role (256): LMSYS's largest published PD deployments run a dozen
+MAX_GPUS = GPUS_MAX  # of one role, count x tp: the bound of every --tp / gpus option
 
 KEYS = {"model", "model_path", "gpu", "kv_dtype", "weights", "transfer", "nodes", "prefill", "decode", "router",
         "kv_checksum", "kv_scales"}
 ROLE_KEYS = {"count", "tp", "dp", "ep", "node", "port", "bootstrap_port", "flags"}
 ROUTER_KEYS = {"node", "port", "flags"}
 TRANSFERS = ("mooncake", "nixl")
-# the launch arguments the keys write (bench/campaign/pd_launch.py): a flag may not set them a second time
-OWN_FLAGS = {"--model-path", "--tp", "--tp-size", "--dp", "--dp-size", "--ep", "--ep-size", "--kv-cache-dtype",
-             "--port", "--host", "--disaggregation-mode", "--disaggregation-transfer-backend",
-             "--disaggregation-bootstrap-port", "--nnodes", "--node-rank", "--dist-init-addr"}
-ROUTER_OWN_FLAGS = {"--pd-disaggregation", "--prefill", "--decode", "--host", "--port"}
-
-
 @dataclass(frozen=True)
 class Role:
     role: str  # prefill | decode | router
@@ -92,6 +94,11 @@ def parse_pd(problems: list, where: str, raw: object, gpu: str) -> PDSpec | None
     if None in roles.values():
         return None
     path, scales = raw.get("model_path"), raw.get("kv_scales")
+    if scales and (wrong := check_scales(str(scales))) is not None:
+        problems.append(f"{where}.kv_scales: {wrong} (the file every prefill and decode node loads)")
+    for key, value in (("model_path", path), ("kv_scales", scales)):
+        if value is not None:
+            guard.check_words(problems, f"{where}.{key}", [value])
     return PDSpec(roles["prefill"], roles["decode"], roles["router"], nodes, refs, transfer,
                   str(path) if path else None, str(scales) if scales else None)
 
@@ -104,6 +111,8 @@ def _nodes(problems: list, where: str, raw: object) -> tuple[dict[str, Template 
     nodes: dict[str, Template | None] = {}
     refs: dict[str, str] = {}
     for name, t in raw.items():
+        if not NAME.match(str(name)):
+            problems.append(f"{where}.{str(name)[:80]!r}: a node name of letters, digits, . _ - is required")
         if isinstance(t, str):
             nodes[str(name)], refs[str(name)] = None, t
         else:
@@ -127,7 +136,18 @@ def _role(problems: list, where: str, name: str, raw: object, nodes: dict, gpu: 
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 problems.append(f"{where}.{key}: a positive whole number is required, got {v!r}")
                 return None
+            if v > guard.HIGHEST[key]:
+                return None  # said by guard.check_ranges
             values[key] = v
+    count = values.get("count", 1)
+    for key in ("port", "bootstrap_port"):
+        if key in values and values[key] + count - 1 > PORT_MAX:
+            problems.append(f"{where}.{key}: {count} instance(s) take ports {values[key]} to "
+                            f"{values[key] + count - 1}, past {PORT_MAX}")
+    if count * values.get("tp", 8) > MAX_GPUS and name != "router":
+        problems.append(f"{where}: {count} instance(s) of tp {values.get('tp', 8)} are "
+                        f"{count * values.get('tp', 8):,} GPUs; a role has at most {MAX_GPUS:,}")
+        return None
     if name != "router":
         tp = values.get("tp", 8)
         values.setdefault("tp", tp)
@@ -139,12 +159,11 @@ def _role(problems: list, where: str, name: str, raw: object, nodes: dict, gpu: 
         problems.append(f"{where}.flags: a list of arguments is required, e.g. [--mem-fraction-static, 0.8]")
         flags = []
     flags = [str(f) for f in flags]
-    own = ROUTER_OWN_FLAGS if name == "router" else OWN_FLAGS
-    for flag in flags:
-        if flag.startswith("--") and flag.split("=")[0] in own:
-            problems.append(f"{where}.flags: {flag.split('=')[0]} is set by the campaign's own keys; use those")
-    for wrong in guard.check_flags(flags):
-        problems.append(f"{where}.flags: {wrong}")
+    guard.check_words(problems, f"{where}.flags", flags)
+    if name == "router":
+        server_flags.check_router_flags(problems, f"{where}.flags", flags)
+    else:
+        server_flags.check_server_flags(problems, f"{where}.flags", flags, server_flags.PD_OWN)
     placed = raw.get("node", [])
     placed = [placed] if isinstance(placed, str) else placed
     if not isinstance(placed, list) or not all(isinstance(n, str) for n in placed):

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from bench.campaign import pd_check
-from bench.campaign.spec import Campaign, DeploymentSpec, Load
+from bench.campaign.spec import Campaign, DeploymentSpec, Load, parse_campaign
 from bench.campaign.stage import Stage
 from bench.errors import BadInput
 from bench.model import (
@@ -21,13 +21,13 @@ from bench.model import (
     Workload,
     interval,
     load_workload,
-    pd_simulate,
     simulate,
     usd_per_million,
     within_slo,
     workload,
 )
 from bench.model import capacity as memory
+from bench.model.pd import simulate as pd_simulate
 from bench.sweep import Search, sweep
 
 ANSWER_SAMPLES = 2000
@@ -78,8 +78,13 @@ def fit_problems(campaign: Campaign) -> list[str]:
     out = []
     for i, dep in enumerate(campaign.deployments):
         if dep.pd is not None:
+            out += pd_check.port_problems(f"deployments[{i}] ({dep.name})", dep)
             out += pd_check.fit_problems(f"deployments[{i}] ({dep.name})", dep, campaign.loads)
             continue
+        if (s := dep.pd_shape()) is not None and not (c := memory.capacity(s.deployment("prefill"))).fits:
+            out.append(f"deployments[{i}] ({dep.name}) prefill: {dep.model} ({dep.weights} weights) does not fit "
+                       f"{s.prefill_gpus}x {dep.gpu}: {c.weight_bytes_per_gpu / 2**30:,.1f} GiB of weights per GPU "
+                       f"leave no room for a KV cache")
         d, why = modelled(dep)
         if d is None:
             if dep.model is not None and "does not model" not in why:
@@ -94,11 +99,21 @@ def fit_problems(campaign: Campaign) -> list[str]:
     return out
 
 
+def check_campaign(text: str | bytes, source: str, templates: dict | None = None,
+                   inline_templates: bool = False) -> Campaign:
+    """`capbench campaign --check`'s whole check, which the Campaigns page and serve's runner run before they queue a
+    file: the file's own problems (spec.parse_campaign), then what a launch would hit (check_fits)."""
+    campaign = parse_campaign(text, source, templates, inline_templates)
+    check_fits(campaign, source)
+    return campaign
+
+
 def check_fits(campaign: Campaign, source: str) -> None:
-    """BadInput listing every deployment that cannot fit its GPUs (the CLI prints it and exits 2)."""
+    """BadInput listing every problem a launch would hit: a deployment that cannot fit its GPUs, a disaggregated
+    one's ports that collide on a node (the CLI prints it and exits 2)."""
     problems = fit_problems(campaign)
     if problems:
-        raise BadInput(f"{source}: {len(problems)} deployment(s) cannot fit their GPUs\n" + "\n".join(problems))
+        raise BadInput(f"{source}: {len(problems)} problem(s) a launch would hit\n" + "\n".join(problems))
 
 
 def answer_tokens(wl: Workload, context: int) -> float:
@@ -175,7 +190,8 @@ def predicted(dep: DeploymentSpec, load: Load, search: Search) -> dict:
 
 def latency_curve(d: Deployment, played: list[dict]) -> list[dict]:
     """The model's TTFT and TPOT (at the SLO's percentile, seconds of the deployment's GPUs) at each rate its sweep
-    played, each with its 80 % interval (bench/model/interval.py): the predicted curve the report draws beside the
+    played, each with its 80 % interval (bench/model/evidence/interval.py): the predicted curve the report draws
+    beside the
     measured stages."""
     out = []
     for p in sorted(played, key=lambda x: x["rate"]):

@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 from bench.campaign import guard, record
+from bench.campaign.predict import check_campaign
 from bench.campaign.run import Interrupt, run_campaign
 from bench.campaign.spec import parse_campaign
 from bench.campaign.templates import operator_templates
@@ -67,24 +68,33 @@ def reject(path: Path, why: str) -> Path:
     return moved
 
 
+
+
 def take_submissions(store: Store, db: Path, templates: dict | None = None) -> list[str]:
-    """Every file in the queue folder into the DB as a queued campaign (or rejected/); returns the new ids."""
+    """Every file in the queue folder into the DB as a queued campaign, or into rejected/ with its reason (what is
+    not a regular file, a FIFO or a link, is moved there unread); returns the new ids. A file taken away meanwhile
+    is skipped."""
     ids = []
     for path in pending(db):
-        try:
-            if path.stat().st_size > guard.MAX_BYTES:
-                raise BadInput(f"{path.name}: {path.stat().st_size} bytes; a campaign file is at most "
-                               f"{guard.MAX_BYTES // 1024} kB")
-            campaign = parse_campaign(path.read_bytes(), path.name, templates)
+        try:  # a regular file of at most guard.MAX_BYTES (a FIFO or a link to /dev/zero is refused unread), then
+            campaign = check_campaign(guard.read_file(path), path.name, templates)  # what --check says
         except BadInput as e:
-            reject(path, str(e))
+            if os.path.lexists(path):  # else withdrawn while being read: nothing to reject
+                _reject(path, str(e).replace(str(path), path.name))
             continue
         except Exception as e:  # whatever else is wrong with one file, the runner goes on with the next
-            reject(path, f"{path.name}: {type(e).__name__}: {str(e)[:300]}")
+            _reject(path, f"{path.name}: {type(e).__name__}: {str(e)[:300]}")
             continue
         ids.append(record.new_campaign(store, campaign, path.name, status="queued"))
-        path.unlink()
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
     return ids
+
+
+
+def _reject(path: Path, why: str) -> None:
+    with contextlib.suppress(FileNotFoundError):  # taken away meanwhile: nothing to move
+        reject(path, why)
 
 
 def requeue_orphans(store: Store) -> list[str]:
@@ -139,7 +149,10 @@ def runner_main() -> None:
 
 
 def port_taken(host: str, port: int) -> bool:
+    """Whether a server listens on host:port. SO_REUSEADDR, as the dashboard's own server binds: a port whose last
+    server stopped moments ago (connections in TIME_WAIT) is free, so a supervisor's restart is not refused."""
     with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host, port))
         except OSError:

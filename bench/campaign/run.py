@@ -7,8 +7,8 @@ A sweep offers Poisson rates start, start x factor, ... while the SLO holds (the
 99 % of requests served) and goodput (offered rate x share within the SLO) keeps rising by min_gain; then it bisects
 `refine` times between the last rate within the SLO and the first past it. The cell's measured figure is that last
 rate within the SLO; the model's figure is the same sweep (rates, stage length in the deployment's own time, warm-up
-share) played by the simulator (bench/model/simulate.py) for the same deployment, workload and SLO, so both answer
-one question. A short stage is not steady state: `capbench plan`'s converged rate (search_rate) is the longer-run
+share) played by the simulator (bench/model/serving/simulate.py) for the same deployment, workload and SLO, so both
+answer one question. A short stage is not steady state: `capbench plan`'s converged rate (search_rate) is the longer-run
 answer. A stage that missed the SLO on a twin that fell behind its modelled pace (this host's CPU) is measured again.
 """
 
@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.campaign import eval_stage, guard, own, predict, record
+from bench.campaign import eval_stage, flags, own, predict, record, watchdog
 from bench.campaign.launch import Launched, LaunchFailed, tail
 from bench.campaign.pd_launch import PDLaunched
 from bench.campaign.predict import WARMUP_SHARE
@@ -89,12 +89,17 @@ def run_campaign(campaign: Campaign, db: Path, source: str = "", resume: bool = 
         if cid is None:
             raise BadInput(f"no unfinished campaign {campaign.name!r} with this file in {db} to resume")
     cid = cid or record.new_campaign(store, campaign, source)
+    own.stop_timeout_s()  # a bad CAPBENCH_STOP_TIMEOUT_S: one line before anything runs
     owner = own.lock(db, cid)  # a second runner of this campaign is refused here
     stop = Interrupt()
     status = "aborted"
+    dog = None
+    mark = own.mark_item(db, cid)
     try:
         grace = max((d.stop_grace_s for d in campaign.deployments), default=30.0)
         own.stop_leftovers(store, db, grace, say, mine=cid)
+        dog = watchdog.start(mark, grace)  # what this runner starts carries the mark: ended when the runner ends
+        os.environ[mark.split("=", 1)[0]] = mark.split("=", 1)[1]
         record.set_status(store, cid, "running")
         done = record.completed_cells(store, cid)
         log_dir = log_dir or db.parent / "campaign-logs" / cid
@@ -108,6 +113,9 @@ def run_campaign(campaign: Campaign, db: Path, source: str = "", resume: bool = 
         status = "completed" if not failed else "failed"
     finally:
         stop.close()
+        os.environ.pop(mark.split("=", 1)[0], None)
+        if dog is not None:
+            watchdog.close(dog, grace)
         record.set_status(store, cid, status)
         owner.close()
         say(f"campaign {cid} {status}")
@@ -181,7 +189,7 @@ def _cell(store: Store, cid: str, dep: DeploymentSpec, load: Load, server: Launc
     drain = load.duration_s if drain is None else drain
 
     stages_run = [0]
-    key_env = guard.secret_env(dep.sglang.get("flags", []))
+    key_env = flags.secret_env(dep.sglang.get("flags", []))
 
     def stage(rate: float | None, users: int | None = None, seed: int = 0) -> Stage:
         """One load point. One that missed the SLO on a twin that fell behind its modelled pace may have missed for its
@@ -325,7 +333,7 @@ def _went_down(server: Launched | PDLaunched, what: str, wait_s: float = 1.0) ->
 
 def _result(dep: DeploymentSpec, load: Load, found: list[Found]) -> dict:
     """What the report reads: rates and tokens/s in the deployment's own time (a twin's divided by its scale); with
-    repeats, each figure is their mean with its 90 % interval (bench/model/confidence.py)."""
+    repeats, each figure is their mean with its 90 % interval (bench/model/evidence/confidence.py)."""
     scale = dep.time_scale
     price = catalog.gpu(dep.gpu).price_per_gpu_hour if dep.model else None
     rates = [f.best.rate if f.best else 0.0 for f in found]
@@ -371,7 +379,8 @@ def _result(dep: DeploymentSpec, load: Load, found: list[Found]) -> dict:
 
 def _with_bootstrap(found: list[Found], load: Load, dep: DeploymentSpec, *figures: Interval | None
                     ) -> tuple[Interval | None, ...]:
-    """The rate, goodput and $ per 1M intervals from the bootstrap over the stages' requests (bench/model/bootstrap.py):
+    """The rate, goodput and $ per 1M intervals from the bootstrap over the stages' requests
+    (bench/model/evidence/bootstrap.py):
     with one repeat, the bootstrap's; with more, the wider of it and the t interval over the repeats. Also the
     draws of the rate's bracket ends, kept with the cell for the gains between cells."""
     samples = [[s.sample for s in f.stages if s.sample is not None] for f in found]

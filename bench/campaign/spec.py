@@ -13,11 +13,14 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from bench.campaign import eval_stage, guard
+from bench.campaign import flags as server_flags
 from bench.campaign.keys import with_caps, with_repeats, with_stop_grace, workload_path
 from bench.campaign.pd_spec import PDSpec, parse_pd, resolve
+from bench.campaign.problems import Problems
 from bench.campaign.templates import Template, check_runtime_use, launch_by, parse_template, runtime_keys
 from bench.errors import BadInput
-from bench.model import Deployment, Slo, catalog, disagg, parse_slo
+from bench.model import Deployment, Slo, catalog, parse_slo
+from bench.model.pd import disagg
 
 KINDS = ("twin", "sglang", "url", "disaggregated")
 DEPLOYMENT_KEYS = {"name", "baseline", "health_timeout", "stop_grace", "model", "gpu", "gpus", *KINDS}
@@ -121,22 +124,13 @@ def cell_key(dep: DeploymentSpec, load: Load) -> str:
     return f"{dep.name}/{load.name}"
 
 
-class Problems(list):
-    def add(self, where: str, what: str) -> None:
-        self.append(f"{where}: {what}")
-
-
 def load_campaign(path: str | Path, templates: dict[str, Template] | None = None) -> Campaign:
     """A campaign file (a path, also relative to the checkout, or a built-in name), run by its own user: templates
     written in it are accepted, and `templates` are the ones it may name."""
     p = guard.campaign_path(str(path), Path(__file__).resolve().parents[2])
     if p is None:
         raise BadInput(f"no campaign file {str(path)[:200]} (a path, or a built-in name of data/campaigns/)")
-    try:
-        data = p.read_bytes()
-    except OSError as e:
-        raise BadInput(f"{p}: cannot be read ({e.strerror or type(e).__name__})") from None
-    return parse_campaign(data, str(p), templates, inline_templates=True)
+    return parse_campaign(guard.read_file(p), str(p), templates, inline_templates=True)
 
 
 def parse_campaign(text: str | bytes, source: str = "campaign", templates: dict[str, Template] | None = None,
@@ -324,11 +318,12 @@ def _sglang(problems: Problems, where: str, raw: object, common: dict) -> Deploy
     if not isinstance(flags, list) or not all(isinstance(f, str | int | float) for f in flags):
         problems.add(f"{where}.flags", "a list of SGLang arguments is required, e.g. [--mem-fraction-static, 0.85]")
         flags = []
-    for flag in (str(f) for f in flags):
-        if flag.startswith("--") and flag.split("=")[0] in OWN_FLAGS:
-            problems.add(f"{where}.flags", f"{flag.split('=')[0]} is set by the campaign's own keys; use those")
-    for wrong in guard.check_flags([str(f) for f in flags]):
-        problems.add(f"{where}.flags", wrong)
+    flags = [str(f) for f in flags]
+    guard.check_words(problems, f"{where}.flags", flags)
+    server_flags.check_server_flags(problems, f"{where}.flags", flags)
+    for key in ("model_path", "kv_scales"):
+        if raw.get(key) is not None:
+            guard.check_words(problems, f"{where}.{key}", [raw[key]])
     runtime_keys(problems, where, raw)
     template = None
     if isinstance(raw.get("template"), str):
@@ -338,14 +333,9 @@ def _sglang(problems: Problems, where: str, raw: object, common: dict) -> Deploy
     tp = _number(Problems(), f"{where}.tp", raw.get("tp", 8), int)  # its problem is said above
     if not ok or tp is None:
         return None
-    spec = {**raw, "flags": [str(f) for f in flags], "tp": tp}
+    spec = {**raw, "flags": flags, "tp": tp}
     return DeploymentSpec(**common, sglang=spec, template=template, model=model, gpu=gpu, gpus=tp, kv_dtype=kv,
                           weights=weights, kv_checksum=checksum)
-
-
-# the launch arguments the sglang keys write (bench/campaign/launch.py); a flag may not set them a second time
-OWN_FLAGS = {"--model-path", "--tp", "--tp-size", "--dp", "--dp-size", "--ep", "--ep-size", "--kv-cache-dtype",
-             "--port", "--host"}
 
 
 def _load(problems: Problems, where: str, raw: object, slo: Slo, duration: float | None,

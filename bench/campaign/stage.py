@@ -6,7 +6,7 @@ share within the SLO, and in the percentiles (a latency past any bound). Request
 errors, timeouts) are errors: more than RUN_ERRORS_OK of them and the stage misses the SLO whatever its latencies.
 A stage states sent / completed / missed / errored wherever its figures appear (stage_counts is the one wording).
 Behind a concurrency cap, a request's wait in the client for a slot (slot_wait_s) counts in its TTFT and E2E here:
-its user waited, as the model's capped predictions count it (bench.model.rate.within_slo).
+its user waited, as the model's capped predictions count it (bench.model.serving.rate.within_slo).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ class Stage:
     summary: dict
     meets: bool
     why: str  # what missed, or ""
-    sample: StageSample | None = None  # its requests, for the bootstrap (bench/model/bootstrap.py)
+    sample: StageSample | None = None  # its requests, for the bootstrap (bench/model/evidence/bootstrap.py)
     sure: bool = True  # its verdict stands in nearly every bootstrap draw (bootstrap.SURE); the sweep anchors on it
 
     @property

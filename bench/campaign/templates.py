@@ -46,6 +46,8 @@ def parse_template(problems: list, where: str, t: object, name: str | None = Non
     for key in RUNTIME:
         if key in t and (wrong := guard.check_runtime(key, t[key])) is not None:
             problems.append(f"{where}.{key}: {wrong}")
+    if "host" in t and (wrong := guard.check_host(t["host"])) is not None:
+        problems.append(f"{where}.host: {wrong}")
     return Template(str(t["start"]), str(t["stop"]) if t.get("stop") else None, str(t.get("host", "127.0.0.1")),
                     name, t.get("python"), t.get("image"))
 
@@ -113,11 +115,7 @@ def operator_templates(path: str | Path | None) -> dict[str, Template]:
     a YAML mapping of name -> {start, stop, host, python, image}. BadInput listing every problem."""
     if not path:
         return {}
-    try:
-        data = Path(path).read_bytes()
-    except OSError as e:
-        raise BadInput(f"--templates {path}: cannot be read ({e.strerror or type(e).__name__})") from None
-    raw = guard.read_yaml(data, str(path))
+    raw = guard.read_yaml(guard.read_file(path, "templates"), str(path))
     if not isinstance(raw, dict) or not raw:
         raise BadInput(f"{path}: a mapping of template name -> {{start, stop, host}} is required")
     problems: list[str] = []

@@ -1,6 +1,7 @@
 """What `capbench sglang-launch --kv-scales` checks before SGLang starts: that every attention backend the server will
 run (the ones named, or SGLang 0.5.23's default for the model on this host's GPU) keeps calibrated FP8 KV scales
-right (data/attention_backends.yaml, through bench/model/backend.py, the file the planner's launch lines come from).
+right (data/attention_backends.yaml, through bench/model/fits/backend.py, the file the planner's launch lines come
+from).
 
 Flags are read as SGLang's argparse reads them, prefixes included (`--attention-back x` is --attention-backend): the
 same flag names on argparse. A prefix that names one of them uniquely in SGLang's parser, which has every flag of

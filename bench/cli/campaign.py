@@ -7,7 +7,7 @@ import typer
 
 
 def campaign(
-    file: str = typer.Argument(..., help="Campaign YAML (schema: data/campaigns/README.md), or a built-in name."),
+    file: str = typer.Argument(None, help="Campaign YAML (schema: data/campaigns/README.md), or a built-in name."),
     db: str = typer.Option("data/capbench.duckdb", help="Results DB (runs and the campaign are added)."),
     resume: bool = typer.Option(False, "--resume", help="Continue the latest unfinished campaign of this file, "
                                 "skipping its completed cells."),
@@ -15,11 +15,21 @@ def campaign(
     report: str = typer.Option(None, help="Also write the campaign report as HTML here."),
     templates: str = typer.Option(None, help="Launch templates the campaign may name (YAML: name -> {start, stop, "
                                   "host}); templates written in the campaign file itself are accepted here too."),
+    stop_orphans: bool = typer.Option(False, "--stop-orphans", help="Only stop what campaigns whose runner is gone "
+                                      "left running in --db: their templates' stop commands (remote servers), "
+                                      "then their processes on this host."),
 ) -> None:
     """Run a benchmark matrix: deployments (SGLang launches, twins, URLs) x loads, sweeps to saturation."""
     from pathlib import Path
 
     from bench.campaign import load_campaign, operator_templates, run_campaign
+    from bench.errors import BadInput
+
+    if stop_orphans:
+        _stop_orphans(Path(db))
+        return
+    if file is None:
+        raise BadInput("a campaign file is required (or --stop-orphans)")
 
     spec = load_campaign(file, operator_templates(templates))
     if check:
@@ -34,6 +44,13 @@ def campaign(
         raise typer.Exit(130) from None
     if _report(cid, Path(db), report) != "completed":
         raise typer.Exit(1)  # some cell failed: the tables above say which and why
+
+
+def _stop_orphans(db) -> None:  # noqa: ANN001
+    from bench.campaign import stop_orphans
+
+    n = stop_orphans(db, print)
+    print(f"{db}: {n} leftover server(s) stopped" if n else f"{db}: nothing a campaign left is running")
 
 
 def _report(cid: str, db, out: str | None) -> str:

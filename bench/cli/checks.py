@@ -10,19 +10,19 @@ from collections.abc import Callable
 from pathlib import Path
 
 from bench import checks
-from bench.checks import INT_MAX
+from bench.checks import GPUS_MAX, INT_MAX, PORT_MAX, TOKENS_MAX, USERS_MAX
 from bench.errors import BadInput
 
-PORT = {"low": 1, "high": 65535}
+PORT = {"low": 1, "high": PORT_MAX}
 COUNT = {"low": 1, "high": INT_MAX}
-GPUS = {"low": 1, "high": 4096}
+GPUS = {"low": 1, "high": GPUS_MAX}
 # option name -> bounds of bench.checks.number; (command, option) overrides a name's meaning in one command
 LIMITS: dict[str | tuple[str, str], dict] = {
     "tp": GPUS, "dp": GPUS, "ep": GPUS, "tp_size": GPUS,
     "context": COUNT, "page_size": {"low": 1, "high": 1 << 20}, "mem_fraction": {"low": 0, "high": 1, "above": True},
     "rate": {"low": 0, "high": 1e6, "above": True}, "target_rate": {"low": 0, "high": 1e6, "above": True},
     ("simulate", "rate"): {"low": 0, "high": 1e4, "above": True, "allow_inf": True},
-    "users": {"low": 1, "high": 100_000}, "duration": {"low": 0, "high": 1e6, "above": True},
+    "users": {"low": 1, "high": USERS_MAX}, "duration": {"low": 0, "high": 1e6, "above": True},
     ("demo", "duration"): {"low": 0, "high": 3600, "above": True},
     "warmup": {"low": 0, "high": 1e5}, "timeout": {"low": 0, "high": 1e5, "above": True},
     "workers": {"low": 0, "high": 256}, ("plan", "workers"): {"low": 1, "high": 256},
@@ -38,7 +38,7 @@ LIMITS: dict[str | tuple[str, str], dict] = {
     "max_total_tokens": COUNT, "concurrency": {"low": 1, "high": 1024},
     "max_mean_kl": {"low": 0, "high": 1e6}, "min_token_agreement": {"low": 0, "high": 1},
     "min_exact_match": {"low": 0, "high": 1}, "margin": {"low": 0, "high": 1e3, "above": True},
-    "num_layers": {"low": 1, "high": 100_000}, "max_tokens": {"low": 1, "high": 1 << 24},
+    "num_layers": {"low": 1, "high": 100_000}, "max_tokens": {"low": 1, "high": TOKENS_MAX},
     "group_size": {"low": 1, "high": 1 << 16}, "kv_scrub_pages_per_s": {"low": 0, "high": 1e9},
     "limit": {"low": 1, "high": 1_000_000}, "max_drop": {"low": 0, "high": 100},
 }

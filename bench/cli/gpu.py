@@ -1,7 +1,7 @@
 """`capbench gpu-check`: the one GPU command (engine_patches/gpu_check), imported only when it runs: the rest of the
 CLI needs no torch. The CLI gives the check what only capbench's model knows: the card's catalog entry, each model's
-KV pool on it as a server at TP8 sizes it (bench/model/capacity.py), and which backend SGLang picks and which the
-launch line names (bench/model/backend.py). `capbench gpu-check-merge` adds a run's figures to data/kernels."""
+KV pool on it as a server at TP8 sizes it (bench/model/fits/capacity.py), and which backend SGLang picks and which the
+launch line names (bench/model/fits/backend.py). `capbench gpu-check-merge` adds a run's figures to data/kernels."""
 
 from __future__ import annotations
 

@@ -30,10 +30,13 @@ def sglang_launch(
     The patches reach SGLang's spawned scheduler processes through engine_patches/boot/sitecustomize.py, put first
     on PYTHONPATH, with the options in the CAPBENCH_PATCHES environment variable.
     """
+    from bench.campaign import check_scales
     from bench.cli import attention_check
     from engine_patches.launch import BadLaunch, PatchOptions, launch, server_arguments, validate
 
     args = list(ctx.args)
+    if kv_scales and (wrong := check_scales(kv_scales)) is not None:  # before SGLang loads it on every rank
+        raise BadInput(f"--kv-scales {wrong}")
     try:
         options = PatchOptions(kv_checksum, kv_scrub_pages_per_s, integrity_log, kv_scales, record_kv_amax)
         validate(options, args)

@@ -8,6 +8,7 @@ from dataclasses import replace
 
 import typer
 
+from bench.cli.prices import parse_price, prices_json
 from bench.errors import BadInput
 
 MODEL = typer.Option(..., help="Model id from data/models (e.g. kimi-k2-thinking, glm-4.6).")
@@ -89,6 +90,7 @@ def simulate(
 
     from bench.model import Deployment, catalog, fixed_workload, load_efficiency, load_workload, parse_slo
     from bench.model import simulate as sim
+    from bench.model.serving import sweep as rate_sweep
     from bench.report import terminal
 
     dep = Deployment(catalog.model(model), catalog.gpu(gpu), tp, dp, kv_dtype, weights, context)
@@ -132,8 +134,8 @@ def simulate(
     with Progress(transient=True, disable=as_json) as bar:
         task = bar.add_task("simulating", total=(len(sim.GRID) + 7) * (2 if compare_kv else 1))
         tick = lambda: bar.advance(task)  # noqa: E731
-        sweeps = (sim.compare_kv(dep, wl, target, num_requests, seed, eff, tick, min_seconds) if compare_kv
-                  else [sim.sweep(dep, wl, target, num_requests, seed, eff, tick, min_seconds=min_seconds)])
+        sweeps = (rate_sweep.compare_kv(dep, wl, target, num_requests, seed, eff, tick, min_seconds) if compare_kv
+                  else [rate_sweep.sweep(dep, wl, target, num_requests, seed, eff, tick, min_seconds=min_seconds)])
     if as_json:
         print(json.dumps(_json_safe([{**s.to_dict(), "intervals": terminal.sweep_intervals(dep, s)} for s in sweeps]),
                          indent=2))
@@ -224,7 +226,7 @@ def validate(
 
 
 def _pd_replays(cases) -> list:
-    from bench.model import validate_pd
+    from bench.model.pd import validate as validate_pd
 
     return validate_pd.replay_all(cases)
 
@@ -256,7 +258,9 @@ def plan(
     tp: int = typer.Option(8, help="Your tensor-parallel size (always shown beside the search)."),
     kv_dtype: str = typer.Option("bf16", help="Your KV dtype (always shown)."),
     weights: str = typer.Option("native", help="Your expert weights (always shown)."),
-    price: float = typer.Option(None, help="$ per GPU-hour of --gpu (others: the catalog's indicative prices)."),
+    price: str = typer.Option(None, help="$ per GPU-hour: one figure for --gpu (3.10), or one per GPU "
+                              "(h200=3.10,b200=5.20); a GPU given none is costed at the catalog's indicative price, "
+                              "and the answer says which."),
     context: int = typer.Option(None, help="Context length (default: the model's maximum)."),
     workers: int = typer.Option(None, help="Processes for the search (default: the machine's cores)."),
     pd: bool = typer.Option(True, "--pd/--no-pd", help="Also search prefill/decode disaggregated shapes (wide EP) "
@@ -266,6 +270,11 @@ def plan(
                                         "instance (bench_serving --max-concurrency with the rate): arrivals wait "
                                         "for a free slot and the wait counts in TTFT."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON (every configuration) instead of tables."),
+    details: bool = typer.Option(False, "--details", help="After the answer, the tables: Pareto fronts, each GPU's "
+                                 "best, every configuration and why the rest lost, colocated vs disaggregated."),
+    campaign: str = typer.Option(None, help="Also write a campaign file that measures this answer (FILE.yaml): the "
+                                 "recommended deployment against BF16 KV and the shipped weights, and yours, under "
+                                 "this workload and SLO; check it with `capbench campaign FILE --check`."),
 ) -> None:
     """The deployment search: GPU x tp x DP attention x EP x KV dtype x expert weights x replicas, for a workload,
     SLO and target load. Prints the recommendation, the Pareto fronts, each GPU's best, and why the rest lost;
@@ -276,6 +285,7 @@ def plan(
     from rich.progress import Progress
 
     from bench.model import Question, make_plan, parse_slo
+    from bench.model.answer import make_headline
     from bench.report import terminal, wording
 
     if workload and (input_len or output_len):
@@ -286,36 +296,46 @@ def plan(
         raise BadInput("give both --input-len and --output-len, or neither")
     q = Question(model=model, gpu=gpu, tp=tp, kv_dtype=kv_dtype, weights=weights, context=context,
                  workload=None if input_len else (workload or "chat"), input_tokens=input_len or 2000,
-                 output_tokens=output_len or 500, slo=parse_slo(slo), price_per_gpu_hour=price, target_rate_rps=rate,
+                 output_tokens=output_len or 500, slo=parse_slo(slo), target_rate_rps=rate,
                  search_gpus=tuple(g.strip() for g in gpus.split(",") if g.strip()) if gpus else None,
-                 max_concurrency=max_concurrency)
+                 max_concurrency=max_concurrency, **parse_price(price, gpu))
+    q.check()
     with Progress(transient=True, disable=as_json) as bar:
         task = bar.add_task("sizing", total=None)
         result = make_plan(q, lambda stage, done, total: bar.update(task, description=stage, completed=done,
                                                                    total=total), workers or os.cpu_count() or 1)
+    if campaign:
+        from bench.cli.plan_campaign import write_campaign
+
+        write_campaign(result, campaign)
     versus = None
     if pd:
         with Progress(transient=True, disable=as_json) as bar:
             bar.add_task("searching prefill/decode disaggregated shapes", total=None)
             versus = _versus(result, max_nodes)
+    head = make_headline(result, versus)
     if as_json:
-        print(json.dumps({"question": _question_json(q), "recommended": _row(result.recommended),
+        print(json.dumps({"question": _question_json(q), "headline": _json_safe(head.to_json()),
+                          "recommended": _row(result.recommended),
                           "configurations": [_finite(r) for r in result.rows()], "curves": result.curves(),
                           "notes": result.notes}
                          | ({"disaggregated": _finite(versus.to_json())} if versus else {}), indent=1, default=str))
         return
-    console = Console(width=max(Console().width, 180))
-    rec = result.recommended
-    console.print(f"[bold]{model}[/bold], {q.describe_workload()}, {rate:g} req/s{q.describe_cap()} within "
-                  f"{q.slo.describe()}")
-    if rec:
-        console.print(f"[bold]Cheapest that serves it:[/bold] {rec.label}: {rec.instances_needed} instance(s), "
-                      f"{rec.gpus_needed} GPUs, ${rec.monthly_cost:,.0f} a month, ${rec.usd_per_m_output:,.2f} per 1M "
-                      f"output tokens ({rec.prediction.rate_rps:,.2f} req/s per instance, limited by "
-                      f"{rec.prediction.limited_by})")
-        console.print(wording.interval(rec, q.slo.percentile))
+    width = Console().width
+    for line in wording.headline_lines(head, min(width, 100)):
+        print(line)
+    print(wording.prices(q))  # which GPU is costed at which price: given, or the catalog's
     you = result.chosen
-    if you is not rec and you.serves:  # the deployment asked about (--gpu, --tp, ...), as the Planner shows it
+    if not details:
+        if you is not result.recommended and you.serves:  # the deployment asked about (--gpu, --tp, ...)
+            print(f"Yours: {you.label}: {you.gpus_needed} GPUs, {wording.money(you.monthly_cost)} a month")
+        print("More: --details (the tables, why the rest lost, every launch line) or --json.")
+        return
+    console = Console(width=max(width, 120))
+    rec = result.recommended
+    if rec:
+        console.print(wording.interval(rec, q.slo.percentile))
+    if you is not rec and you.serves:
         console.print(f"[bold]Yours:[/bold] {wording.choice(you, q.slo.percentile)}")
     sim = sorted(result.simulated, key=lambda o: (o.monthly_cost is None, o.monthly_cost or 0))
     console.print(terminal.plan_table([o for o in sim if o.pareto], "Pareto front: output tokens/s per GPU vs tokens/s "
@@ -329,10 +349,14 @@ def plan(
         console.print(f"note: {note}")
     if versus:
         _print_versus(console, versus)
+    if head.kind == "colocated" and len(head.launch) > 1:
+        console.print("Launch commands of the answer, one per node:")
+        for line in head.launch:
+            console.print(line, markup=False, soft_wrap=True)
 
 
 def _versus(result, max_nodes: int):
-    from bench.model import pd_versus
+    from bench.model.pd import versus as pd_versus
 
     return pd_versus.compare(result, max_nodes)
 
@@ -372,4 +396,5 @@ def _row(option) -> dict | None:
 def _question_json(q) -> dict:
     from dataclasses import asdict
 
-    return {k: (v.text() if k == "slo" else v) for k, v in asdict(q).items() if k != "slo"} | {"slo": q.slo.text()}
+    return {k: (v.text() if k == "slo" else v) for k, v in asdict(q).items() if k != "slo"} | {"slo": q.slo.text()} \
+        | {"prices": prices_json(q)}

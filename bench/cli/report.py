@@ -28,7 +28,9 @@ def report(
     target_rate: float = typer.Option(10.0, help="Load to plan for, requests per second."),
     slo: str = typer.Option("ttft=2s,tpot=50ms,p=90", help="SLO: ttft=2s,tpot=50ms[,e2e=30s][,p=50|90|99]; a rate "
                             "meets it when those percentiles do."),
-    price: float = typer.Option(None, help="$ per GPU-hour (default: the catalog's indicative price)."),
+    price: str = typer.Option(None, help="$ per GPU-hour: one figure for --gpu (3.10), or one per GPU "
+                              "(h200=3.10,b200=5.20); the others at the catalog's indicative prices, "
+                              "as the report says."),
     gpus: str = typer.Option(None, help="Comma-separated GPU ids to search (default: every GPU in the catalog)."),
     campaign: str = typer.Option(None, help="Instead: the campaign report (HTML) of this campaign id in --db, or "
                                  "'latest' (what the Campaigns page of `capbench serve` offers for download)."),
@@ -41,6 +43,7 @@ def report(
     from rich.progress import Progress
 
     from bench import report as rep
+    from bench.cli.prices import parse_price
     from bench.model import Question, parse_slo
 
     if campaign:
@@ -55,8 +58,9 @@ def report(
                  tp=int(tp or dep.get("tp", 8)), kv_dtype=kv_dtype or dep.get("kv_dtype", "fp8_e4m3"),
                  weights=weights or dep.get("weights", "native"), context=context,
                  workload=None if input_len else workload, input_tokens=input_len or 2000,
-                 output_tokens=output_len or 500, slo=s, price_per_gpu_hour=price, target_rate_rps=target_rate,
-                 search_gpus=tuple(g.strip() for g in gpus.split(",") if g.strip()) if gpus else None)
+                 output_tokens=output_len or 500, slo=s, target_rate_rps=target_rate,
+                 search_gpus=tuple(g.strip() for g in gpus.split(",") if g.strip()) if gpus else None,
+                 **parse_price(price, gpu or dep.get("gpu", "h200")))
     if fmt not in ("html", "md"):
         raise BadInput(f"--format must be html or md, not {fmt!r}")
     if not Path(out).expanduser().resolve().parent.is_dir():

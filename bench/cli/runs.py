@@ -33,6 +33,14 @@ def run(
     label: str = typer.Option("", help="A label for the run."),
     model: str = typer.Option(None, help="Model name to send (default: the server's first /v1/models entry)."),
     api_key_env: str = typer.Option(None, help="Name of the env var holding the API key (never stored)."),
+    extra_body: str = typer.Option(None, help="A JSON object merged into every request's body (temperature, top_p, "
+                                   "response_format, reasoning_effort, ...)."),
+    header: list[str] = typer.Option(None, help="NAME=env:VAR: a header sent with every request, its value from "
+                                     "the environment (never stored). Repeatable."),
+    also_target: list[str] = typer.Option(None, help="Another server URL (a fleet, a router's backends); "
+                                          "requests are spread over --target and these. Repeatable."),
+    route: str = typer.Option("round-robin", help="With several targets: round-robin (per request) or session "
+                              "(every turn of a session to one target)."),
     slo: str = typer.Option(None, help="SLO for goodput: ttft=2s,tpot=50ms[,e2e=30s] (each request judged alone)."),
     warmup: float = typer.Option(0.0, help="Seconds of warm-up before the measured phase (marked, not counted)."),
     workers: int = typer.Option(0, help="Locust worker processes on this machine (0: one process)."),
@@ -40,7 +48,7 @@ def run(
     master_bind: str = typer.Option("127.0.0.1", help="Address the Locust master listens on (for remote workers)."),
     master_port: int = typer.Option(5557, help="Port the Locust master listens on."),
     seed: int = typer.Option(0, help="Seed of the schedule and the prompts."),
-    api: str = typer.Option(None, help="chat | completions (default: the workload's)."),
+    api: str = typer.Option(None, help="chat | completions | embeddings (default: the workload's)."),
     stream: bool = typer.Option(True, help="Stream responses (SSE); --no-stream for one JSON answer."),
     timeout: float = typer.Option(600.0, help="Seconds one request may take in all."),
     max_inflight: int = typer.Option(None, help="Open loop: Locust users that carry the schedule (default: 20 x "
@@ -70,7 +78,8 @@ def run(
         lengths=(input_len, output_len) if input_len is not None else None, db=db, label=label,
         model=model, api_key_env=api_key_env, slo=parse_slo(slo), warmup_s=warmup, workers=workers,
         expect_workers=expect_workers, master_bind=master_bind, master_port=master_port, seed=seed, api=api,
-        stream=stream, timeout_s=timeout, max_inflight=max_inflight, live=live)
+        stream=stream, timeout_s=timeout, max_inflight=max_inflight, live=live,
+        request_shape=runner.request_shape(extra_body, header or [], also_target or [], route))
     results = runner.run(opts)
     sys.exit(exit_status(results))
 

@@ -1,7 +1,7 @@
 """One evaluation: the suites asked of one endpoint, or of two (A and B) on the same problems, answers stored in the
 DB beside the run (eval_answers, eval_positions), each suite's data named by version and checksum in the run's
 config, and per suite the pass rate with its 90 % interval; with two endpoints the paired difference and the gate
-(bench/model/paired.py)."""
+(bench/model/evidence/paired.py)."""
 
 from __future__ import annotations
 

@@ -1,95 +1,101 @@
-"""What we predict: pure arithmetic on data/ (no DB, no HTTP, no GPU).
+"""What we predict: pure arithmetic on data/ (no DB, no HTTP, no GPU), in layers that import only downwards:
 
-catalog    model and GPU facts from data/ (+ the user's override file)
-backend    SGLang 0.5.23's attention backends: its default, the ones that keep FP8 KV scales, the one a line names
-capacity   SGLang 0.5.23's memory arithmetic: weights per GPU, KV pool tokens, sequences that fit
-formats    routed-expert weight formats (data/expert_formats.yaml): bytes, kernels per GPU arch, checkpoints, accuracy
-format_table  the formats side by side for one model on one GPU (`capbench formats`), priced by one call
-perfmodel  step times of one instance (roofline terms with calibrated efficiencies), and cost
-scheduler  continuous batching on the KV budget, as SGLang's scheduler does it (the twin runs it too)
-workload   request mixes as the simulator draws them
-slo        the SLO: a per-request bound (goodput) and a percentile bound (the highest rate within it)
-simulate   the scheduler in virtual time: one rate, or a sweep to the highest rate within the SLO
-rate       the highest rate one instance serves within the SLO, simulated until it converges
-option     one deployment option: its capacity, its rate within the SLO, its cost
-plan       the search over GPUs, tp, DP attention, EP, KV dtype and expert weights: the recommendation
-corpus     published SGLang measurements (data/measurements)
-validate   the corpus replayed through the model: predicted vs published
-fit        the model's factors fitted to the corpus, with leave-one-source-out error
-curve      a configuration's throughput per GPU against tokens/s per user over concurrency
-interval   80 % intervals on every predicted figure from the corpus's out-of-sample errors, per regime
-calibration the factors and where they come from (data/calibration)
-spec       a deployment on one line: MODEL@GPUxN,key=value
-launch     SGLang command lines for a deployment
-interconnect  DeepEP all-to-all and KV-transfer costs from data/interconnect.yaml
-disagg     prefill/decode disaggregation: what one prefill and one decode instance sustain (wide EP, EPLB)
-pd_search  the search over PD shapes, and the colocated instance it is weighed against
-pd_simulate  a PD deployment in virtual time (prefill queue, transfer, decode queue)
-pd_versus  the plan's colocated answer beside the cheapest PD answer, and why one wins
-disagg_launch  SGLang --disaggregation-mode and router command lines for a PD answer
-validate_pd    the published PD / wide-EP runs replayed through disagg
-confidence 90 % intervals of measured figures from repeats, and of a gain between two deployments
-bootstrap  90 % intervals from one sweep: its stages' requests resampled, and a gain between two cells
-paired     A/B on the same problems: the pass-rate difference with its 90 % interval, McNemar's p, a drop gate
+fits      what fits: catalog, backend (the attention backend SGLang runs), capacity (SGLang's memory arithmetic), spec,
+          formats (routed-expert weight formats: bytes, kernels per GPU arch, checkpoints, accuracy)
+step      what a step costs: perfmodel, kernels + kernel_step (measured kernel tables), calibration, interconnect
+serving   how a server schedules and queues: workload, scheduler, queues, slo, simulate, rate (the one rate search)
+evidence  what the evidence says: corpus, validate, fit, interval, confidence, bootstrap, paired
+advice    what to buy: option, plan, curve, launch, format_table (`capbench formats`), fp8_kv (FP8 KV's pool gain
+          and step cost per backend)
+pd        prefill/decode disaggregation: disagg, search, simulate, interval, versus, launch, validate
+answer    what we answer: the headline (the CLI's first screen, the Planner's top, a report's first section)
+
+Callers outside bench.model import from here or from a layer's package, by the names their __all__ lists.
 """
 
-from bench.model import (
-    backend,
+from bench.model import answer, pd
+from bench.model.advice import (
+    HOURS_PER_MONTH,
+    CampaignFile,
+    Config,
+    Option,
+    Plan,
+    Question,
+    campaign_file,
+    curve,
+    for_plan,
+    format_table,
+    fp8_kv,
+    launch,
+    make_plan,
+    option,
+    plan,
+    prices,
+    workload_names,
+)
+from bench.model.evidence import (
+    Interval,
+    Paired,
+    StageSample,
+    Verdict,
+    behind_said,
     bootstrap,
-    calibration,
-    capacity,
-    catalog,
+    cell_gain,
     confidence,
     corpus,
-    curve,
-    disagg,
-    disagg_launch,
+    drop_gate,
     fit,
-    format_table,
-    formats,
-    interconnect,
+    gain_interval,
+    gain_words,
     interval,
-    launch,
-    pd_search,
-    pd_simulate,
-    pd_versus,
-    perfmodel,
-    plan,
+    mean_interval,
+    paired,
+    paired_difference,
+    stage_sample,
+    validate,
+)
+from bench.model.fits import Capacity, Deployment, Spec, backend, capacity, catalog, formats, parse_spec, spec
+from bench.model.serving import (
+    Point,
+    Prediction,
+    Request,
+    Scheduler,
+    Slo,
+    Sweep,
+    Workload,
+    fixed_workload,
+    load_workload,
+    parse_slo,
+    queues,
     rate,
     scheduler,
+    search_rate,
     simulate,
     slo,
-    spec,
-    validate,
-    validate_pd,
+    within_slo,
     workload,
 )
-from bench.model.bootstrap import StageSample, cell_gain, stage_sample
-from bench.model.calibration import Efficiency, load_efficiency
-from bench.model.capacity import Capacity, Deployment
-from bench.model.confidence import Interval, behind_said, gain_interval, gain_words, mean_interval
-from bench.model.option import HOURS_PER_MONTH, Config, Option
-from bench.model.paired import Paired, Verdict, drop_gate, paired_difference
-from bench.model.perfmodel import PerfModel, usd_per_million
-from bench.model.plan import Plan, Question, make_plan, workload_names
-from bench.model.rate import Prediction, search_rate, within_slo
-from bench.model.scheduler import Request, Scheduler
-from bench.model.simulate import Point, Sweep
-from bench.model.slo import Slo, parse_slo
-from bench.model.spec import Spec, parse_spec
-from bench.model.workload import Workload, fixed_workload, load_workload
+from bench.model.step import (
+    Efficiency,
+    PerfModel,
+    calibration,
+    interconnect,
+    kernels,
+    load_efficiency,
+    perfmodel,
+    usd_per_million,
+)
 
 __all__ = [
-    "Paired", "Verdict", "drop_gate", "paired_difference",
-    "backend", "calibration", "capacity", "catalog", "corpus", "curve", "fit", "interval", "launch", "perfmodel",
-    "plan", "rate",
-    "scheduler", "simulate", "slo", "spec", "validate", "workload", "Efficiency", "load_efficiency",
-    "Capacity", "Deployment", "HOURS_PER_MONTH", "Config", "Option", "PerfModel", "Plan", "Question", "make_plan",
-    "workload_names", "Prediction", "search_rate", "within_slo",
-    "Request", "Scheduler", "Point", "Sweep", "Slo", "parse_slo",
-    "Spec", "parse_spec", "Workload", "fixed_workload", "load_workload", "usd_per_million",
-    "disagg", "disagg_launch", "format_table", "formats", "interconnect", "pd_search", "pd_simulate", "pd_versus",
-    "validate_pd",
-    "confidence", "Interval", "behind_said", "gain_interval", "gain_words", "mean_interval",
-    "bootstrap", "StageSample", "cell_gain", "stage_sample",
+    "answer", "pd", "format_table", "formats", "backend", "calibration", "capacity", "catalog", "corpus", "curve",
+    "fit", "interval", "launch",
+    "option",
+    "perfmodel", "plan", "rate", "scheduler", "simulate", "slo", "spec", "validate", "workload", "interconnect",
+    "queues", "confidence", "bootstrap", "paired", "kernels", "fp8_kv", "campaign_file", "CampaignFile", "for_plan",
+    "prices",
+    "Efficiency", "load_efficiency", "Capacity", "Deployment", "HOURS_PER_MONTH", "Config", "Option", "PerfModel",
+    "Plan", "Question", "make_plan", "workload_names", "Prediction", "search_rate", "within_slo", "Request",
+    "Scheduler", "Point", "Sweep", "Slo", "parse_slo", "Spec", "parse_spec", "Workload", "fixed_workload",
+    "load_workload", "usd_per_million", "Interval", "behind_said", "gain_interval", "gain_words", "mean_interval",
+    "StageSample", "cell_gain", "stage_sample", "Paired", "Verdict", "drop_gate", "paired_difference",
 ]

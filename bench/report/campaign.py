@@ -4,7 +4,7 @@ measured and predicted. One function makes the figures (campaign_matrix), one th
 the CLI, the HTML page and the dashboard's Campaigns page all show those tables.
 
 Rates are requests/s of the deployment's own GPUs (a twin's are divided by its time scale); $ per 1M output tokens
-is usd_per_million (bench/model/perfmodel.py) at the output tokens/s of that rate, the catalog's $/GPU-hour.
+is usd_per_million (bench/model/step/perfmodel.py) at the output tokens/s of that rate, the catalog's $/GPU-hour.
 """
 
 from __future__ import annotations
@@ -82,13 +82,36 @@ def _gains(cells: list[dict]) -> list[dict]:
         g = cell_gain(c, base)  # with repeats, the ratio of geometric means
         measured = g.value if g else _ratio(c["measured_rps"], base["measured_rps"])
         predicted = _ratio(c.get("predicted_rps"), base.get("predicted_rps"))
-        out.append({"deployment": dep, "baseline": base["deployment"], "load": load, "what": _what_differs(c, base),
-                    "measured_gain": measured, "predicted_gain": predicted,
-                    "gain_interval": [g.low, g.high] if g else [None, None], "gain_method": g.method if g else "",
-                    "verdict": gain_words(g),
-                    "twin_behind": max(c.get("twin_behind") or 0.0, base.get("twin_behind") or 0.0) or None,
-                    "error": measured / predicted - 1 if measured and predicted else None})
+        row = {"deployment": dep, "baseline": base["deployment"], "load": load, "what": _what_differs(c, base),
+               "measured_gain": measured, "predicted_gain": predicted,
+               "gain_interval": [g.low, g.high] if g else [None, None], "gain_method": g.method if g else "",
+               "verdict": gain_words(g),
+               "twin_behind": max(c.get("twin_behind") or 0.0, base.get("twin_behind") or 0.0) or None,
+               "error": measured / predicted - 1 if measured and predicted else None}
+        out.append(_too_busy(row))
     return out
+
+
+def half_width(g: dict) -> float | None:
+    """A gain's interval's half-width as a share of the gain (its wider side), None without an interval."""
+    lo, hi = (g.get("gain_interval") or [None, None])[:2]
+    v = g.get("measured_gain")
+    return None if lo is None or hi is None or not v else max(hi - v, v - lo) / v
+
+
+def _too_busy(g: dict) -> dict:
+    """A gain whose twin fell further behind its modelled pace (a share of a stage's time) than the gain's interval
+    is wide, or past TWIN_BEHIND_OK where it has no interval, measured this host's CPU more than the change: it is
+    "not measured: host too busy", with no gain, interval or error to quote (what was seen stays in seen_gain)."""
+    lag, half = g.get("twin_behind"), half_width(g)
+    if not behind_said(lag) or g.get("measured_gain") is None or (half is not None and lag <= half):
+        return g
+    allowed = f"its interval's half-width, {half:.0%}" if half is not None else "what a gain without an interval " \
+        "allows"
+    return {**g, "seen_gain": g["measured_gain"], "seen_interval": g["gain_interval"], "measured_gain": None,
+            "gain_interval": [None, None], "error": None, "busy": True,
+            "verdict": f"not measured: host too busy (a twin fell {lag:.0%} of a stage behind its modelled pace, more "
+                       f"than {allowed}; {g['measured_gain']:.2f}x seen; measure again on a quiet host)"}
 
 
 def gain_said(g: dict) -> str:
@@ -97,6 +120,8 @@ def gain_said(g: dict) -> str:
     lo, hi = (g.get("gain_interval") or [None, None])[:2]
     how = f" ({g['gain_method']})" if lo is not None and hi is not None and g.get("gain_method") else ""
     lag = g.get("twin_behind")
+    if g.get("busy"):
+        return g["verdict"]
     behind = (f"; a twin fell {lag:.0%} of a stage behind its modelled pace in these cells (this host's CPU, not the "
               "modelled GPUs): less sure than its interval says, measure again on a quiet host") if behind_said(lag) \
         else ""
@@ -108,7 +133,7 @@ def _f(v: float | None, spec: str = ".3g", suffix: str = "") -> str:
 
 
 def _predicted(c: dict) -> str:
-    """The model's rate with its 80 % interval (bench/model/interval.py), as the plan shows it."""
+    """The model's rate with its 80 % interval (bench/model/evidence/interval.py), as the plan shows it."""
     lo, hi = c.get("predicted_rps_low"), c.get("predicted_rps_high")
     return _f(c.get("predicted_rps")) + (f" ({lo:.3g}-{hi:.3g})" if lo is not None and hi is not None else "")
 
@@ -153,7 +178,8 @@ def campaign_sections(m: Matrix, detail: bool = False) -> list[tuple[str, list[s
               (c.get("saturation") or _first_line(c.get("error"))) + _behind(c)]
              for c in m.cells]
     gains = [[g["deployment"], g["baseline"], g["load"], g["what"],
-              _fi(g["measured_gain"], g.get("gain_interval"), ".2f", "x"), gain_said(g),
+              "not measured" if g.get("busy") else _fi(g["measured_gain"], g.get("gain_interval"), ".2f", "x"),
+              gain_said(g),
               _f(g["predicted_gain"], ".2f", "x"), _f(g["error"] and g["error"] * 100, "+.0f", " %")]
              for g in m.gains]
     with_quality = any("quality" in g for g in m.gains)
@@ -195,8 +221,9 @@ QUALITY_HEAD = "quality vs the baseline (B - A points [90 %], problems, gate: no
 
 def headline(g: dict) -> str:
     """'FP8 KV: 1.52x [1.46-1.60] at saturation; HumanEval -0.6 points [-2.4, +1.2] (n=164, passed)'."""
-    gain = _fi(g["measured_gain"], g.get("gain_interval"), ".2f", "x")
-    return f"{g.get('change', g['what'])}: {gain} at saturation; {g.get('quality') or 'quality not measured'}"
+    gain = "not measured: host too busy" if g.get("busy") else \
+        _fi(g["measured_gain"], g.get("gain_interval"), ".2f", "x") + " at saturation"
+    return f"{g.get('change', g['what'])}: {gain}; {g.get('quality') or 'quality not measured'}"
 
 
 def _conditions(c: dict) -> list[str]:

@@ -6,9 +6,13 @@ st.altair_chart. Time-series charts take an x domain so several of them share on
 
 from __future__ import annotations
 
+import sys
+
 import altair as alt
 import numpy as np
 import pandas as pd
+
+from bench.report import static_charts
 
 WIDTH = 560
 CONFIG_COLORS = alt.Scale(scheme="tableau10")
@@ -179,11 +183,21 @@ def integrity_bars(df: pd.DataFrame, title: str = "KV pages checksummed, verifie
     ).properties(title=title, width=WIDTH - 160, height=alt.Step(14))
 
 
+_said_static: list[bool] = []
+
+
 def to_svg(chart: alt.TopLevelMixin) -> str:
-    """Static SVG of a chart, made offline by vl-convert (no scripts, no CDN)."""
+    """Static SVG of a chart, made offline by vl-convert (no scripts, no CDN); under an address-space limit that
+    vl-convert's V8 cannot start in, drawn by matplotlib instead, captioned so (bench/report/static_charts.py)."""
+    spec = chart.to_dict()
+    if not static_charts.v8_usable():
+        if not _said_static:
+            _said_static.append(True)
+            print(f"capbench: report charts {static_charts.NOTE}; drawn by matplotlib instead", file=sys.stderr,
+                  flush=True)
+        return static_charts.to_svg(spec)
     import vl_convert as vlc
 
-    spec = chart.to_dict()
     # text is measured with vl-convert's fonts but drawn with the reader's: leave room for wider ones
     spec["padding"] = {"left": 40, "right": 60, "top": 5, "bottom": 5}
     return vlc.vegalite_to_svg(spec)

@@ -18,6 +18,8 @@ import pandas as pd
 from bench.errors import BadInput
 from bench.model import Option, Plan, Question, capacity, catalog, format_table, make_plan
 from bench.model import launch as sglang_cmd
+from bench.model.answer import Headline, make_headline
+from bench.model.pd import versus as pd_versus
 from bench.report import charts, load, plancharts, wording
 from bench.report.predicted import STEADY_REQUESTS, measured_vs_predicted
 from bench.store import Store, identity, runinfo
@@ -45,6 +47,7 @@ class Report:
     load: pd.DataFrame | None = None  # latency against load (load.predicted / load.measured rows)
     formats: list = field(default_factory=list)  # format_table.FormatRow per expert format, on the question's GPU
     generated_at: float = field(default_factory=time.time)
+    headline: Headline | None = None  # the answer, as the CLI's first screen and the Planner's top give it
 
     @property
     def measured(self) -> bool:
@@ -111,6 +114,7 @@ def build(q: Question, db: str | Path | None = None, run_ids: list[str] | None =
     plan = make_plan(q, progress=(lambda *_: progress()) if progress else None, workers=workers)
     others = [o for o in gpu_bests(plan) if o is not (plan.recommended or plan.chosen)] if other_gpus else []
     report = Report(plan, str(db) if db else None, why, measured, drift, others)
+    report.headline = make_headline(plan, pd_versus.compare(plan))
     report.load = latency_load(report, db)
     report.formats = format_table.rows(q.model, q.gpu, q.tp, q.kv_dtype, q.request_mix(), slo, q.context,
                                        q.price_per_gpu_hour)
@@ -175,10 +179,12 @@ def compared(plan: Plan) -> tuple[list[Option], list[dict]]:
 def answer_lines(r: Report) -> list[str]:
     plan = r.plan
     rec = plan.recommended
-    lines = [wording.recommendation(plan)]
+    head = r.headline or make_headline(plan)
+    lines = wording.headline_lines(head, width=10**6, launch=False)
     if rec is None:
         return lines
-    lines += [sentence + "." for sentence in wording.savings(plan, r.drift)]
+    lines += [wording.quality(r.drift, plan.question.model, what) + "." for what, used in
+              (("fp8 KV", rec.kv_dtype != "bf16"), ("int4 experts", "int4" in wording.experts(rec))) if used]
     you = plan.chosen
     if you is not rec and you.serves:
         lines.append(f"Your choice, {wording.choice(you, plan.question.slo.percentile)}.")

@@ -73,15 +73,19 @@ def latency_chart(df: pd.DataFrame, figure: str, bound: float | None, title: str
     top = max([float(shown.value.max()) if len(shown) else 1.0, float(df.high.max()) if df.high.notna().any() else 0,
                bound or 0]) * 1.5
     df = df.assign(value=df.value.fillna(top))  # a cut-off stage: at the top
-    color = alt.Color("deployment:N", legend=alt.Legend(orient="top", title=None))
+    color = alt.Color("deployment:N", legend=alt.Legend(orient="top", title=None, symbolOpacity=1))
     x = alt.X("rate:Q", title="offered rate (req/s of the modelled GPUs)")
     y = alt.Y("value:Q", title=figure, scale=alt.Scale(type="log"))
-    tip = ["deployment", "source", alt.Tooltip("rate:Q", format=",.3g"), alt.Tooltip("value:Q", format=",.3g"),
-           "verdict", "detail"]
+    tip = [alt.Tooltip("deployment:N", title="deployment"), alt.Tooltip("source:N", title="measured or predicted"),
+           alt.Tooltip("rate:Q", format=",.3g", title="offered rate (req/s)"),
+           alt.Tooltip("value:Q", format=",.3g", title=figure), alt.Tooltip("verdict:N", title="stage"),
+           alt.Tooltip("detail:N", title="detail")]
     pred = df[df.source == "predicted"]
     layers = [
-        alt.Chart(pred).mark_area(opacity=0.15).encode(
-            x=x, y=alt.Y("low:Q", title=figure, scale=alt.Scale(type="log")), y2="high:Q", color=color),
+        # the band on its own channel without a legend: sharing the colour legend washed its swatches out
+        alt.Chart(pred).mark_area(opacity=0.18).encode(
+            x=x, y=alt.Y("low:Q", title=figure, scale=alt.Scale(type="log")), y2="high:Q",
+            fill=alt.Fill("deployment:N", legend=None)),
         alt.Chart(pred).mark_line(strokeDash=[6, 3]).encode(x=x, y=y, color=color, tooltip=tip),
         alt.Chart(df[df.source == "measured"]).mark_point(size=70, filled=True).encode(
             x=x, y=y, color=color, tooltip=tip,
@@ -95,7 +99,8 @@ def latency_chart(df: pd.DataFrame, figure: str, bound: float | None, title: str
                    alt.Chart(slo).mark_text(align="left", dx=4, dy=-6, color="#d62728").encode(
                        y="value:Q", x=alt.value(0), text="label:N")]
     sub = "points: measured stages; dashed: predicted, band: its 80 % interval; red: the SLO"
-    return alt.layer(*layers).properties(title=alt.Title(title, subtitle=sub), width=520, height=260)
+    return alt.layer(*layers).resolve_scale(fill="independent").properties(title=alt.Title(title, subtitle=sub),
+                                                                          width=520, height=260)
 
 
 def campaign_curves(cells: list[dict]) -> list[tuple[str, alt.Chart]]:

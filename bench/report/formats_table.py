@@ -39,6 +39,8 @@ def notes(rows: list[format_table.FormatRow]) -> list[str]:
     out += [f"- {r.format}: {r.why_not}" for r in rows if r.why_not]
     out.append("Kernels (under the installed sglang package):")
     out += [f"- {r.format}: {r.kernel} ({r.kernel_file})" for r in rows if r.kernel_file]
+    out.append("Priced by:")
+    out += [f"- {r.format}: {r.priced.method}" for r in rows if r.priced]
     out.append("Accuracy evidence:")
     out += [f"- {r.format}: {r.accuracy}" for r in rows]
     return out

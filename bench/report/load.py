@@ -34,18 +34,20 @@ def predicted(dep: Deployment, wl: Workload, slo: Slo, best: Prediction, request
 
 def measured(con: duckdb.DuckDBPyConnection, run_ids: list[str], slo: Slo) -> pd.DataFrame:
     """One point per run: its offered rate (the profile's, else the achieved one), achieved rate, and TTFT/TPOT
-    at the SLO's percentile, in the modelled GPUs' time."""
-    q = slo.percentile
+    at the SLO's percentile, in the modelled GPUs' time; within_slo judged by the run's own SLO where it recorded
+    one (a campaign stage's), else by `slo` (runinfo.summary)."""
     rows = []
     for r in run_ids:
         s, c = runinfo.summary(con, r, slo), runinfo.run_deployment(con, r)
+        judged = s["slo"] or slo
+        q = judged.percentile
         ttft, tpot = s.get(f"ttft_p{q}"), s.get(f"tpot_p{q}")
         if ttft is None or s["achieved_rate_rps"] is None:
             continue
         offered = (c.get("offered_rps") or c.get("rate") or 0) / s["time_scale"] or s["achieved_rate_rps"]
         rows.append({"source": "measured", "offered_rps": offered, "achieved_rps": s["achieved_rate_rps"],
                      "ttft_ms": ttft * 1e3, "tpot_ms": None if tpot is None else tpot * 1e3,
-                     "within_slo": _within(slo, ttft, tpot), "run": r})
+                     "within_slo": _within(judged, ttft, tpot, s.get(f"e2e_p{q}")), "run": r})
     return pd.DataFrame(rows, columns=COLUMNS)
 
 
@@ -75,6 +77,7 @@ def highest_within(df: pd.DataFrame) -> dict[str, float | None]:
             for src, g in df.groupby("source")}
 
 
-def _within(slo: Slo, ttft: float | None, tpot: float | None) -> bool:
+def _within(slo: Slo, ttft: float | None, tpot: float | None, e2e: float | None = None) -> bool:
     return (slo.ttft_s is None or (ttft is not None and ttft <= slo.ttft_s)) and \
-        (slo.tpot_s is None or tpot is None or tpot <= slo.tpot_s)
+        (slo.tpot_s is None or tpot is None or tpot <= slo.tpot_s) and \
+        (slo.e2e_s is None or (e2e is not None and e2e <= slo.e2e_s))

@@ -1,10 +1,11 @@
-"""Colocated vs disaggregated in words and a table (bench/model/pd_versus.py's Versus), for the CLI and the report."""
+"""Colocated vs disaggregated in words and a table (bench/model/pd/versus.py's Versus), for the CLI and the report."""
 
 from __future__ import annotations
 
 from rich.table import Table
 
-from bench.model import disagg_launch, pd_versus
+from bench.model.pd import launch as disagg_launch
+from bench.model.pd import versus as pd_versus
 
 
 def _money(x: float | None) -> str:
@@ -87,7 +88,7 @@ def launch_lines(v: pd_versus.Versus) -> list[str]:
 
 
 def validation_table(replays: list) -> Table:
-    """The disaggregated cases: phase, published figure, predicted, error (bench/model/validate_pd.py)."""
+    """The disaggregated cases: phase, published figure, predicted, error (bench/model/pd/validate.py)."""
     t = Table(title="Prefill/decode disaggregated, wide-EP published runs: published vs predicted (apart from the "
               "colocated corpus)")
     for col in ("case", "phase", "GPUs", "figure", "published", "predicted", "error", "note"):

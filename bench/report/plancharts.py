@@ -43,8 +43,9 @@ def latency_vs_load(df: pd.DataFrame, slo: Slo, title: str = "Latency against lo
                                                                              strict=True) if x in set(df.source)]),
                         legend=alt.Legend(orient="top", title=None)),
         order="x:Q", detail="source:N",
-        tooltip=["source", "run", alt.Tooltip("x:Q", format=",.2f", title="req/s"),
-                 alt.Tooltip("ms:Q", format=",.1f", title="ms")])
+        tooltip=[alt.Tooltip("source:N", title="measured or predicted"), alt.Tooltip("run:N", title="run"),
+                 alt.Tooltip("x_kind:N", title="x axis"), alt.Tooltip("x:Q", format=",.2f", title="rate (req/s)"),
+                 alt.Tooltip("metric:N", title="figure"), alt.Tooltip("ms:Q", format=",.1f", title="latency (ms)")])
     rule = base.transform_filter("isValid(datum.slo_ms)").mark_rule(color="#e45756", strokeDash=[6, 3]).encode(
         y="mean(slo_ms):Q")
     ring = base.transform_filter("datum.best").mark_point(size=220, shape="circle", strokeWidth=2.5,
@@ -73,8 +74,10 @@ def _points(rows: pd.DataFrame, x: str, y: str, x_title: str, y_title: str, fron
         **enc, color=alt.Color("variant:N", scale=VARIANT, legend=alt.Legend(orient="bottom", title=None,
                                                                              columns=1, labelLimit=400)),
         shape=alt.Shape("gpu:N", legend=alt.Legend(orient="bottom", title="GPU")),
-        tooltip=["config", alt.Tooltip(f"{x}:Q", format=",.2f", title=x_title),
-                 alt.Tooltip(f"{y}:Q", format=y_fmt, title=y_title), "gpus_needed", "limited_by"])
+        tooltip=[alt.Tooltip("config:N", title="configuration"), alt.Tooltip(f"{x}:Q", format=",.2f", title=x_title),
+                 alt.Tooltip(f"{y}:Q", format=y_fmt, title=y_title),
+                 alt.Tooltip("gpus_needed:Q", format=",.0f", title="GPUs for the target load"),
+                 alt.Tooltip("limited_by:N", title="limited by")])
     edge = base.transform_filter(f"datum.{front}").mark_line(color="#888", strokeDash=[4, 3]).encode(
         **enc, order=f"{x}:Q")
     rec = base.transform_filter("datum.recommended").mark_point(size=400, color="#e45756", strokeWidth=3).encode(
@@ -111,8 +114,10 @@ def gpu_comparison(rows: pd.DataFrame, target_rps: float) -> alt.Chart:
         x=alt.X("monthly_cost:Q", title=f"monthly cost for {target_rps:g} req/s ($)",
                 scale=alt.Scale(domain=[0, float(d.monthly_cost.max()) * 2.2]), axis=alt.Axis(format="$,.0f")),
         color=alt.condition("datum.recommended", alt.value("#e45756"), alt.value("#4c78a8")),
-        tooltip=["config", alt.Tooltip("monthly_cost:Q", format="$,.0f"), "gpus_needed",
-                 alt.Tooltip("usd_per_m_output:Q", format="$,.2f")])
+        tooltip=[alt.Tooltip("config:N", title="configuration"),
+                 alt.Tooltip("monthly_cost:Q", format="$,.0f", title="$ a month"),
+                 alt.Tooltip("gpus_needed:Q", format=",.0f", title="GPUs"),
+                 alt.Tooltip("usd_per_m_output:Q", format="$,.2f", title="$ per 1M output tokens")])
     text = bars.mark_text(align="left", dx=4, color="black").encode(text="label:N", color=alt.value("black"))
     return (bars + text).properties(title="Each GPU at its cheapest configuration for the target load", width=380,
                                     height=alt.Step(30))
@@ -121,34 +126,54 @@ def gpu_comparison(rows: pd.DataFrame, target_rps: float) -> alt.Chart:
 def curves(c: dict) -> alt.Chart:
     """plan.curves(): each configuration's output tokens/s per GPU against tokens/s per user over concurrency, with
     its 80 % band (throughput), the SLO's tokens/s per user as a dashed red line, the corpus's published points of
-    the same configurations as black crosses, and the Pareto front over all curves' points in grey."""
+    the same configurations as black crosses (the subtitle says when the corpus has none), and the Pareto front
+    over all curves' points in grey. The legend shows each configuration's line at full strength, not its faint
+    band; the axes span the points, not a log scale's rounded decades."""
     pts = pd.DataFrame(c["points"], columns=["config", "concurrency", "tps_per_gpu", "tps_per_user", "tps_per_gpu_low",
                                              "tps_per_gpu_high", "tps_per_user_low", "tps_per_user_high", "ttft_s",
                                              "pareto"])
-    enc = {"x": alt.X("tps_per_user:Q", title="tokens/s per user (1 / median TPOT)", scale=alt.Scale(type="log")),
-           "y": alt.Y("tps_per_gpu:Q", title="output tokens/s per GPU", scale=alt.Scale(zero=False))}
-    color = alt.Color("config:N", scale=VARIANT, legend=alt.Legend(orient="bottom", title=None, columns=1,
-                                                                   labelLimit=400))
+    published = pd.DataFrame(c.get("published") or [], columns=["config", "case", "concurrency", "sglang_version",
+                                                                 "tps_per_gpu", "tps_per_user"])
+    xs = pd.concat([pts.tps_per_user, published.tps_per_user, pd.Series([c.get("slo_tps_per_user")])]).dropna()
+    xs = xs[xs > 0]
+    domain = [float(xs.min()) / 1.25, float(xs.max()) * 1.25] if len(xs) else None
+    enc = {"x": alt.X("tps_per_user:Q", title="tokens/s per user (1 / median TPOT)",
+                      scale=alt.Scale(type="log", domain=domain, nice=False) if domain else alt.Scale(type="log")),
+           "y": alt.Y("tps_per_gpu:Q", title="output tokens/s per GPU", scale=alt.Scale(zero=True))}
+    legend = alt.Legend(orient="bottom", title=None, columns=1, labelLimit=400, symbolType="stroke",
+                        symbolStrokeWidth=4, symbolOpacity=1, symbolSize=300)
+    color = alt.Color("config:N", scale=VARIANT, legend=legend)
     base = alt.Chart(pts)
-    band = base.mark_area(opacity=0.15).encode(x=enc["x"], y="tps_per_gpu_low:Q", y2="tps_per_gpu_high:Q",
-                                               color=color, order="concurrency:Q")
+    # no order channel on the band: with one, Vega-Lite draws no area at all (the band is sorted by x)
+    # its own channel (fill, no legend): a band sharing the lines' colour legend turned its swatches near-white
+    band = base.mark_area(opacity=0.18).encode(x=enc["x"], y="tps_per_gpu_low:Q", y2="tps_per_gpu_high:Q",
+                                               fill=alt.Fill("config:N", scale=VARIANT, legend=None))
     lines = base.mark_line(point=alt.OverlayMarkDef(size=40)).encode(
         **enc, color=color, order="concurrency:Q",
-        tooltip=["config", "concurrency", alt.Tooltip("tps_per_gpu:Q", format=",.0f"),
-                 alt.Tooltip("tps_per_gpu_low:Q", format=",.0f", title="80 % low"),
-                 alt.Tooltip("tps_per_gpu_high:Q", format=",.0f", title="80 % high"),
-                 alt.Tooltip("tps_per_user:Q", format=",.1f"), alt.Tooltip("ttft_s:Q", format=",.2f")])
+        tooltip=[alt.Tooltip("config:N", title="configuration"),
+                 alt.Tooltip("concurrency:Q", format=",d", title="requests in flight"),
+                 alt.Tooltip("tps_per_gpu:Q", format=",.0f", title="output tokens/s per GPU"),
+                 alt.Tooltip("tps_per_gpu_low:Q", format=",.0f", title="80 % interval: low"),
+                 alt.Tooltip("tps_per_gpu_high:Q", format=",.0f", title="80 % interval: high"),
+                 alt.Tooltip("tps_per_user:Q", format=",.1f", title="tokens/s per user"),
+                 alt.Tooltip("ttft_s:Q", format=",.2f", title="median TTFT (s)")])
     edge = base.transform_filter("datum.pareto").mark_line(color="#888", strokeDash=[4, 3]).encode(
         **enc, order="tps_per_user:Q")
     layers = [band, lines, edge]
     if c.get("slo_tps_per_user"):
         layers.append(alt.Chart(pd.DataFrame({"x": [c["slo_tps_per_user"]]})).mark_rule(
             color="#e45756", strokeDash=[6, 3]).encode(x="x:Q"))
-    if c.get("published"):
-        layers.append(alt.Chart(pd.DataFrame(c["published"])).mark_point(shape="cross", size=120, color="black",
-                                                                         filled=True).encode(
-            **enc, tooltip=["config", "case", "concurrency", "sglang_version"]))
-    return alt.layer(*layers).properties(title=alt.TitleParams(
+    if len(published):
+        layers.append(alt.Chart(published).mark_point(shape="cross", size=120, color="black", filled=True).encode(
+            **enc, tooltip=[alt.Tooltip("config:N", title="configuration"),
+                            alt.Tooltip("case:N", title="published case"),
+                            alt.Tooltip("concurrency:Q", format=",d", title="requests in flight"),
+                            alt.Tooltip("sglang_version:N", title="SGLang version"),
+                            alt.Tooltip("tps_per_gpu:Q", format=",.0f", title="output tokens/s per GPU"),
+                            alt.Tooltip("tps_per_user:Q", format=",.1f", title="tokens/s per user")]))
+    crosses = ("Black crosses: published runs of the same configuration." if len(published) else
+               "The corpus has no published run of these configurations to draw beside them.")
+    return alt.layer(*layers).resolve_scale(fill="independent").properties(title=alt.TitleParams(
         "Throughput per GPU against speed per user, over concurrency", subtitle=[
             "Shaded: 80 % interval. Dashed red: the SLO's tokens/s per user. Dashed grey: the Pareto front over "
-            "every curve. Black crosses: published runs of the same configuration."]), width=520, height=320)
+            "every curve.", crosses]), width=520, height=320)

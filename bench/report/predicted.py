@@ -20,7 +20,8 @@ def measured_vs_predicted(con: duckdb.DuckDBPyConnection, run_id: str, slo: Slo 
     """The run's measured throughput and latencies beside `capbench simulate`'s replay of it: the same deployment,
     workload (its named mix, else fixed lengths at its measured means), rate (the profile's, else the achieved
     one) and number of requests, so a short run is compared with an equally short simulation; error = predicted /
-    measured - 1; low, high: the prediction's 80 % interval (bench/model/interval.py; output tokens/s only where
+    measured - 1; low, high: the prediction's 80 % interval (bench/model/evidence/interval.py; output tokens/s only
+    where
     the replay runs at capacity: below it the offered load is served whatever the error) and whether the measured
     figure lies inside. out["steady"] is False for runs under STEADY_REQUESTS requests."""
     s = runinfo.summary(con, run_id, slo)  # in the modelled GPUs' time, as the prediction

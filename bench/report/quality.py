@@ -1,5 +1,6 @@
 """Quality as the reports and the Quality page show it: pass rates with their 90 % intervals, and B against A on
-the same problems (bench/model/paired.py) grouped by model family and by what changed, from `capbench eval` runs
+the same problems (bench/model/evidence/paired.py) grouped by model family and by what changed, from `capbench eval`
+runs
 with two targets and from campaign cells that carried an eval stage (each against its baseline's)."""
 
 from __future__ import annotations

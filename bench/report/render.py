@@ -11,6 +11,7 @@ from pathlib import Path
 from bench import __version__
 from bench.errors import BadInput
 from bench.model import catalog, fit, interval
+from bench.report import wording
 from bench.report.content import Report, answer_lines, chart_svgs, launch, tables
 from bench.report.wording import question_text
 from bench.store import replacing
@@ -109,10 +110,12 @@ def _method(r: Report) -> list[str]:
         _intervals(),
         f"Search: {len(r.plan.options)} configurations (GPU, tp, DP attention, EP, KV dtype, expert weights) sized, "
         f"{len(r.plan.simulated)} simulated; the recommendation serves the target load for the least money.",
-        f"Prices: ${q.price:.2f} per GPU-hour for {q.gpu}"
-        + (" (indicative list price from data/gpus.yaml: use your own quote)" if q.price_per_gpu_hour is None
-           else " (given)") + "; other GPUs at the catalog's indicative prices; a month is 730 hours.",
-        "Not modelled: prefill/decode disaggregation, failures and headroom: add your own margin (20-30 % is common).",
+        f"Prices: {wording.prices(q)} (indicative list prices from data/gpus.yaml: use your own quotes, "
+        "capbench plan --price h200=3.10,b200=5.20); a month is 730 hours.",
+        "Prefill/decode disaggregation: the cheapest PD shape is weighed against the colocated answer (the answer "
+        "above names the winner); its figures come from an analytic model checked against a handful of published PD "
+        "runs, not a calibrated interval.",
+        "Not modelled: failures and headroom: add your own margin (20-30 % is common).",
     ]
 
 
@@ -122,9 +125,14 @@ def _head(title: str) -> str:
 
 
 def to_html(r: Report) -> str:
-    q = r.plan.question
-    title = f"Capacity report: {catalog.model(q.model).name} on {catalog.gpu(q.gpu).name}"
+    title = _title(r)
     return "\n".join([_head(f"capbench {title}"), *_body(r, title), "</body></html>"])
+
+
+def _title(r: Report) -> str:
+    """The model and the load asked about: the answer may be on another GPU than the one asked about."""
+    q = r.plan.question
+    return f"Capacity report: {catalog.model(q.model).name} at {q.target_rate_rps:g} req/s"
 
 
 def to_html_many(reports: list[Report]) -> str:
@@ -138,7 +146,7 @@ def to_html_many(reports: list[Report]) -> str:
     parts = [_head(f"capbench {title}"), *index, "</ul>"]
     for r, name in zip(reports, names, strict=True):
         parts += [f"<section id='{_e(r.plan.question.model)}'>",
-                  *_body(r, f"{name} on {catalog.gpu(r.plan.question.gpu).name}"), "</section>"]
+                  *_body(r, f"{name} at {r.plan.question.target_rate_rps:g} req/s"), "</section>"]
     return "\n".join([*parts, "</body></html>"])
 
 
@@ -182,13 +190,55 @@ def _body(r: Report, title: str) -> list[str]:
     if r.drift is not None and not r.drift.empty:
         parts += ["<h2>Quality drift (capbench drift runs)</h2>", _html_table(*_drift_rows(r))]
     parts += ["<h2>Launch commands (SGLang 0.5.23 with capbench's patches)</h2>"]
+    head = r.headline
+    if head is not None and head.kind == "disaggregated":
+        parts += ["<p>The answer, prefill/decode disaggregated (one line per node, then the router):</p>",
+                  "<pre>" + _e("\n".join(head.launch)) + "</pre>",
+                  "<p>The colocated runner-up:</p>"]
     if single:
         parts += ["<p>One node:</p>", f"<pre>{_e(single)}</pre>"]
     parts += ["<p>One instance over several nodes (run one line on each node):</p>",
               "<pre>" + _e("\n".join(multi)) + "</pre>", "<ul>" + "".join(f"<li>{_e(n)}</li>" for n in notes)
-              + "</ul>", "<h2>How these numbers were made</h2>",
+              + "</ul>", *_campaign_html(r), "<h2>How these numbers were made</h2>",
               "<ul>" + "".join(f"<li>{_e(m)}</li>" for m in _method(r)) + "</ul>"]
     return parts
+
+
+MEASURE_TITLE = "Measure it: a campaign file for this question"
+MEASURE_SAID = ("The recommended deployment against BF16 KV and the shipped weights (and yours, where it differs), "
+                "under this workload and SLO, each a sweep to one instance's highest rate within the SLO: what the "
+                "intervals above leave open, measured on your GPUs.")
+
+
+def _campaign_html(r: Report) -> list[str]:
+    """The plan's campaign file (bench/model/advice/campaign_file.py) as downloads that stand in the page."""
+    from base64 import b64encode
+
+    from bench.model import for_plan
+
+    made = for_plan(r.plan)
+    if made is None:
+        return []
+    files = [(made.file_name, made.text)] + ([(made.workload_name, made.workload_text or "")]
+                                             if made.workload_name else [])
+    links = " ".join(f"<a download='{_e(name)}' href='data:text/yaml;base64,{b64encode(text.encode()).decode()}'>"
+                     f"{_e(name)}</a>" for name, text in files)
+    return [f"<h2 id='campaign-file'>{MEASURE_TITLE}</h2>", f"<p>{_e(MEASURE_SAID)} Download: {links} (into one "
+            f"folder), then <code>capbench campaign {_e(made.file_name)} --check</code> and "
+            f"<code>capbench campaign {_e(made.file_name)}</code> on the GPU host.</p>"]
+
+
+def _campaign_md(r: Report) -> list[str]:
+    from bench.model import for_plan
+
+    made = for_plan(r.plan)
+    if made is None:
+        return []
+    out = [f"## {MEASURE_TITLE}", "", MEASURE_SAID, "", f"`{made.file_name}` (check it: `capbench campaign "
+           f"{made.file_name} --check`):", "", "```yaml", made.text.rstrip(), "```", ""]
+    if made.workload_name:
+        out += [f"`{made.workload_name}`, beside it:", "", "```yaml", (made.workload_text or "").rstrip(), "```", ""]
+    return out
 
 
 def to_markdown(r: Report) -> str:
@@ -196,7 +246,7 @@ def to_markdown(r: Report) -> str:
     t = tables(r)
     single, multi, notes = launch(r)
     when = datetime.fromtimestamp(r.generated_at, UTC).strftime("%Y-%m-%d %H:%M UTC")
-    out = [f"# Capacity report: {catalog.model(q.model).name} on {catalog.gpu(q.gpu).name}", "",
+    out = [f"# {_title(r)}", "",
            f"capbench {__version__}, {when}. Results DB: {r.db or 'none'}. (Charts: see the HTML report.)", "",
            "## The question", "", question_text(q), "", "## The answer", ""]
     out += [f"- {x}" for x in answer_lines(r)] + [""]
@@ -212,10 +262,14 @@ def to_markdown(r: Report) -> str:
     if r.drift is not None and not r.drift.empty:
         out += ["## Quality drift (capbench drift runs)", "", _md_table(*_drift_rows(r)), ""]
     out += ["## Launch commands (SGLang 0.5.23 with capbench's patches)", ""]
+    if r.headline is not None and r.headline.kind == "disaggregated":
+        out += ["The answer, prefill/decode disaggregated (one line per node, then the router):", "", "```bash",
+                *r.headline.launch, "```", "", "The colocated runner-up:", ""]
     if single:
         out += ["One node:", "", "```bash", single, "```", ""]
     out += ["One instance over several nodes (one line on each node):", "", "```bash", *multi, "```", ""]
-    out += [f"- {n}" for n in notes] + ["", "## How these numbers were made", ""] + [f"- {m}" for m in _method(r)]
+    out += [f"- {n}" for n in notes] + ["", *_campaign_md(r), "## How these numbers were made", ""]
+    out += [f"- {m}" for m in _method(r)]
     return "\n".join(out) + "\n"
 
 

@@ -126,8 +126,8 @@ def interval_caption(ivs: list[dict | None]) -> str | None:
     said = list(dict.fromkeys(iv[k] for iv in ivs for k in ("evidence", "burst_evidence") if iv.get(k)))
     head = (f"[in brackets]: the {first['level']:.0%} interval, from the model's out-of-sample errors on the "
             f"published corpus ({first['cases']} case(s) of {first['regime'].rsplit(', ', 1)[0]}; "
-            "bench/model/interval.py). Output tok/s and $/1M get one only at capacity (all at once, or the highest "
-            "rate within the SLO): below it the offered load is served whatever the error.")
+            "bench/model/evidence/interval.py). Output tok/s and $/1M get one only at capacity (all at once, or "
+            "the highest rate within the SLO): below it the offered load is served whatever the error.")
     return "\n".join([head, *(f"Evidence: {e}." for e in said)])
 
 

@@ -5,10 +5,13 @@ figures written with their units, or plainly when there is none ("no rate meets 
 from __future__ import annotations
 
 import math
+import textwrap
 
 import pandas as pd
 
 from bench.model import HOURS_PER_MONTH, Option, Plan, Question, capacity, catalog, formats
+from bench.model import prices as gpu_prices
+from bench.model.answer import Headline, Saving
 
 NONE_MEETS = "no rate meets the SLO"
 
@@ -198,10 +201,21 @@ def choice(o: Option, percentile: int | None = None) -> str:
             f"{money(o.usd_per_m_output, ',.2f')} per 1M output tokens" + (f". {said}" if said else ""))
 
 
+def prices(q: Question) -> str:
+    """Which price each GPU of the question is costed at: '$ per GPU-hour: H200 $3.10 (given); the catalog's
+    indicative prices (not given) for B200 $5.99', so a price given for one GPU is never taken for every GPU's."""
+    costed = gpu_prices.costed(q)
+    given = [f"{g.upper()} ${p:.2f}" for g, (p, mine) in costed.items() if mine]
+    listed = [f"{g.upper()} ${p:.2f}" for g, (p, mine) in costed.items() if not mine]
+    parts = ([", ".join(given) + " (given)"] if given else []) + \
+        ([f"the catalog's indicative prices (not given) for {', '.join(listed)}"] if listed else [])
+    return "$ per GPU-hour: " + "; ".join(parts)
+
+
 def question_text(q: Question) -> str:
     return (f"How many GPUs does {catalog.model(q.model).name} need on SGLang 0.5.23 to serve "
             f"{q.target_rate_rps:g} requests/s of {q.describe_workload()}{q.describe_cap()} within {q.slo.describe()} "
-            f"({q.gpu.upper()} at ${q.price:.2f} per GPU-hour, other GPUs at catalog prices), and what do an FP8 "
+            f"({prices(q)}), and what do an FP8 "
             "KV cache and INT4 expert weights save?")
 
 
@@ -219,3 +233,55 @@ def recommendation(plan: Plan) -> str:
             f"{money(rec.usd_per_m_output, ',.2f')} per 1M output tokens; each instance serves up to "
             f"{rec.prediction.rate_rps:,.2f} requests/s within the SLO (then {rec.prediction.limited_by} "
             f"passes its bound). {interval(rec, plan.question.slo.percentile) or ''}").strip()
+
+
+def saving_words(s: Saving) -> str:
+    """One step of the savings decomposition in one line."""
+    ratios = f"{s.kv_tokens_ratio:.2f}x KV tokens, {s.rate_ratio:.2f}x req/s an instance"
+    if s.saves_usd > 0:
+        return f"{s.what}: saves ${s.saves_usd:,.0f} a month ({ratios})"
+    if s.saves_usd < 0:
+        return f"{s.what}: costs ${-s.saves_usd:,.0f} a month more ({ratios})"
+    room = s.kv_tokens_ratio > 1 and s.rate_ratio >= 1
+    return f"{s.what}: no saving at this load ({ratios}){': headroom' if room else ''}"
+
+
+def shell_wrapped(command: str, width: int) -> list[str]:
+    """A command as shell lines of at most `width` columns, joined by backslashes (never inside a word)."""
+    out, cur = [], ""
+    for word in command.split(" "):
+        if cur and len(cur) + 1 + len(word) > width - 2:
+            out.append(cur + " \\")
+            cur = "  " + word
+        else:
+            cur = f"{cur} {word}" if cur else word
+    return out + [cur]
+
+
+def headline_lines(h: Headline, width: int = 100, launch: bool = True) -> list[str]:
+    """The answer as the CLI's first screen prints it (at most ~15 lines of `width` columns), the Planner's top and
+    the report's first section: the deployment, its figures and range, what FP8 KV and the expert format buy, the
+    risks, the runner-up of the other kind, and the first launch line."""
+    def wrap(text: str) -> list[str]:
+        return textwrap.wrap(text, width, subsequent_indent="  ", break_long_words=False, break_on_hyphens=False)
+
+    out = wrap(h.question)
+    if h.kind == "none":
+        return out + wrap(h.summary)
+    out += wrap(f"Answer, {h.kind}: {h.summary}")
+    figures = f"{h.gpus} GPUs, ${h.monthly_cost:,.0f} a month, ${h.usd_per_m_output:,.2f} per 1M output tokens"
+    if h.cost_range:
+        (g0, g1), (c0, c1) = h.gpus_range, h.cost_range
+        figures += f"; range {g0}-{g1} GPUs, ${c0:,.0f}-${c1:,.0f} a month ({h.interval_basis})"
+    out += wrap(figures)
+    for s in h.savings:
+        out += wrap(saving_words(s))
+    for r in h.risks:
+        out += wrap(f"Risk: {r}.")
+    out += wrap(h.runner_up)
+    commands = [c for c in h.launch if not c.startswith("#")]
+    if launch and len(commands) == 1:
+        out += ["Launch:", *shell_wrapped(commands[0], width)]
+    elif launch and commands:
+        out += wrap(f"Launch: {len(commands)} commands, one per node and role: --details or --json prints them.")
+    return out

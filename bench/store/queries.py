@@ -111,7 +111,32 @@ def summary(con: duckdb.DuckDBPyConnection, run_id: str, slo: Slo | None = None)
         out.update(slot_wait_p50=waits[0], slot_wait_p90=waits[1], slot_wait_p99=waits[2])
     kinds = failed.assign(kind=failed.error_kind.fillna("unknown")).groupby("kind").n.sum()
     out["errors_by_kind"] = {k: int(v) for k, v in kinds.sort_values(ascending=False).items()}
+    ttfc = con.execute("SELECT quantile_cont(ttfc_s, [0.5, 0.9, 0.99]) FROM requests WHERE run_id = ? AND "
+                       "phase = 'measured' AND status = 'ok' AND ttfc_s IS NOT NULL AND "
+                       "(reasoning_tokens > 0 OR ttfc_s > ttft_s)",
+                       [run_id]).fetchone()[0]
+    if ttfc:  # a reasoning model: the time to its first answer token, beside TTFT (which counts reasoning)
+        out.update(ttfc_p50=ttfc[0], ttfc_p90=ttfc[1], ttfc_p99=ttfc[2])
+    turns = by_turn(con, run_id)
+    if turns:
+        out["by_turn"] = turns
     return out
+
+
+def by_turn(con: duckdb.DuckDBPyConnection, run_id: str) -> list[dict]:
+    """Closed-loop sessions' measured requests by turn: count, successes, TTFT p50/p90, prompt tokens and the share
+    of them the server had cached (usage.prompt_tokens_details.cached_tokens; None where it did not say)."""
+    cur = con.execute("""
+        SELECT turn, count(*), count(*) FILTER (WHERE status = 'ok'),
+               quantile_cont(ttft_s, 0.5) FILTER (WHERE status = 'ok'),
+               quantile_cont(ttft_s, 0.9) FILTER (WHERE status = 'ok'),
+               avg(prompt_tokens) FILTER (WHERE status = 'ok'),
+               sum(cached_tokens) FILTER (WHERE status = 'ok') / nullif(sum(prompt_tokens) FILTER (WHERE status = 'ok'
+                   AND cached_tokens IS NOT NULL), 0)
+        FROM requests WHERE run_id = ? AND phase = 'measured' AND turn IS NOT NULL GROUP BY turn ORDER BY turn""",
+                      [run_id])
+    names = ("turn", "requests", "ok", "ttft_p50", "ttft_p90", "prompt_tokens_mean", "cached_share")
+    return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
 
 
 def finished_within(con: duckdb.DuckDBPyConnection, run_id: str, window_s: float) -> int:

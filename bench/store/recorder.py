@@ -2,14 +2,16 @@
 samplers (telemetry.py). The load generator only packs its result records (msgpack) into this process's
 stdin, so no DuckDB write, Arrow conversion, Prometheus parse or NVML call ever holds its event loop or its GIL.
 
-    Recorder(db, run_id, url)                      the runner's handle: send(rows, inflight), close() -> rows written
-    main() with argv DB RUN_ID [SERVER_URL]        stdin: frames of <u32 length><msgpack {rows, inflight} | {close}>
+    Recorder(db, run_id, url, feeds)               the runner's handle: send(rows, inflight), close() -> rows written
+    main() with argv DB RUN_ID [SERVER_URL]        stdin: frames (pack()) {started | rows, inflight | close}
     stdout at the end: {"requests": rows written, ...}
 
-Each frame also carries the requests in flight at that moment (sent, no record yet). If the load generator dies
-(SIGKILL) before its close frame, the recorder writes those as `cancelled` rows and marks the run aborted: a
-request in flight at the kill still has its row. Lost are only records that both started and ended within the last
-frame interval (half a second).
+Each request is announced (`started`) before it goes out, and frames carry the requests in flight at that moment.
+If the load generator dies (SIGKILL) before its close frame, the recorder writes those as `cancelled` rows and
+marks the run aborted: a request sent before the kill still has its row. Local worker processes write their own
+frames into pipes of their own (`feeds`, read here beside stdin), so a killed master loses none of theirs either:
+the recorder ends once stdin and every feed are closed. It ignores SIGINT and SIGTERM: a signal to the whole
+process group (Ctrl-C, `timeout`, `kill -- -PGID`) reaches it too, and its runner, which handles them, closes it.
 """
 
 from __future__ import annotations
@@ -18,8 +20,12 @@ import fcntl
 import json
 import logging
 import os
+import queue
+import signal
 import struct
 import sys
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import msgpack
@@ -29,20 +35,24 @@ from bench.store.db import Store
 from bench.store.telemetry import GpuSampler, ServerSampler
 from bench.store.writer import BatchedWriter
 
-INFLIGHT_FIELDS = ("request_id", "kind", "phase", "scheduled_at", "sent_at", "dispatch_lag_s")
 HELD_DB_WAIT_S = 3600.0  # how long the run's rows wait for a reader that holds the file (saying so every few s)
+FEEDS_ENV = "CAPBENCH_RECORDER_FEEDS"  # the read ends of the local workers' pipes, comma-separated fds
+FEED_AFTER_CLOSE_S = 30.0  # after the runner's close, how long a worker's pipe may stay open (the runner reaps
+# its workers before it closes: this bounds only a worker that hangs)
 
 
 class Recorder:
     """main() for the run's length: the writer and the samplers, in a process of their own."""
 
-    def __init__(self, db: Path, run_id: str, target: str):
+    def __init__(self, db: Path, run_id: str, target: str, feeds: tuple[int, ...] = ()):
         from gevent import subprocess as gsub  # cooperative pipes: the caller's event loop keeps running
 
         # -c, not -m: bench.store imports this module, and runpy would run a second copy of it
         self.proc = gsub.Popen([sys.executable, "-c", "from bench.store.recorder import main; main()", str(db), run_id,
                                 target],
-                               stdin=gsub.PIPE, stdout=gsub.PIPE, cwd=Path(__file__).resolve().parents[2])
+                               stdin=gsub.PIPE, stdout=gsub.PIPE, cwd=Path(__file__).resolve().parents[2],
+                               pass_fds=feeds, env={**os.environ, FEEDS_ENV: ",".join(map(str, feeds))},
+                               preexec_fn=_ignore_signals)
         _widen(self.proc.stdin.fileno())
         self.failed: str | None = None
         self.said: dict = {}
@@ -51,13 +61,17 @@ class Recorder:
         self.writing = BoundedSemaphore()  # users announce requests from many greenlets: one frame at a time
 
     def send(self, rows: list[dict], inflight: list[dict] | None = None) -> None:
-        msg = {"rows": rows} if inflight is None else {"rows": rows, "inflight": [
-            {k: r.get(k) for k in INFLIGHT_FIELDS} for r in inflight]}
+        msg = {"rows": rows} if inflight is None else {"rows": rows, "inflight": inflight}
         self._frame(msg)
 
     def started(self, recs: list[dict]) -> None:
-        """Requests that just went out: the recorder keeps them as in flight until their rows come."""
-        self._frame({"started": [{k: r.get(k) for k in INFLIGHT_FIELDS} for r in recs]})
+        """Requests that just went out (their in-flight fields, loadgen.frames.inflight): the recorder keeps them
+        as in flight until their rows come."""
+        self._frame({"started": recs})
+
+    def withdrawn(self, request_ids: list[str]) -> None:
+        """Requests announced and then not sent (the run stopped first): no row owed."""
+        self._frame({"withdrawn": request_ids})
 
     def gone(self) -> str | None:
         """Why the recorder can no longer store rows (it exited: the DB cannot be written), or None."""
@@ -68,10 +82,10 @@ class Recorder:
     def _frame(self, msg: dict) -> None:
         if self.failed:
             return
-        data = msgpack.packb(msg)
+        data = pack(msg)
         try:
             with self.writing:
-                self.proc.stdin.write(struct.pack("<I", len(data)) + data)
+                self.proc.stdin.write(data)
                 self.proc.stdin.flush()
         except OSError as e:  # the recorder is gone: the runner stops sending (gone()), its end says the count
             self.failed = f"the recorder process ended early ({e})"
@@ -98,6 +112,28 @@ class Recorder:
         return said
 
 
+def pack(msg: dict) -> bytes:
+    """One frame: <u32 little-endian length><msgpack map> (loadgen/frames.py writes the same, from workers)."""
+    data = msgpack.packb(msg)
+    return struct.pack("<I", len(data)) + data
+
+
+def read_frames(stream) -> Iterator[dict]:
+    """The frames of a stream, until its end (a frame cut short by a killed writer is dropped)."""
+    while len(head := stream.read(4)) == 4:
+        body = stream.read(struct.unpack("<I", head)[0])
+        try:
+            yield msgpack.unpackb(body)
+        except (ValueError, msgpack.exceptions.ExtraData):
+            return
+
+
+def _ignore_signals() -> None:
+    """From before the interpreter starts (a signal during its imports would kill it): exec keeps SIG_IGN."""
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)
+
+
 def _widen(fd: int) -> None:
     """A 1 MiB pipe (Linux's default limit) instead of 64 KiB: users wait for their request's announcement to be in
     the pipe before sending it (users.py), so a recorder slow to start (seconds on a loaded machine) or held by a
@@ -108,7 +144,28 @@ def _widen(fd: int) -> None:
         pass
 
 
+def _inputs() -> queue.Queue:
+    """Frames from stdin (the runner's) and each feed (a local worker's), in one queue, as (source, frame); each
+    source ends with (source, None)."""
+    q: queue.Queue = queue.Queue(maxsize=10_000)
+    feeds = [int(fd) for fd in os.environ.get(FEEDS_ENV, "").split(",") if fd]
+    streams = [("stdin", sys.stdin.buffer)] + [(f"feed{fd}", os.fdopen(fd, "rb")) for fd in feeds]
+
+    def pump(name: str, stream) -> None:
+        try:
+            for msg in read_frames(stream):
+                q.put((name, msg))
+        finally:
+            q.put((name, None))
+
+    for name, stream in streams:
+        threading.Thread(target=pump, args=(name, stream), daemon=True).start()
+    q.open = len(streams)  # type: ignore[attr-defined]
+    return q
+
+
 def main() -> None:
+    _ignore_signals()  # its runner closes it: see the module's docstring
     db, run_id = sys.argv[1], sys.argv[2]
     url = sys.argv[3] if len(sys.argv) > 3 else None
     logging.getLogger("bench.store.writer").setLevel(logging.CRITICAL)  # a failed flush is said by the runner
@@ -121,27 +178,37 @@ def main() -> None:
     samplers = [GpuSampler(writer.add_gpu_sample).start()]
     if url:
         samplers.append(ServerSampler(url, writer.add_server_sample).start())
-    stdin = sys.stdin.buffer
+    inputs = _inputs()
+    open_inputs: int = inputs.open  # type: ignore[attr-defined]
     inflight: dict[str, dict] = {}
     done: set[str] = set()
     closed = False
-    while len(head := stdin.read(4)) == 4:
-        msg = msgpack.unpackb(stdin.read(struct.unpack("<I", head)[0]))
-        closed = closed or bool(msg.get("close"))
+    while open_inputs:
+        try:
+            source, msg = inputs.get(timeout=FEED_AFTER_CLOSE_S if closed else None)
+        except queue.Empty:  # closed by the runner, and a worker's pipe still open: that worker hangs
+            break
+        if msg is None:
+            open_inputs -= 1
+            continue
+        closed = closed or (source == "stdin" and bool(msg.get("close")))
         # added to, never replaced: a list taken before a request's `started` frame was written may reach the
         # pipe after it (requests leave in-flight by their rows only)
         inflight.update({r["request_id"]: r for r in msg.get("inflight", ()) if r["request_id"] not in done})
         for r in msg.get("started", ()):  # announced as each request went out (one process's run)
             if r["request_id"] not in done:
                 inflight[r["request_id"]] = r
+        for rid in msg.get("withdrawn", ()):
+            inflight.pop(rid, None)
+            done.add(rid)
         for row in msg.get("rows", ()):
             writer.add_request(row)
             inflight.pop(row.get("request_id"), None)
             done.add(row.get("request_id"))
         if writer.error is not None:
             _cannot_write(writer, db)
-    if not closed:
-        _orphaned(writer, inflight.values())
+    if inflight or not closed:  # closed with requests still in flight: a worker died without their records
+        _orphaned(writer, inflight.values(), closed)
     for s in samplers:
         s.stop()
     try:
@@ -169,16 +236,21 @@ def _cannot_write(writer: BatchedWriter, db: str) -> None:
     os._exit(1)  # not close(): its flush would fail the same way, and retry for an hour
 
 
-def _orphaned(writer: BatchedWriter, inflight) -> None:
-    """The load generator went away without its close frame: its requests in flight end as `cancelled` rows."""
+def _orphaned(writer: BatchedWriter, inflight, closed: bool) -> None:
+    """Requests announced and never recorded (the load generator, or one of its workers, went away without
+    their records) end as `cancelled` rows."""
     n = 0
     for rec in inflight:
         writer.add_request({**rec, "status": "error", "error_kind": "cancelled",
                             "error": "the load generator process died with this request in flight",
                             "note": "recorded by the recorder from the last in-flight list: no response timings"})
         n += 1
-    print(f"recorder: the load generator ended without closing the run; {n} request(s) in flight recorded as "
-          "cancelled, the run marked aborted", file=sys.stderr, flush=True)
+    if closed:
+        print(f"recorder: {n} request(s) in flight had no record at the run's end (a worker died): recorded as "
+              "cancelled", file=sys.stderr, flush=True)
+    else:
+        print(f"recorder: the load generator ended without closing the run; {n} request(s) in flight recorded as "
+              "cancelled, the run marked aborted", file=sys.stderr, flush=True)
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 
 import duckdb
+import numpy as np
 import pandas as pd
 
 from bench.errors import BadInput
@@ -50,7 +51,8 @@ def run_config(config: str | dict | None) -> dict:
            "rate": c.get("rate", params.get("rate", profile.get("rate"))),
            "kv_checksum": c.get("kv_checksum") or "off", "time_scale": c.get("time_scale") or 1.0,
            "workload": (c.get("workload") or {}).get("name") if isinstance(c.get("workload"), dict)
-           else c.get("workload"), "twin": False, "mem_fraction": None}
+           else c.get("workload"), "twin": False, "mem_fraction": None, "slo": None,
+           "cell": c.get("cell") if isinstance(c.get("cell"), str) else None}
     spec = c.get("twin") or (c.get("target") if str(c.get("target", "")).startswith("twin:") else None)
     if isinstance(spec, str) and spec:
         try:
@@ -65,7 +67,22 @@ def run_config(config: str | dict | None) -> dict:
         out["weights"] = "native"
     out["tp"] = int(out["tp"]) if out["tp"] is not None else None
     out["rate"] = float(out["rate"]) if out["rate"] is not None else None
+    out["slo"] = _own_slo(c, float(out["time_scale"] or 1.0) if out["twin"] else 1.0)
     return out
+
+
+def _own_slo(c: dict, k: float) -> Slo | None:
+    """The SLO the run was judged by when it ran (a campaign stage's, `capbench run --slo`'s), in the modelled GPUs'
+    time; None when it recorded no bound. A campaign hands its server the SLO in the server's own time (k times
+    tighter on a twin k times faster): multiplied back here."""
+    raw = c.get("slo") if isinstance(c.get("slo"), dict) else {}
+    bounds = {key: raw.get(key) for key in ("ttft_s", "tpot_s", "e2e_s")}
+    try:
+        slo = Slo(**{key: None if v is None else float(v) * (k if c.get("campaign") else 1.0)
+                     for key, v in bounds.items()}, percentile=int(raw.get("percentile") or 90))
+    except (BadInput, TypeError, ValueError):
+        return None
+    return slo if slo.bounded else None
 
 
 def _catalog_model(name: object) -> str | None:
@@ -117,6 +134,42 @@ def runs_table(runs: pd.DataFrame, hosts: dict[str, str] | None = None) -> pd.Da
     return out
 
 
+DEPLOYMENT_KEYS = ("model", "gpu", "tp", "dp", "ep", "kv_dtype", "weights", "twin", "kv_checksum", "mem_fraction")
+
+
+def compare_pair(runs: pd.DataFrame) -> list[str]:
+    """The pair Compare opens with (runs: runs_table, newest first), older first as the baseline: two deployments,
+    never two repeats of one. The newest run that has a run of another deployment (another KV dtype, weights, GPU,
+    parallelism, checksum setting or campaign deployment) of the same model under the same load (workload and
+    offered rate), and the newest such run; else the same with the same workload, then the same model; the newest
+    two when every run is of one deployment."""
+    rows = runs.to_dict("records")
+    if len(rows) < 2:
+        return [r["run_id"] for r in rows][::-1]
+
+    def text(v: object) -> str:
+        return "" if v is None or (isinstance(v, float) and pd.isna(v)) else str(v)
+
+    def deployment(r: dict) -> tuple:
+        return (*(text(r.get(k)) for k in DEPLOYMENT_KEYS), text(r.get("cell")).split("/")[0])
+
+    def offered(r: dict) -> str:
+        rate = r.get("offered_rps") if text(r.get("offered_rps")) else r.get("rate")
+        return f"{float(rate) / float(r.get('time_scale') or 1):.3g}" if text(rate) else text(r.get("users"))
+
+    def load(r: dict, rate: bool) -> tuple:
+        return text(r.get("model")), text(r.get("workload")), offered(r) if rate else ""
+
+    tiers = (lambda a, b: load(a, True) == load(b, True), lambda a, b: load(a, False) == load(b, False),
+             lambda a, b: text(a.get("model")) == text(b.get("model")))
+    for same in tiers:
+        for i, newest in enumerate(rows):
+            other = next((r for r in rows[i + 1:] if same(r, newest) and deployment(r) != deployment(newest)), None)
+            if other is not None:
+                return [other["run_id"], newest["run_id"]]
+    return [rows[1]["run_id"], rows[0]["run_id"]]
+
+
 def hosts(con: duckdb.DuckDBPyConnection) -> dict[str, str]:
     """run id -> the host `capbench run` ran on."""
     return dict(con.execute("SELECT run_id, hostname FROM runs WHERE hostname IS NOT NULL").fetchall())
@@ -140,12 +193,21 @@ TIME_KEYS = ("duration_s", "slo_ttft_s", "slo_tpot_s", "slo_e2e_s",
              *(f"{m}_p{q}" for m in ("ttft", "tpot", "itl", "e2e") for q in queries.QUANTILES))
 
 
+def judged_by(con: duckdb.DuckDBPyConnection, run_id: str, slo: Slo | None) -> tuple[Slo | None, bool]:
+    """The SLO a run is judged by wherever it is shown: its own (the one it ran under, True), else `slo` (False)."""
+    own = run_deployment(con, run_id)["slo"]
+    return (own, True) if own is not None else (slo, False)
+
+
 def summary(con: duckdb.DuckDBPyConnection, run_id: str, slo: Slo | None = None) -> dict:
     """queries.summary in the time of the GPUs the run measured or modelled: a twin that ran k times faster has
     its SLO judged k times tighter, its rates divided by k and its latencies multiplied by k (time_scale: k). Every
-    page and report shows a run through this."""
+    page and report shows a run through this. Goodput and SLO attainment are judged by the run's own SLO where it
+    recorded one (a campaign stage's), else by `slo`: "slo" is the one used, "slo_own" whose it is."""
     k = time_scale(con, run_id)
+    slo, own = judged_by(con, run_id, slo)
     s = queries.summary(con, run_id, slo.scaled(k) if slo is not None and k != 1 else slo)
+    s["slo"], s["slo_own"] = slo, own
     if k != 1:
         s.update({key: s[key] / k for key in RATE_KEYS if s.get(key) is not None})
         s.update({key: s[key] * k for key in TIME_KEYS if s.get(key) is not None})
@@ -205,6 +267,28 @@ def percentile_rows(summary: dict) -> pd.DataFrame:
             for m in ("ttft", "tpot", "itl", "e2e") for q in queries.QUANTILES
             if summary.get(f"{m}_p{q}") is not None]
     return pd.DataFrame(rows, columns=["metric", "percentile", "ms"])
+
+
+def compare(con: duckdb.DuckDBPyConnection, run_ids: list[str], slo: Slo | None = None) -> pd.DataFrame:
+    """queries.compare in the modelled GPUs' time, each run judged by its own SLO where it recorded one (summary):
+    one row per figure, one column per run, and `<run> / <first run>` ratio columns."""
+    if len(set(run_ids)) < 2 or len(set(run_ids)) != len(run_ids):
+        raise BadInput("compare needs at least two different run ids, each once")
+    sums = [summary(con, r, slo) for r in run_ids]
+    table = pd.DataFrame({s["run_id"]: [s.get(m) for m in queries.COMPARED] for s in sums},
+                         index=list(queries.COMPARED), dtype=float)
+    base = run_ids[0]
+    for r in run_ids[1:]:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            table[f"{r} / {base}"] = table[r] / table[base].where(table[base] != 0)
+    return table
+
+
+def slo_said(s: dict) -> str:
+    """Which SLO a summary judged the run by, in words: its own, or the page's / question's."""
+    if s.get("slo") is None:
+        return "no SLO"
+    return s["slo"].describe() + (" (the run's own)" if s.get("slo_own") else " (this page's)")
 
 
 def server_metric_names(con: duckdb.DuckDBPyConnection, run_id: str) -> list[str]:

@@ -77,6 +77,15 @@ MIGRATIONS: list[tuple[int, str, list[str]]] = [
             run_id VARCHAR NOT NULL, prompt_id VARCHAR, bin VARCHAR, bin_start INTEGER, positions INTEGER,
             agreed INTEGER, mean_kl DOUBLE, kl_positions INTEGER, first_divergence INTEGER)""",
     ]),
+    (9, "load generator: a request's session and turn (closed-loop sessions), its time to the first content token "
+        "(not reasoning: ttfc_s), the target it went to (several targets), and the node a GPU sample was scraped "
+        "from (DCGM/Prometheus per node)", [
+        "ALTER TABLE requests ADD COLUMN session_id VARCHAR",
+        "ALTER TABLE requests ADD COLUMN turn INTEGER",
+        "ALTER TABLE requests ADD COLUMN ttfc_s DOUBLE",
+        "ALTER TABLE requests ADD COLUMN target VARCHAR",
+        "ALTER TABLE gpu_samples ADD COLUMN node VARCHAR",
+    ]),
 ]
 # What the writer appends to request_stats for each flushed batch (the batch is registered as capbench_batch).
 STATS_FROM_BATCH = """INSERT INTO request_stats
@@ -98,12 +107,13 @@ REQUESTS_SCHEMA = pa.schema([
     ("prompt_tokens", pa.int32()), ("completion_tokens", pa.int32()), ("cached_tokens", pa.int32()),
     ("reasoning_tokens", pa.int32()), ("tokens_from", pa.string()), ("status", pa.string()),
     ("error_kind", pa.string()), ("error", pa.string()), ("note", pa.string()), ("slot_wait_s", pa.float64()),
+    ("session_id", pa.string()), ("turn", pa.int32()), ("ttfc_s", pa.float64()), ("target", pa.string()),
 ])
 GPU_SCHEMA = pa.schema([
     ("run_id", pa.string()), ("t", pa.float64()), ("gpu", pa.int32()), ("name", pa.string()),
     ("mem_used_mib", pa.float64()), ("mem_total_mib", pa.float64()), ("gpu_util_pct", pa.float64()),
     ("mem_util_pct", pa.float64()), ("power_w", pa.float64()), ("sm_clock_mhz", pa.float64()),
-    ("mem_clock_mhz", pa.float64()), ("temp_c", pa.float64()),
+    ("mem_clock_mhz", pa.float64()), ("temp_c", pa.float64()), ("node", pa.string()),
 ])
 SERVER_SCHEMA = pa.schema([
     ("run_id", pa.string()), ("t", pa.float64()), ("metric", pa.string()), ("labels", pa.string()),

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
+from bench.checks import GPUS_MAX
 from bench.errors import BadInput
-from bench.model import Deployment, catalog, disagg, parse_spec
+from bench.model import Deployment, catalog, parse_spec
+from bench.model.pd import disagg
 
 
 @dataclass
@@ -50,8 +52,9 @@ def parse_twin_spec(spec: str) -> TwinConfig:
     config.deployment()  # validate now
     if config.stream_interval < 1:
         raise BadInput(f"stream_interval is SGLang's --stream-interval, at least 1, got {config.stream_interval}")
-    if config.prefill_tp < 0:
-        raise BadInput(f"prefill_tp is 0 (colocated) or the prefill instance's GPUs, got {config.prefill_tp}")
+    if "prefill_tp" in s.options and not 1 <= config.prefill_tp <= GPUS_MAX:
+        raise BadInput(f"prefill_tp is the prefill instance's GPUs, 1 to {GPUS_MAX} (leave it out for a colocated "
+                       f"twin), got {config.prefill_tp}")
     if config.prefill_tp:
         pd_shape(config).deployment("prefill")
     return config

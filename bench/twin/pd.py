@@ -11,7 +11,8 @@ from __future__ import annotations
 import asyncio
 import time
 
-from bench.model import Request, Scheduler, capacity, disagg, interconnect
+from bench.model import Request, Scheduler, capacity, interconnect
+from bench.model.pd import disagg
 from bench.twin.config import TwinConfig, pd_shape
 from bench.twin.server import Twin, TwinRequest
 from bench.twin.text import BLOCK

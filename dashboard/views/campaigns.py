@@ -9,7 +9,7 @@ from pathlib import Path
 import pandas as pd
 import streamlit as st
 
-from bench.campaign import parse_campaign, pending, submit
+from bench.campaign import check_campaign, pending, submit
 from bench.errors import BadInput
 from bench.report import (
     campaign_curves,
@@ -26,6 +26,7 @@ from dashboard.common import fmt
 
 BUILT_IN = Path(__file__).resolve().parents[2] / "data" / "campaigns"
 REFRESH_S = 3
+CURVE_HEIGHT = 420  # a latency-against-load chart with its legends above and below the plot
 
 st.title("Campaigns")
 db = common.db_path()
@@ -47,9 +48,9 @@ with st.expander("Queue a campaign", expanded=False):
         try:
             if not text:
                 raise BadInput("choose a built-in campaign, upload a file or paste one")
-            # what `capbench serve`'s runner will accept: no shell command of the campaign's own, only the
-            # operator's launch templates by name (bench/campaign/templates.py)
-            spec = parse_campaign(text, Path(name).name or "campaign", common.launch_templates())
+            # `capbench campaign --check`'s whole check, as `capbench serve`'s runner will run it: no shell command of
+            # the campaign's own, only the operator's launch templates by name (bench/campaign/templates.py)
+            spec = check_campaign(text, Path(name).name or "campaign", common.launch_templates())
             submit(db, name, text.decode() if isinstance(text, bytes) else text)
             st.success(f"queued {spec.name}: {len(spec.cells())} cells; `capbench serve`'s runner takes it next")
         except BadInput as e:
@@ -138,8 +139,8 @@ def matrix_section() -> None:
                            if (value := c.get(f"{what}_rps")) is not None])
         st.altair_chart(charts.compare_bars(df, "Highest rate within the SLO (req/s of the modelled GPUs)"),
                         width="stretch")
-    for title, chart in campaign_curves(matrix.cells):
-        st.altair_chart(chart, width="stretch", key=f"curve-{cid}-{title}")
+    for title, chart in campaign_curves(matrix.cells):  # a set height: "content" squashed them to a ~30 px strip
+        common.chart(st, chart, width="stretch", height=CURVE_HEIGHT, key=f"curve-{cid}-{title}")
     for c in matrix.cells:
         if c["status"] == "failed":
             with st.expander(f"{c['cell']}: failed"):

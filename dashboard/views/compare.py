@@ -10,7 +10,7 @@ from bench.errors import BadInput
 from bench.model import capacity, catalog
 from bench.report import charts, load, measured_vs_predicted
 from bench.report import plancharts as charts_load
-from bench.store import identity, queries, runinfo
+from bench.store import identity, runinfo
 from dashboard import common
 
 st.title("Compare")
@@ -24,23 +24,19 @@ labels = {r: common.run_label(runs, r) for r in runs.run_id}
 shorts = {r: f"{identity.short(row)} ({r[-6:]})" for r, row in zip(runs.run_id, runs.to_dict("records"), strict=True)}
 
 
-def default_pair() -> list[str]:
-    """The newest pair worth comparing, older first (the baseline): two runs of one model, GPU, tp and label (the
-    same load) that differ in KV dtype or weights; else two of one model, GPU and tp; else the newest two."""
-    for keys in (["model", "gpu", "tp", "label"], ["model", "gpu", "tp"]):
-        for _, group in runs.groupby(keys, sort=False, dropna=False):
-            varied = group.drop_duplicates(["kv_dtype", "weights"]) if len(keys) == 4 else group
-            if len(varied) >= 2:
-                return list(varied.run_id[:2])[::-1]
-    return list(runs.run_id[:2])[::-1]
-
-
-chosen = st.multiselect("Runs (the first is the baseline for the gains)", list(labels), default=default_pair(),
-                        format_func=labels.get, key="compare_runs")
+chosen = st.multiselect("Runs (the first is the baseline for the gains)", list(labels),
+                        default=runinfo.compare_pair(runs), format_func=labels.get, key="compare_runs")
 if len(chosen) < 2:
     st.info("Pick at least two runs.")
     st.stop()
-slo = common.slo_inputs("compare")
+owns = {r: common.own_slo(runs, r) for r in chosen}
+if all(owns.values()):  # every run judged by the SLO it ran under: no page SLO to set
+    slo = owns[chosen[0]]
+    st.caption("Each run is judged by the SLO it ran under (\"SLO judged by\" below).")
+else:
+    st.caption("Runs that ran under an SLO of their own (a campaign's stages) are judged by it; the others by this "
+               "one (\"SLO judged by\" below).")
+    slo = common.slo_inputs("compare")
 configs = runs.set_index("run_id").loc[chosen]
 first_gpu = configs.iloc[0]["gpu"]
 default_price = catalog.gpus()[first_gpu].price_per_gpu_hour if first_gpu in catalog.gpus() else 3.0
@@ -94,7 +90,8 @@ for r in chosen:
                  POOL: cap["kv_pool_tokens"], "output tokens/s": s["output_tps"],
                  "goodput req/s": s["goodput_rps"], "achieved req/s": s["achieved_rate_rps"],
                  "TTFT p50 ms": _ms(s["ttft_p50"]), "TPOT p50 ms": _ms(s["tpot_p50"]), "E2E p99 ms": _ms(s["e2e_p99"]),
-                 "$ per 1M output tokens": cost})
+                 "SLO attainment %": None if s["slo_attainment"] is None else s["slo_attainment"] * 100,
+                 "SLO judged by": runinfo.slo_said(s), "$ per 1M output tokens": cost})
 side = pd.DataFrame(rows)
 base = side.iloc[0]
 gains = side[["run"]].copy()
@@ -116,7 +113,7 @@ if not pct.empty:
     common.chart(st, charts.latency_percentiles(pct, "Latency percentiles by run (ms)"))
 
 with st.expander("Every compared figure (store query, ratios to the first run)"):
-    st.dataframe(common.read(queries.compare, chosen, slo), key="compare_table")
+    st.dataframe(common.read(runinfo.compare, chosen, slo), key="compare_table")
 
 st.subheader("Latency against load")
 curve_runs = list(dict.fromkeys(x for r in chosen for x in load.sweep_runs(runs, r)))

@@ -9,7 +9,9 @@ import pandas as pd
 import streamlit as st
 
 from bench.errors import BadInput
-from bench.model import Plan, Question, Slo, capacity, catalog, format_table, make_plan, pd_versus, workload_names
+from bench.model import Plan, Question, Slo, capacity, catalog, for_plan, format_table, make_plan, workload_names
+from bench.model.answer import make_headline
+from bench.model.pd import versus as pd_versus
 from bench.report import charts, compared, formats_section, gpu_bests, load, plancharts, predicted_table, wording
 from bench.report import pd as pd_report
 from dashboard import common
@@ -58,6 +60,7 @@ q = Question(model=model_id, gpu=gpu_id, tp=int(tp), gpus=int(gpu_count), kv_dty
              context=int(context), workload=None if custom else workload, input_tokens=int(input_tokens),
              output_tokens=int(output_tokens), slo=Slo(ttft_s=slo_ttft, tpot_s=slo_tpot / 1e3, percentile=slo_p),
              price_per_gpu_hour=price, target_rate_rps=target, search_gpus=tuple(searched or [gpu_id]))
+st.caption(wording.prices(q))  # the price input is the chosen GPU's: which GPU is costed at what
 
 
 @st.cache_data(show_spinner=False, max_entries=64)
@@ -94,6 +97,23 @@ except BadInput as e:
     st.error(str(e))
     st.stop()
 
+head = make_headline(plan, versus_for(q))
+st.subheader("The answer")
+(st.success if head.kind != "none" else st.error)("  \n".join(wording.headline_lines(head, 10**6, launch=False)))
+if head.launch:
+    st.code("\n".join(head.launch), language="bash", wrap_lines=True)
+made = for_plan(plan)  # what the intervals leave open, measured for this very question
+if made is not None:
+    st.download_button("Download a campaign file that measures the colocated answer", made.text, made.file_name,
+                       "text/yaml", key="campaign_file",
+                       help="The recommended colocated deployment against BF16 KV and the shipped weights, under this "
+                            "workload and SLO: `capbench campaign FILE --check`, then run it on the GPU host."
+                       + (f" It reads {made.workload_name} (the fixed lengths), also offered." if
+                          made.workload_name else ""))
+    if made.workload_name:
+        st.download_button(f"Download {made.workload_name} (its workload)", made.workload_text or "",
+                           made.workload_name, "text/yaml", key="campaign_workload")
+
 chosen, cap = plan.chosen, plan.chosen.capacity
 pred = chosen.prediction
 rec = plan.recommended
@@ -120,20 +140,6 @@ m[2].metric(f"TPOT p{slo_p} at that rate (ms)", fmt(pred.tpot_s * 1e3, ",.1f") i
 m[3].metric("Limited by", f"{pred.limited_by}" if serves else none)
 if serves:
     st.caption(wording.interval(chosen, slo_p))
-
-st.subheader("Recommendation")
-if rec is not None:
-    st.success(wording.recommendation(plan))
-else:
-    st.error(wording.recommendation(plan))
-for sentence in wording.savings(plan, common.drift_table()):
-    st.markdown(f"- {sentence}.")
-if rec is not None:
-    single, multi = rec.commands()
-    if single:
-        st.code(single, language="bash", wrap_lines=True)
-    with st.expander("Multi-node (one instance over several nodes)", expanded=single is None):
-        st.code("\n".join(multi), language="bash", wrap_lines=True)
 
 four, rows = compared(plan)
 st.subheader("What FP8 KV and INT4 experts buy")

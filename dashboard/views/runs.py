@@ -43,7 +43,13 @@ if st.button("Refresh", help="Re-read the DB (a running run keeps writing)"):
 
 labels = {r: common.run_label(runs, r) for r in shown.run_id}
 run_id = st.selectbox("Run", list(labels), format_func=labels.get, key="run")
-slo = common.slo_inputs("runs")
+own = common.own_slo(runs, run_id)
+if own is not None:  # a campaign stage, or a run given --slo: judged by the SLO it ran under, as its verdict was
+    st.caption(common.md_text(f"Judged by the SLO this run ran under: {own.describe()}. Goodput, SLO attainment "
+                              "and the load curve below use it."))
+    slo = own
+else:
+    slo = common.slo_inputs("runs")
 res = st.select_slider("Time resolution (s)", [0.5, 1.0, 2.0, 5.0, 10.0], value=1.0, key="resolution")
 
 s = common.read(runinfo.summary, run_id, slo)
@@ -59,8 +65,8 @@ m[2].metric("Achieved rate (req/s)", fmt(s["achieved_rate_rps"], ",.2f"))
 m[3].metric("Output tokens/s (run average)", fmt(s["output_tps"], ",.0f"))
 m[4].metric("Goodput (req/s in SLO)", fmt(s["goodput_rps"], ",.2f"))
 m = st.columns(5)
-m[0].metric("SLO attainment", fmt(s["slo_attainment"] * 100 if s["slo_attainment"] is not None else None,
-                                  ".1f", " %"))
+attained = s["slo_attainment"] * 100 if s["slo_attainment"] is not None else None
+m[0].metric("SLO attainment" + (" (its own SLO)" if s["slo_own"] else ""), fmt(attained, ".1f", " %"))
 m[1].metric("TTFT p50 (ms)", fmt(s["ttft_p50"] * 1e3 if s["ttft_p50"] is not None else None))
 m[2].metric("TTFT p99 (ms)", fmt(s["ttft_p99"] * 1e3 if s["ttft_p99"] is not None else None))
 m[3].metric("TPOT p50 (ms)", fmt(s["tpot_p50"] * 1e3 if s["tpot_p50"] is not None else None))

@@ -1,14 +1,19 @@
 """What KV page checksums cost a decode step, measured on pools shaped like SGLang's (kv_checksum.gpu_check's
 make_pool: [slots, heads, dim] per layer, FP8 stored as uint8), page 64:
 
-- seal: `PageSeals.seal_filled` over one decode step's out_cache_loc (one slot a request), no host sync: CUDA events;
+- seal: `PageSeals.seal_written` over one decode step's out_cache_loc (one slot a request), no host sync: CUDA events;
 - admission: `PageSeals.check` over a request's cached context pages, the host sync that reads the verdict back
   included: host clock around the whole call;
 - insert: the same check over the pages a request read and wrote (context + output), run at the end of its
   prefill (context) and at its release (context + output): the tree re-checks the prefix a request held before
   its KV is cached (kv_checksum/tree.py, derived KV);
-- per decode step: seal + batch x (admission + both inserts) / output_len, the checks spread over the request's
-  output tokens; its share of the decode step is taken against each attention backend's step (run.py).
+- seal: now records each written row too (partial pages: kv_checksum/seals.py), so its figure includes that;
+- per decode step: seal + batch x (admission + both inserts) / answer tokens, the checks spread over the request's
+  output tokens, for 128- and 1k-token answers; its share of the decode step is taken against each attention
+  backend's step (run.py);
+- HiCache load-back: the host-copy check that runs before a load (kv_checksum/hicache.py HostSeals.partials, torch
+  on the scheduler's CPU thread, host clock) over a 4k- and a 32k-token prefix held in host memory, beside the
+  device check of the same pages (what a check after the copy would cost on the GPU).
 The pages checked are spread over the whole pool, as a long-running server's are, so they come from HBM."""
 
 from __future__ import annotations
@@ -20,8 +25,9 @@ from engine_patches.gpu_check.timing import device_ms, host_ms
 from engine_patches.kv_checksum.gpu_check import PoolShape, make_pool
 
 
-def costs(pool: PoolShape, dtype, batches: list[int], contexts: list[int], output_len: int, page_size: int,
-          pool_gib: float, device, sizes: dict) -> list[dict]:
+def costs(pool: PoolShape, dtype, batches: list[int], contexts: list[int], output_lens: list[int], page_size: int,
+          pool_gib: float, device, sizes: dict) -> dict:
+    """{"steps": a row per batch x context x answer length, "loads": a row per HiCache load-back length}."""
     load("checksum")
     from engine_patches.kv_checksum.seals import PageSeals
 
@@ -43,14 +49,46 @@ def costs(pool: PoolShape, dtype, batches: list[int], contexts: list[int], outpu
     rows = []
     for bs in batches:
         loc = spread(bs) * page_size + page_size - 1  # every request completes a page: the worst step
-        seal, mode = device_ms(lambda loc=loc: seals.seal_filled(loc), device, sizes["warmup"], sizes["iters"])
+        seal, mode = device_ms(lambda loc=loc: seals.seal_written(loc), device, sizes["warmup"], sizes["iters"])
         for ctx in contexts:
-            admission, insert_prefill, insert_release = check_ms(ctx), check_ms(ctx), check_ms(ctx + output_len)
-            per_step = seal + bs * (admission + insert_prefill + insert_release) / output_len
-            rows.append({"batch": bs, "context": ctx, "seal_ms": seal, "seal_timing": mode,
-                         "admission_check_ms": admission, "insert_checks_ms": insert_prefill + insert_release,
-                         "checks_timing": "host clock around PageSeals.check (host sync included)",
-                         "per_step_ms": per_step, "page_bytes": page_bytes, "pool_pages": pages,
-                         "kernel": "capbench triton page checksum (PageChecksummer)" if device.type == "cuda"
-                         else "torch reference (CPU)"})
-    return rows
+            admission, insert_prefill = check_ms(ctx), check_ms(ctx)
+            for out in output_lens:
+                insert_release = check_ms(ctx + out)
+                per_step = seal + bs * (admission + insert_prefill + insert_release) / out
+                rows.append({"batch": bs, "context": ctx, "answer_tokens": out, "seal_ms": seal, "seal_timing": mode,
+                             "admission_check_ms": admission, "insert_checks_ms": insert_prefill + insert_release,
+                             "checks_timing": "host clock around PageSeals.check (host sync included)",
+                             "per_step_ms": per_step, "page_bytes": page_bytes, "pool_pages": pages,
+                             "kernel": "capbench triton page checksum (PageChecksummer)" if device.type == "cuda"
+                             else "torch reference (CPU)"})
+    loads = [load_row(pool, dtype, ctx, page_size, device, sizes, check_ms) for ctx in sizes["load_contexts"]]
+    return {"steps": rows, "loads": loads}
+
+
+def load_row(pool: PoolShape, dtype, tokens: int, page_size: int, device, sizes: dict, check_ms) -> dict:
+    """The host-copy check before a HiCache load-back of `tokens` tokens, as hicache.py runs it."""
+    from engine_patches.kv_checksum.hicache import HostSeals
+
+    host = make_pool(pool, dtype, (tokens // page_size + 1) * page_size, torch.device("cpu"))
+    seals = HostSeals.of_views(host, page_size)
+    pages = torch.arange(1, tokens // page_size + 1)
+    iters = sizes.get("load_iters", 3)
+    host_check = host_ms(lambda: seals.partials(pages), torch.device("cpu"), 1, iters)
+    nbytes = sum(v[page_size:].numel() * v.element_size() for v in host)
+    row = {"tokens": tokens, "host_check_ms": host_check, "host_GBps": nbytes / host_check / 1e6,
+           "device_check_ms": check_ms(tokens), "bytes": nbytes,
+           "kernel": "torch on the scheduler's CPU thread (HostSeals.partials); device: PageSeals.check"}
+    if device.type == "cuda":  # the opt-in GPU kernel over the registered host pool (hicache.HOST_CHECK_ON_GPU)
+        from sglang.srt.mem_cache.pool_host.common import _cuda_host_register
+
+        for view in host:
+            _cuda_host_register(view)
+        cpu_sums = seals.partials(pages)
+        if seals.read_on_gpu(device):
+            row["gpu_read_of_host_ms"] = host_ms(lambda: seals.partials(pages), device, 1, iters)
+            row["gpu_read_matches_cpu"] = bool(torch.equal(seals.partials(pages), cpu_sums))
+        else:
+            row["gpu_read_of_host_ms"] = None
+        for view in host:
+            torch.cuda.cudart().cudaHostUnregister(view.data_ptr())
+    return row

@@ -23,10 +23,20 @@ def table(result: dict) -> list[str]:
     for r in result["decode_attention"]:
         mark = (" [SGLang default]" if r["sglang_default"] else "") + (" [launch line]" if r["launch_line"] else "")
         lines.append(f"  {r['shape']:<62}{r['kernel'][:57]:<58}{r['ms_per_layer']:>10.4f}{r['step_ms']:>10.3f}{mark}")
-    lines.append("KV checksums per decode step (seal + admission and insert checks spread over the output):")
+    lines.append("KV checksums per decode step (seal + admission and insert checks spread over the answer):")
+    lines.append(f"  {'model':<9}{'kv':<6}{'batch':>6}{'context':>8}{'answer':>7}  {'backend':<12}{'checksum ms':>12}"
+                 f"{'step ms':>10}{'share':>9}")
     for r in result["checksum_overhead"]:
-        lines.append(f"  {r['model']:<9}{r['kv']:<6}{r['batch']:>6}{r['context']:>7}  {r['backend']:<12}"
-                     f"{r['checksum_ms']:>12.4f}{r['decode_step_ms']:>10.3f}{r['share']:>9.3%}")
+        lines.append(f"  {r['model']:<9}{r['kv']:<6}{r['batch']:>6}{r['context']:>8}{r['answer_tokens']:>7}  "
+                     f"{r['backend']:<12}{r['checksum_ms']:>12.4f}{r['decode_step_ms']:>10.3f}{r['share']:>9.3%}")
+    lines.append("KV checksums, HiCache load-back: host-copy check (CPU, scheduler thread) vs device check:")
+    for ck in result["checksum"]:
+        for r in ck.get("hicache_loads", []):
+            lines.append(f"  {ck['model']:<9}{ck['kv']:<6}{r['tokens']:>7} tokens {r['bytes'] / 1e6:>9.1f} MB  host "
+                         f"{r['host_check_ms']:>9.2f} ms ({r['host_GBps']:.2f} GB/s)  "
+                         f"device {r['device_check_ms']:>8.3f} ms"
+                         + (f"  GPU kernel reading host memory {r['gpu_read_of_host_ms']:.2f} ms"
+                            if r.get("gpu_read_of_host_ms") else ""))
     lines.append("MoE, one layer's local experts (EP8):")
     lines.append(f"  {'shape':<86}{'kernel':<26}{'ms':>9}")
     for r in result["moe"]:

@@ -12,9 +12,11 @@ import time
 from datetime import UTC, datetime
 
 FULL = {"batches": [1, 32, 256], "contexts": [4096, 32768], "moe_tokens": [1, 16, 64, 256, 1024, 4096, 8192],
-        "warmup": 3, "iters": 20, "pool_gib": 16.0, "page_size": 64, "output_len": 1024}
+        "warmup": 3, "iters": 20, "pool_gib": 16.0, "page_size": 64, "output_lens": [128, 1024],
+        "load_contexts": [4096, 32768], "load_iters": 3}
+# the interpreter runs a tiny decode call in ~1 s
 QUICK = {"batches": [2], "contexts": [32], "moe_tokens": [4], "warmup": 0, "iters": 1, "pool_gib": 0.002,
-         "page_size": 16, "output_len": 64}  # the interpreter runs a tiny decode call in ~1 s
+         "page_size": 16, "output_lens": [16, 64], "load_contexts": [32], "load_iters": 1}
 DEADLINES = {"decode_attention": 0.45, "checksum": 0.6, "moe": 1.0}  # cumulative shares of the budget
 NO_GPU = ("no CUDA device: the GPU figures stay pending (no GPU lent); --quick runs the same code on tiny CPU "
           "shapes under TRITON_INTERPRET=1")
@@ -164,9 +166,10 @@ def checksum_section(c: Check, specs: dict, sizes: dict) -> None:
             label = f"{spec['pool'].name} {kv} KV, page {sizes['page_size']}, {sizes['pool_gib']:g} GiB pool"
 
             def one(spec=spec, dtype=dtype, kv=kv, label=label, model=model):
-                rows = checksums.costs(spec["pool"], dtype, sizes["batches"], sizes["contexts"], sizes["output_len"],
-                                       sizes["page_size"], sizes["pool_gib"], c.device, sizes)
-                return {"model": model, "kv": kv, "shape": label, "kernel": rows[0]["kernel"], "steps": rows}
+                out = checksums.costs(spec["pool"], dtype, sizes["batches"], sizes["contexts"], sizes["output_lens"],
+                                      sizes["page_size"], sizes["pool_gib"], c.device, sizes)
+                return {"model": model, "kv": kv, "shape": label, "kernel": out["steps"][0]["kernel"],
+                        "steps": out["steps"], "hicache_loads": out["loads"]}
 
             c.case("checksum", label, "checksum", True, one)
     for ck in c.rows["checksum"]:
@@ -176,6 +179,7 @@ def checksum_section(c: Check, specs: dict, sizes: dict) -> None:
                                                                        step["context"]):
                     c.rows["checksum_overhead"].append({
                         "model": ck["model"], "kv": ck["kv"], "batch": step["batch"], "context": step["context"],
+                        "answer_tokens": step["answer_tokens"],
                         "backend": a["backend"], "kernel": a["kernel"], "shape": a["shape"],
                         "decode_step_ms": a["step_ms"], "checksum_ms": step["per_step_ms"],
                         "share": step["per_step_ms"] / a["step_ms"]})

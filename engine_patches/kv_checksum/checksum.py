@@ -126,6 +126,37 @@ def page_partials_reference(
     return out
 
 
+def row_words(buffer: torch.Tensor) -> int | None:
+    """64-bit words per slot row of a buffer, or None when its rows are not whole words (FP4 scale rows)."""
+    row_bytes = buffer[0].numel() * buffer.element_size()
+    return None if row_bytes % 8 else row_bytes // 8
+
+
+def row_buffers(buffers: list[torch.Tensor]) -> int:
+    """How many leading buffers row records cover: those whose rows are whole 64-bit words. Data buffers come
+    first in checksum order and always qualify; FP4/MXFP8 per-token scale rows may not."""
+    n = 0
+    while n < len(buffers) and row_words(buffers[n]) is not None:
+        n += 1
+    if n == 0:
+        raise ValueError("KV rows are not whole 64-bit words: rows cannot be recorded")
+    return n
+
+
+def row_sums_reference(buffers: list[torch.Tensor], slots: torch.Tensor, page_size: int) -> torch.Tensor:
+    """Each slot row's share of its page's checksum, over the given buffers (int64 bits of uint64 values): the terms
+    of the row's words, keyed by their position in the page, so a page's checksum over those buffers is the sum of
+    its rows' sums."""
+    slots = slots.to(device=buffers[0].device, dtype=torch.int64)
+    out = torch.zeros(slots.numel(), dtype=torch.int64, device=slots.device)
+    for b, buffer in enumerate(buffers):
+        words = paged_words(buffer, page_size)
+        rw = row_words(buffer)
+        keys = position_keys(b, words.shape[1], words.device).view(page_size, rw)
+        out += mix64(words.view(-1, rw)[slots] ^ keys[slots % page_size]).sum(dim=1)
+    return out
+
+
 def page_checksums_reference(buffers: list[torch.Tensor], pages: torch.Tensor, page_size: int) -> torch.Tensor:
     """The 64-bit checksum (as int64 bits) of each given page id."""
     return page_partials_reference(buffers, pages, page_size).sum(dim=1)

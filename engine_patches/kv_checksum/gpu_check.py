@@ -13,7 +13,7 @@ bf16 and fp8, page 64, it measures:
   - the decode step's attention over all layers (on CUDA SGLang's Triton decode kernel, or an error naming it;
     a torch step only in the CPU run, recorded as such): the decode step time used here, a lower bound of a real
     step. `capbench gpu-check` (engine_patches/gpu_check) also times the backend SGLang picks by default;
-  - the seal on fill that each decode step runs (PageSeals.seal_filled over the step's out_cache_loc: one masked
+  - the seal on fill that each decode step runs (PageSeals.seal_written over the step's out_cache_loc: one masked
     kernel launch and three small torch ops, no host sync), timed directly;
   - the checks one decode step causes on average: each request's context pages checked once at admission and
     its generated pages once at its final insert, spread over its output tokens;
@@ -171,7 +171,7 @@ def check_pool(shape: PoolShape, dtype: torch.dtype, args, device, copy_bw: floa
         # One decode step writes one token per request; about one in page_size completes a page.
         out_cache_loc = (torch.randperm(slots // P, device=device)[:batch] * P + torch.randint(0, P, (batch,),
                                                                                                 device=device))
-        t_seal = timed(lambda loc=out_cache_loc: seals.seal_filled(loc), device, reps)
+        t_seal = timed(lambda loc=out_cache_loc: seals.seal_written(loc), device, reps)
         for context in args.contexts:
             t_attn, impl = attention_step(shape, buffers[0], batch, context, device)
             # Per request: its context checked once at admission (all of it cached, the worst case) and its

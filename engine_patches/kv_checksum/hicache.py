@@ -18,6 +18,8 @@ page_first_direct; HND device pools and FP4 scale buffers (the host pool does no
 
 from __future__ import annotations
 
+import logging
+import os
 import time
 
 import torch
@@ -25,6 +27,10 @@ import torch
 from engine_patches.kv_checksum.checksum import mix64, position_keys
 
 HOST_LAYOUTS = ("layer_first", "page_first", "page_first_direct")
+# Opt-in until a lent GPU has timed and checked it (`capbench gpu-check`): the host-copy check as a GPU kernel that
+# reads SGLang's registered host pool over PCIe, instead of torch on the scheduler's CPU thread.
+HOST_CHECK_ON_GPU = "CAPBENCH_KV_HOST_CHECK_ON_GPU"
+logger = logging.getLogger(__name__)
 
 
 class HostSeals:
@@ -45,6 +51,17 @@ class HostSeals:
         self.sealed = torch.zeros(pages, dtype=torch.bool)
         self.bad = torch.zeros(pages, dtype=torch.bool)
 
+    @classmethod
+    def of_views(cls, views: list[torch.Tensor], page_size: int) -> HostSeals:
+        """Host seals over bare layer-first [slots, ...] host buffers (the GPU check's load-back rows)."""
+        seals = cls.__new__(cls)
+        seals.page_size, seals.views, seals.page_major = page_size, views, False
+        pages = views[0].shape[0] // page_size
+        seals.sums = torch.zeros((pages, len(views)), dtype=torch.int64)
+        seals.sealed = torch.zeros(pages, dtype=torch.bool)
+        seals.bad = torch.zeros(pages, dtype=torch.bool)
+        return seals
+
     def pages_of(self, host_indices: torch.Tensor) -> torch.Tensor:
         slots = host_indices.cpu().to(torch.int64).view(-1, self.page_size)
         first = slots[:, 0]
@@ -63,8 +80,31 @@ class HostSeals:
         self.sealed[pages] = False
         self.bad[pages] = False
 
+    def read_on_gpu(self, device: torch.device) -> bool:
+        """Checksum host pages with the GPU kernel from now on, reading the host buffers through their own pointers
+        (CUDA-registered host memory is device-accessible at the same address where the GPU supports it). Only for
+        contiguous layer-first views; checked once against the CPU reference, else it stays on the CPU."""
+        from engine_patches.kv_checksum.kernel import PageChecksummer
+
+        if self.page_major or not all(v.is_contiguous() for v in self.views):
+            return False
+        reader = PageChecksummer(self.views, self.page_size, device=device)
+        probe = torch.tensor([0])
+        if not torch.equal(reader.partials(probe).cpu(), self._partials_cpu(probe)):
+            logger.warning("KV checksums: the GPU could not read the host pool through its pointers; the host-copy "
+                           "check stays on the CPU")
+            return False
+        self._reader = reader
+        return True
+
     def partials(self, host_pages: torch.Tensor) -> torch.Tensor:
         """Per-buffer sums [pages, buffers] of host pages, read in the device's word order."""
+        reader = getattr(self, "_reader", None)
+        if reader is not None:
+            return reader.partials(host_pages).cpu()
+        return self._partials_cpu(host_pages)
+
+    def _partials_cpu(self, host_pages: torch.Tensor) -> torch.Tensor:
         out = torch.empty((len(host_pages), len(self.views)), dtype=torch.int64)
         slots = (host_pages[:, None] * self.page_size + torch.arange(self.page_size)).flatten()
         for b, view in enumerate(self.views):
@@ -113,6 +153,8 @@ class HiCacheChecksums:
             raise ValueError("KV checksums follow pages to HiCache host memory for NHD pools only")
         host_pool = self.cache_controller.mem_pool_host.anchor_entry.host_pool
         self.kv_host_seals = HostSeals(host_pool, self.kv_seals.buffers, self.page_size)
+        if os.environ.get(HOST_CHECK_ON_GPU) == "1" and self.kv_seals.device.type == "cuda":
+            self.kv_host_seals.read_on_gpu(self.kv_seals.device)
         self._kv_loading: dict[int, torch.Tensor] = {}  # load ack node id -> device pages in flight
         self._kv_rewrites: dict[int, tuple[torch.Tensor, int, int]] = {}  # node -> bad host copy (indices, span)
         free, load = host_pool.free, self.cache_controller.load
@@ -147,15 +189,17 @@ class HiCacheChecksums:
     def _execute_kv_backup(self, node_id, device_value, comp_xfers, sidecar_xfers):
         if self.kv_host_seals is None or device_value.numel() == 0:
             return super()._execute_kv_backup(node_id, device_value, comp_xfers, sidecar_xfers)
-        pages = self.kv_seals.pages_of(device_value)
-        check = self._check(pages, source="offload")
+        with self.kv_seals.side():  # see PageSeals.side
+            pages = self.kv_seals.pages_of(device_value)
+            check = self._check(pages, source="offload")
+            sums = self.kv_seals.sums[pages].cpu()
         if self._agree_min(0 if check.bad_rows else 1) == 0:
             self.kv_bad_nodes.add(node_id)  # dropped later: this runs inside an insert or match walk
             self._log_action("offload_refused", node=node_id)
             return None
         host_indices = super()._execute_kv_backup(node_id, device_value, comp_xfers, sidecar_xfers)
         if host_indices is not None:
-            self.kv_host_seals.carry(self.kv_host_seals.pages_of(host_indices), self.kv_seals.sums[pages].cpu())
+            self.kv_host_seals.carry(self.kv_host_seals.pages_of(host_indices), sums)
         return host_indices
 
     def _host_copy_clean(self, host_indices: torch.Tensor, node_id: int) -> bool:
@@ -215,10 +259,7 @@ class HiCacheChecksums:
         seals = self.kv_seals
         pages = seals.pages_of(device_indices)
         sums = self.kv_host_seals.sums[self.kv_host_seals.pages_of(host_indices)].to(seals.device)
-        seals.sums[pages] = sums
-        seals.sealed[pages] = True
-        seals.bad[pages] = False
-        seals.pending[pages] = True  # bytes still in flight: not compared until the load is acknowledged
+        seals.carry(pages, sums)  # bytes still in flight: not compared until the load is acknowledged
         self._kv_loading[node_id] = pages
 
     def loading_check(self, finish_count=None) -> None:
@@ -227,4 +268,4 @@ class HiCacheChecksums:
         for node_id in before - set(self.ongoing_load_back):
             pages = self._kv_loading.pop(node_id, None)
             if pages is not None:
-                self.kv_seals.pending[pages] = False
+                self.kv_seals.arrived(pages)

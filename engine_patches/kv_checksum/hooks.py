@@ -1,8 +1,13 @@
-"""The two hooks the checksummed tree needs outside itself, installed on SGLang's classes in every process:
+"""The hooks the checksummed tree needs outside itself, installed on SGLang's classes in every process:
 
-- seal on fill: after each `ModelRunner.forward` (eager or a replayed CUDA graph alike: the hook runs outside the
-  graph), the pages that forward's KV writes completed are sealed, on the forward stream, with no host sync.
-  Every writer counts, fused kernels included, because the seal reads the pool's bytes, not the write calls.
+- seal on write: after each `ModelRunner.forward` (eager or a replayed CUDA graph alike: the hook runs outside the
+  graph), the rows that forward wrote are recorded and the pages it completed are checked against their rows and
+  sealed, on the forward stream, with no host sync. Every writer counts, fused kernels included, because the seal
+  reads the pool's bytes, not the write calls.
+- seal on arrival (PD decode servers): KV received from a prefill server (or restored from a retraction backup) is
+  written by the transfer, not by a forward. It is recorded and sealed the same way when it enters a batch: in
+  `get_new_prebuilt_batch`, where SGLang verifies its own transfer checksum after the bytes have landed and before
+  `process_prebuilt` caches any of it; the prebuilt batch's `out_cache_loc` is exactly the slots that arrived.
 - admission: `Req.init_next_round_input` is the match the scheduler makes to admit a request into a prefill
   batch; the tree checks the pages of that match, and of no other (ordering the queue matches every waiting
   request, often).
@@ -27,7 +32,7 @@ def seal_after_forward(kv_pool, out_cache_loc: torch.Tensor | None) -> None:
     """Seal the pages completed by a forward that wrote KV at `out_cache_loc` (no-op for unchecked pools)."""
     seals = _SEALS.get(id(kv_pool))
     if seals is not None and out_cache_loc is not None and out_cache_loc.numel():
-        seals.seal_filled(out_cache_loc)
+        seals.seal_written(out_cache_loc)
 
 
 def install_seal_on_fill() -> None:
@@ -46,6 +51,23 @@ def install_seal_on_fill() -> None:
 
     forward_and_seal._capbench_seals = True
     ModelRunner.forward = forward_and_seal
+
+
+def install_seal_on_arrival() -> None:
+    from sglang.srt.disaggregation.decode import SchedulerDisaggregationDecodeMixin
+
+    verify = SchedulerDisaggregationDecodeMixin._verify_kv_checksums
+    if getattr(verify, "_capbench_seals", False):
+        return
+
+    @functools.wraps(verify)
+    def seal_and_verify(self, batch):
+        kv_pool = self.token_to_kv_pool_allocator.get_kvcache()
+        seal_after_forward(getattr(kv_pool, "full_kv_pool", kv_pool), getattr(batch, "out_cache_loc", None))
+        return verify(self, batch)
+
+    seal_and_verify._capbench_seals = True
+    SchedulerDisaggregationDecodeMixin._verify_kv_checksums = seal_and_verify
 
 
 def install_admission_mark() -> None:

@@ -21,15 +21,17 @@ BLOCK = 1024
 def _page_checksum_kernel(
     buffer_ptrs,  # int64 [buffers]: data_ptr of each layer buffer
     page_words,  # int64 [buffers]: 64-bit words per page in each buffer
-    pages,  # int64 [n]: page ids; with SCATTER, -1 means "skip"
+    pages,  # int64 [n]: page ids (slot ids with ROWS); with SCATTER, -1 means "skip"
     partial,  # int64 [n, buffers] out, or with SCATTER the table [pool pages, buffers] written at row `page`
     n_buffers,
+    page_size,
     GOLDEN: tl.constexpr,
     SEED: tl.constexpr,
     MIX1: tl.constexpr,
     MIX2: tl.constexpr,
     BLOCK: tl.constexpr,
     SCATTER: tl.constexpr,
+    ROWS: tl.constexpr,
 ):
     i = tl.program_id(0)
     b = tl.program_id(1)
@@ -37,16 +39,20 @@ def _page_checksum_kernel(
     wanted = page >= 0
     page = tl.maximum(page, 0)
     words = tl.where(wanted, tl.load(page_words + b), 0)
+    key_at = page * 0
+    if ROWS:  # one slot row: its words, keyed by their position in the slot's page
+        words = words // page_size
+        key_at = (page % page_size) * words
     base = tl.load(buffer_ptrs + b).to(tl.pointer_type(tl.uint64))
     start = base + page * words
     offs = tl.arange(0, BLOCK)
-    key_hi = b.to(tl.uint64) << 32
+    key_hi = (b.to(tl.uint64) << 32) + key_at.to(tl.uint64)
     acc = tl.zeros([BLOCK], dtype=tl.uint64)
     for w0 in range(0, words, BLOCK):
         w = w0 + offs
         live = w < words
         x = tl.load(start + w, mask=live, other=0)
-        x = x ^ (((key_hi | w.to(tl.uint64)) * GOLDEN) ^ SEED)
+        x = x ^ (((key_hi + w.to(tl.uint64)) * GOLDEN) ^ SEED)
         x = x ^ (x >> 30)
         x = x * MIX1
         x = x ^ (x >> 27)
@@ -60,14 +66,18 @@ def _page_checksum_kernel(
 class PageChecksummer:
     """Holds one pool's pointer table so each call is a single launch over the requested pages."""
 
-    def __init__(self, buffers: list[torch.Tensor], page_size: int, block: int = BLOCK, num_warps: int = 4):
+    def __init__(self, buffers: list[torch.Tensor], page_size: int, block: int = BLOCK, num_warps: int = 4,
+                 device: torch.device | None = None):
+        """`device`: where the kernel runs, when the buffers are host memory registered with CUDA (read by the GPU
+        through the same pointers, over PCIe); by default the buffers' own device."""
         words = [paged_words(buf, page_size).shape[1] for buf in buffers]
-        device = buffers[0].device
+        device = device or buffers[0].device
         self.buffers = buffers  # keep the storage alive while the pointers are in use
         self.page_size = page_size
         # Small pages (page_size 1: 32..144 words a buffer) would leave most of a large block masked off.
         self.block = min(block, triton.next_power_of_2(max(words)))
         self.num_warps = num_warps
+        self.row_block = min(block, triton.next_power_of_2(max(words) // page_size))
         self.ptrs = torch.tensor([buf.data_ptr() for buf in buffers], dtype=torch.int64, device=device)
         self.words = torch.tensor(words, dtype=torch.int64, device=device)
 
@@ -78,8 +88,8 @@ class PageChecksummer:
         partial = torch.empty((n, nb), dtype=torch.int64, device=pages.device)
         if n:
             _page_checksum_kernel[(n, nb)](
-                self.ptrs, self.words, pages, partial, nb,
-                GOLDEN=GOLDEN, SEED=SEED, MIX1=MIX1, MIX2=MIX2, BLOCK=self.block, SCATTER=False,
+                self.ptrs, self.words, pages, partial, nb, self.page_size,
+                GOLDEN=GOLDEN, SEED=SEED, MIX1=MIX1, MIX2=MIX2, BLOCK=self.block, SCATTER=False, ROWS=False,
                 num_warps=self.num_warps,
             )  # fmt: skip
         return partial
@@ -90,10 +100,24 @@ class PageChecksummer:
         pages = pages.to(device=self.ptrs.device, dtype=torch.int64).contiguous()
         if pages.numel():
             _page_checksum_kernel[(pages.numel(), len(self.buffers))](
-                self.ptrs, self.words, pages, table, len(self.buffers),
-                GOLDEN=GOLDEN, SEED=SEED, MIX1=MIX1, MIX2=MIX2, BLOCK=self.block, SCATTER=True,
+                self.ptrs, self.words, pages, table, len(self.buffers), self.page_size,
+                GOLDEN=GOLDEN, SEED=SEED, MIX1=MIX1, MIX2=MIX2, BLOCK=self.block, SCATTER=True, ROWS=False,
                 num_warps=self.num_warps,
             )  # fmt: skip
+
+    def row_sums(self, slots: torch.Tensor, buffers: int | None = None) -> torch.Tensor:
+        """Each slot row's share of its page's checksum over the first `buffers` buffers (all by default; see
+        checksum.row_sums_reference), one launch."""
+        slots = slots.to(device=self.ptrs.device, dtype=torch.int64).contiguous()
+        n, nb = slots.numel(), buffers or len(self.buffers)
+        partial = torch.empty((n, nb), dtype=torch.int64, device=slots.device)
+        if n:
+            _page_checksum_kernel[(n, nb)](
+                self.ptrs, self.words, slots, partial, nb, self.page_size,
+                GOLDEN=GOLDEN, SEED=SEED, MIX1=MIX1, MIX2=MIX2, BLOCK=self.row_block, SCATTER=False, ROWS=True,
+                num_warps=1,
+            )  # fmt: skip
+        return partial.sum(dim=1)
 
     def __call__(self, pages: torch.Tensor) -> torch.Tensor:
         return self.partials(pages).sum(dim=1)

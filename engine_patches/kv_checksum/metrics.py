@@ -19,6 +19,8 @@ class KVChecksumMetrics:
     mismatches: object
     seconds: object
     verifications: object
+    record_damage: object
+    flag_damage: object
 
 
 @cache
@@ -38,5 +40,13 @@ def kv_checksum_metrics() -> KVChecksumMetrics:
             "Batched KV page checks (one kernel launch and one host read-back on a GPU) by where they ran: "
             "admission, insert, scrub, offload, load",
             ["source"],
+        ),
+        record_damage=Counter(
+            "capbench_kv_checksum_record_damage",
+            "Checksum records found damaged while the KV bytes were intact (seal: repaired; rows: dropped)",
+            ["record"],
+        ),
+        flag_damage=Counter(
+            "capbench_kv_checksum_flag_damage", "Page state bytes (sealed / bad / pending) found damaged"
         ),
     )

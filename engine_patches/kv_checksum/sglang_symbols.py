@@ -43,6 +43,9 @@ SYMBOLS = [
     "sglang.srt.mem_cache.common:release_kv_cache",
     "sglang.srt.model_executor.model_runner:ModelRunner.forward",
     "sglang.srt.model_executor.forward_batch_info:ForwardBatch.out_cache_loc",
+    "sglang.srt.disaggregation.decode:SchedulerDisaggregationDecodeMixin._verify_kv_checksums",
+    "sglang.srt.disaggregation.decode:SchedulerDisaggregationDecodeMixin.get_new_prebuilt_batch",
+    "sglang.srt.disaggregation.decode_schedule_batch_mixin:ScheduleBatchDisaggregationDecodeMixin.prepare_for_prebuilt",
     # pools, allocators, HiCache
     "sglang.srt.mem_cache.memory_pool:MHATokenToKVPool",
     "sglang.srt.mem_cache.memory_pool:MLATokenToKVPool",
@@ -77,6 +80,9 @@ INSTANCE_ATTRS = {
 ASSIGNED_IN_SOURCE = [
     ("sglang.srt.model_executor.model_runner", "ModelRunner", "self.token_to_kv_pool ="),
     ("sglang.srt.model_executor.model_runner", "ModelRunner", "self.is_draft_worker ="),
+    ("sglang.srt.managers.scheduler", "Scheduler", "self.token_to_kv_pool_allocator ="),
+    ("sglang.srt.disaggregation.decode_schedule_batch_mixin", "ScheduleBatchDisaggregationDecodeMixin",
+     "self.out_cache_loc ="),
     ("sglang.srt.mem_cache.memory_pool", "MHATokenToKVPoolFP4", "self.k_scale_buffer ="),
     ("sglang.srt.mem_cache.memory_pool", "MLATokenToKVPoolFP4", "self.kv_scale_buffer ="),
     ("sglang.srt.managers.cache_controller", "HiCacheController", "self.mem_pool_host ="),

@@ -92,8 +92,7 @@ class ChecksummedUnifiedRadixCache(HiCacheChecksums, UnifiedRadixCache):
 
     def reset(self) -> None:
         super().reset()
-        for flags in (self.kv_seals.sealed, self.kv_seals.bad, self.kv_seals.pending):
-            flags.zero_()  # the pool's pages are all free again; SGLang clears its allocator without freeing
+        self.kv_seals.state.zero_()  # the pool's pages are all free again; SGLang clears its allocator without freeing
         self.kv_bad_nodes.clear()
         self.kv_anchors.clear()
 
@@ -130,8 +129,9 @@ class ChecksummedUnifiedRadixCache(HiCacheChecksums, UnifiedRadixCache):
         path = [n for n in self.tree_core.collect_path_info([node_id])[0] if n.path_start < matched] if matched else []
         cut = min((n.path_start for n in path if n.node_id in self.kv_bad_nodes), default=NO_CUT)
         if admission:
-            slots = self.path_device_indices(node_id)[: min(matched, cut)]
-            check = self._check(self.kv_seals.pages_of(slots), source="admission")
+            with self.kv_seals.side():
+                slots = self.path_device_indices(node_id)[: min(matched, cut)]
+                check = self._check(self.kv_seals.pages_of(slots), source="admission")
             if check.bad_rows:
                 cut = min(cut, check.bad_rows[0] * self.page_size)
         cut = self._agree_min(cut)
@@ -177,20 +177,21 @@ class ChecksummedUnifiedRadixCache(HiCacheChecksums, UnifiedRadixCache):
         its own (bad marks only: the insert would re-point the request at them; the request never read them)."""
         if aligned == 0:
             return 0
-        row = self.req_to_token_pool.req_to_token[req.kv.req_pool_idx, :aligned]
-        pages = self.kv_seals.pages_of(row)
-        positions = torch.arange(len(pages)) * self.page_size
-        unread = torch.zeros(len(pages), dtype=torch.bool)
-        key = RadixKey(req.full_untruncated_fill_ids[:aligned], req.extra_key, is_bigram=self.tree_core.is_eagle,
-                       cache_salt=req.cache_salt)
-        matched, node_id, _ = self.tree_core.match_full_device_prefix(key)
-        if matched > protected:
-            shared = self.kv_seals.pages_of(self.path_device_indices(node_id)[protected:matched])
-            pages = torch.cat([pages, shared.to(pages.device)])
-            positions = torch.cat([positions, protected + torch.arange(len(shared)) * self.page_size])
-            unread = torch.cat([unread, torch.ones(len(shared), dtype=torch.bool)])
-        check = self._check(pages, source="insert", known_only=unread.to(pages.device))
-        return min((int(positions[r]) for r in check.bad_rows), default=aligned)
+        with self.kv_seals.side():  # see PageSeals.side
+            row = self.req_to_token_pool.req_to_token[req.kv.req_pool_idx, :aligned]
+            pages = self.kv_seals.pages_of(row)
+            positions = torch.arange(len(pages)) * self.page_size
+            unread = torch.zeros(len(pages), dtype=torch.bool)
+            key = RadixKey(req.full_untruncated_fill_ids[:aligned], req.extra_key,
+                           is_bigram=self.tree_core.is_eagle, cache_salt=req.cache_salt)
+            matched, node_id, _ = self.tree_core.match_full_device_prefix(key)
+            if matched > protected:
+                shared = self.kv_seals.pages_of(self.path_device_indices(node_id)[protected:matched])
+                pages = torch.cat([pages, shared.to(pages.device)])
+                positions = torch.cat([positions, protected + torch.arange(len(shared)) * self.page_size])
+                unread = torch.cat([unread, torch.ones(len(shared), dtype=torch.bool)])
+            check = self._check(pages, source="insert", known_only=unread.to(pages.device))
+            return min((int(positions[r]) for r in check.bad_rows), default=aligned)
 
     def inc_lock_ref(self, node_id, skip_lock_components=()):
         result = super().inc_lock_ref(node_id, skip_lock_components)
@@ -278,12 +279,24 @@ class ChecksummedUnifiedRadixCache(HiCacheChecksums, UnifiedRadixCache):
         m = self.kv_metrics
         m.verifications.labels(source=source).inc()
         m.pages_verified.inc(check.compared)
-        m.pages_checksummed.inc(check.late + self.kv_seals.take_fill_count())
+        m.pages_checksummed.inc(check.late + check.filled)
         if check.new_rows:
             m.mismatches.labels(source=source).inc(len(check.new_rows))
             for page, layer, part in check.mismatched[:MAX_LOGGED_PAGES]:
-                logger.error("KV checksum mismatch: layer %d (%s) page %d, found at %s", layer, part, page, source)
+                when = "before it filled" if part == "rows" else "after its seal"
+                logger.error("KV checksum mismatch: layer %s (%s) page %d, damaged %s, found at %s", layer, part, page,
+                             when, source)
                 self.kv_log.write("kv_checksum_mismatch", layer, page, {"part": part, "source": source})
+        for page, record in check.seal_damaged[:MAX_LOGGED_PAGES]:
+            m.record_damage.labels(record=record).inc()
+            logger.warning("KV checksum %s record of page %d damaged (the page's bytes match its other record): "
+                           "%s", record, page, "repaired" if record == "seal" else "dropped, page seal kept")
+            self.kv_log.write("kv_checksum_record_damage", None, page, {"record": record, "source": source})
+        for page, byte, kept in check.flag_damaged[:MAX_LOGGED_PAGES]:
+            m.flag_damage.inc()
+            logger.error("KV checksum state byte of page %d damaged (0x%02x is no state): page %s", page, byte,
+                         "matches both records, kept" if kept else "dropped")
+            self.kv_log.write("kv_checksum_flag_damage", None, page, {"byte": byte, "kept": kept, "source": source})
         m.seconds.inc(time.perf_counter() - t0)
         return check
 

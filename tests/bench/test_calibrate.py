@@ -11,7 +11,7 @@ from bench.errors import BadInput
 from bench.model import Deployment, Efficiency, catalog
 from bench.store import Store
 
-HIDDEN = {"hbm_eff": 0.45, "bf16_eff": 0.35, "kernel_us": 8.0, "step_overhead_ms": 4.0}
+HIDDEN = {"hbm_eff": 0.45, "bf16_eff": 0.35, "kernel_us": 8.0, "step_overhead_ms": 4.0, "kernel_scale": 1.6}
 
 
 def synthetic_run(dep: Deployment, users: int, prompt: int, output: int, n: int, hidden: Efficiency):
@@ -32,10 +32,23 @@ def test_fit_recovers_what_hidden_factors_predict_when_the_model_is_right():
             synthetic_run(dep, 16, 8000, 16, 60, hidden)]
     held_out = synthetic_run(dep, 96, 24000, 256, 200, hidden)  # long contexts: another regime
     start = Efficiency()
-    before, fitted = cal.errors(runs, start), cal.fit(runs, start)
+    before, result = cal.errors(runs, start), cal.fit_with_uncertainty(runs, start)
+    fitted = result.eff
     after = cal.errors(runs, fitted)
     assert max(after.values()) < 0.05 < max(before.values())
     assert max(cal.errors([held_out], fitted).values()) < 0.10 < max(cal.errors([held_out], start).values())
+    # H200 has kernel tables: the fit moves their scale, and says how well the runs pin each factor
+    assert result.factors == cal.KERNEL and fitted.kernel_scale == pytest.approx(1.6, rel=0.15)
+    assert 0 <= result.uncertainty["kernel_scale"] < 0.2
+
+
+def test_a_gpu_without_kernel_tables_fits_the_roofline():
+    dep = Deployment(catalog.model("glm-4.6"), catalog.gpu("mi300x"), 8)
+    hidden = Efficiency(**HIDDEN)
+    runs = [synthetic_run(dep, 1, 200, 64, 30, hidden), synthetic_run(dep, 32, 3000, 128, 120, hidden)]
+    result = cal.fit_with_uncertainty(runs, Efficiency())
+    assert result.factors == cal.ROOFLINE
+    assert max(cal.errors(runs, result.eff).values()) < 0.05
 
 
 def capbench(*args: str, timeout: float = 180) -> subprocess.CompletedProcess:
@@ -62,16 +75,17 @@ def test_calibrate_a_twin_with_hidden_efficiencies(tmp_path):
     ids = list(store.runs().run_id)
     start, fitted, before, after = cal.calibrate(store, ids, None, tmp_path / "fitted.json")
     # the twin adds its own CPU overhead on this machine, so recovery is approximate: the fit must move the
-    # bandwidth efficiency from the prior (0.75) towards the hidden 0.45 and cut the error
+    # kernel tables' scale from the prior (1.0) towards the hidden 1.6 and cut the error
     assert sum(after.values()) < sum(before.values())
-    assert abs(fitted.hbm_eff - HIDDEN["hbm_eff"]) < abs(start.hbm_eff - HIDDEN["hbm_eff"])
+    eff = fitted.eff
+    assert abs(eff.kernel_scale - HIDDEN["kernel_scale"]) < abs(start.kernel_scale - HIDDEN["kernel_scale"])
     written = json.loads((tmp_path / "fitted.json").read_text())
-    assert written["gpus"]["h200"]["hbm_eff"] == pytest.approx(fitted.hbm_eff, rel=1e-5)
-    assert written["runs"]["h200"] == ids
+    assert written["gpus"]["h200"]["kernel_scale"] == pytest.approx(eff.kernel_scale, rel=1e-5)
+    assert written["runs"]["h200"] == ids and "kernel_scale" in written["uncertainty"]["h200"]
     # the twin reads it back
     again = capbench("calibrate", "--runs", ",".join(ids), "--db", str(db), "--out", str(tmp_path / "f2.json"))
     assert again.returncode == 0, again.stderr
-    assert "prediction error" in again.stdout and "hbm_eff" in again.stdout
+    assert "prediction error" in again.stdout and "kernel_scale" in again.stdout and "standard error" in again.stdout
 
 
 def test_bad_runs_are_one_line(tmp_path):

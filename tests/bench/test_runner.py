@@ -13,7 +13,7 @@ import duckdb
 import psutil
 import pytest
 
-from bench import runner
+from bench import local_workers, runner
 from bench.errors import BadInput
 from bench.model import parse_slo
 from bench.runner import RunOptions, run
@@ -188,7 +188,7 @@ def test_bad_input_on_the_command_line_is_one_line_and_exit_2(tmp_db):
 def test_a_remote_worker_serves_successive_runs(stub_server, tmp_db):
     """`capbench worker` from another machine: it joins a run, leaves at its end, and joins the next one."""
     srv = stub_server()
-    port = runner._free_port()
+    port = local_workers.free_port()
     worker = subprocess.Popen([sys.executable, "-m", "loadgen.worker", "--master-host", "127.0.0.1", "--master-port",
                                str(port), "--keep"], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:

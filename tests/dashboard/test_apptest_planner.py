@@ -4,6 +4,7 @@ give for the same question, and each input moves the figures it should."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -12,7 +13,10 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from bench.model import Question, capacity, catalog, make_plan
-from bench.report import build
+from bench.model.answer import make_headline
+from bench.model.pd import versus as pd_versus
+from bench.report import build, wording
+from bench.report.content import answer_lines
 from tests.dashboard.apptest import ROOT, metric, no_exception
 
 CAPBENCH = str(Path(sys.executable).parent / "capbench")
@@ -39,13 +43,26 @@ def test_planner_cli_and_report_give_one_answer(at):
     assert metric(at, "GPUs needed for 10 req/s") == plan.chosen.gpus_needed
     assert metric(at, "$ per 1M output tokens") == round(plan.chosen.usd_per_m_output, 2)
     rec = plan.recommended
-    assert any(f"${rec.monthly_cost:,.0f} a month" in s.value for s in at.success)
-    # the interval, from the one function the CLI and the report use, and the priced command with every flag
-    from bench.report import wording
-
-    assert any(wording.interval(rec, 90) in s.value for s in at.success)
-    assert any(c.value == rec.launch()[0] for c in at.code)
+    # the answer (colocated or disaggregated, whichever is cheaper), from the one headline the CLI and the report
+    # print, with every role's launch lines
+    head = make_headline(plan, pd_versus.compare(plan))
+    lines = wording.headline_lines(head, 10**6, launch=False)
+    assert at.success[0].value == "  \n".join(lines)
+    assert any(c.value == "\n".join(head.launch) for c in at.code)
     assert any("80 % interval" in c.value for c in at.caption)
+    first = subprocess.run([CAPBENCH, "plan", "--model", "kimi-k2-thinking", "--gpus", "h200", "--gpu", "h200",
+                            "--tp", "8", "--kv-dtype", "fp8_e4m3", "--rate", "10", "--price", "3.79"],
+                           capture_output=True, text=True, timeout=900, env={**os.environ, "COLUMNS": "100"})
+    assert first.returncode == 0, first.stderr[-2000:]
+    screen = [x for x in first.stdout.splitlines() if x.strip()][:15]
+    assert all(len(x) <= 100 for x in screen)
+    assert " ".join(" ".join(screen).split()).startswith(" ".join(" ".join(lines).split()))
+    commands = [c for c in head.launch if not c.startswith("#")]
+    if len(commands) == 1:  # the whole command, as shell lines, on the first screen
+        wrapped = wording.shell_wrapped(commands[0], 100)
+        assert "Launch:" in screen and screen[screen.index("Launch:") + 1:][:len(wrapped)] == wrapped
+    else:
+        assert any(x.startswith(f"Launch: {len(commands)} commands") for x in screen)
 
     cli = subprocess.run([CAPBENCH, "plan", "--model", "kimi-k2-thinking", "--gpus", "h200", "--gpu", "h200",
                           "--tp", "8", "--kv-dtype", "fp8_e4m3", "--rate", "10", "--price", "3.79", "--json"],
@@ -59,6 +76,7 @@ def test_planner_cli_and_report_give_one_answer(at):
 
     report = build(q, None)
     assert report.plan.recommended.to_row()["monthly_cost"] == rec.monthly_cost
+    assert answer_lines(report)[:len(lines)] == lines
 
 
 def test_planner_follows_its_inputs(at):
@@ -85,6 +103,7 @@ def test_planner_follows_its_inputs(at):
     glm = capacity.Deployment(catalog.model("glm-4.6"), catalog.gpu("h200"), 8, kv_dtype="fp8_e4m3")
     assert metric(at, "KV pool tokens") == capacity.capacity(glm).kv_pool_tokens
     assert any("GLM-4.6" in h.value for h in at.subheader)
+    # the answer's launch lines (colocated or each PD role), through capbench's patched launcher
     assert any("capbench sglang-launch" in c.value and "glm-4.6" in c.value.lower() for c in at.code)
 
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from streamlit.testing.v1 import AppTest
 
-from bench.model import Question, capacity, catalog, make_plan, pd_versus
+from bench.model import Question, capacity, catalog, make_plan
+from bench.model.pd import versus as pd_versus
 from bench.report import pd as pd_report
 from tests.dashboard.apptest import ROOT, no_exception
 

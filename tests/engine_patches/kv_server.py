@@ -130,6 +130,7 @@ class Server:
     max_reqs: int = 16
     after_forward: object = None  # called with the batch after its KV is written and sealed (fault injection)
     derive: bool = False  # KV computed over a damaged prefix is itself wrong (see _reads_clean)
+    received: bool = False  # prefill KV stands for KV a PD decode server receives: no forward hook seals it
 
     def __post_init__(self):
         self.context = get_context().override_server_args(
@@ -297,7 +298,8 @@ class Server:
         loc = torch.cat(locs)
         assert torch.equal(loc, batch.out_cache_loc.to(torch.int64)), "rows and out_cache_loc disagree"
         write_kv(self.pool, self.layers, self.g, loc, torch.cat(tokens), torch.cat(positions))
-        hooks.seal_after_forward(self.pool, batch.out_cache_loc)
+        if not (prefill and self.received):
+            hooks.seal_after_forward(self.pool, batch.out_cache_loc)
         if self.after_forward is not None:
             self.after_forward(batch)
 

@@ -1,7 +1,8 @@
 """Every command line a user copies, parsed the way it will be parsed: each `capbench ...` line of the bash blocks
 of README.md and every docs/*.md page through the CLI's own (click) parser, and for `capbench sglang-launch ... --
 ARGS` also ARGS through SGLang 0.5.23's ServerArgs parser, after the launcher's own handling (which accepts `python -m
-sglang.launch_server` in front). The launch commands reports and the Planner generate (bench/model/launch.py) too."""
+sglang.launch_server` in front). The launch commands reports and the Planner generate (bench/model/advice/launch.py)
+too."""
 
 import argparse
 import contextlib

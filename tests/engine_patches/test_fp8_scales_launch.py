@@ -44,7 +44,7 @@ def test_dry_run_passes_the_scales_to_sglang(scales_file):
 
 @pytest.mark.parametrize("args,message", [
     (["--kv-scales", "{f}", "--", "--kv-cache-dtype", "auto"], "needs --kv-cache-dtype fp8_e4m3"),
-    (["--kv-scales", "/nonexistent.json", "--", "--kv-cache-dtype=fp8_e4m3"], "file not found"),
+    (["--kv-scales", "/nonexistent.json", "--", "--kv-cache-dtype=fp8_e4m3"], "no such KV scales file"),
     (["--kv-scales", "{f}", "--", "--kv-cache-dtype", "fp8_e4m3", "--quantization-param-path", "x"], "drop yours"),
     (["--kv-scales", "{f}", "--record-kv-amax", "/tmp/a"], "exclude each other"),
     (["--record-kv-amax", "/tmp/a", "--", "--kv-cache-dtype", "fp8_e4m3"], "calibrates on a BF16 KV cache"),

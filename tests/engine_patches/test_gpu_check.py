@@ -53,6 +53,13 @@ def test_quick_run_times_every_section_with_shape_and_kernel(quick_run):
                                                          "marlin_moe"}
     assert set(doc["section_s"]) == {"decode_attention", "checksum", "moe"}
     assert "PENDING: not GPU figures" in p.stdout
+    # checksum rows: seal + checks per step for each answer length, and the HiCache load-back check
+    for ck in doc["checksum"]:
+        assert {r["answer_tokens"] for r in ck["steps"]} == {16, 64}
+        assert [r["tokens"] for r in ck["hicache_loads"]] == [32]
+        assert all(r["host_check_ms"] > 0 and r["device_check_ms"] > 0 for r in ck["hicache_loads"])
+    assert {r["answer_tokens"] for r in doc["checksum_overhead"]} == {16, 64}
+    assert "HiCache load-back: host-copy check" in p.stdout
 
 
 def test_quick_run_writes_the_kernel_tables(quick_run):

@@ -15,6 +15,7 @@ from engine_patches.kv_checksum.checksum import (
     page_checksums_reference,
     page_partials_reference,
     paged_words,
+    row_sums_reference,
 )
 from engine_patches.kv_checksum.kernel import PageChecksummer
 
@@ -85,10 +86,11 @@ def test_the_fill_seal_writes_only_the_pages_it_is_given_into_the_table():
 
 
 def test_the_gpu_fill_path_seals_like_the_reference_path():
-    """PageSeals.seal_filled on its kernel path (as on a GPU: masked pages, flags set with no host read-back),
-    run here with the interpreted kernel, leaves the same seal table as the CPU path."""
-    from engine_patches.kv_checksum.seals import PageSeals
-    from tests.engine_patches.kv_server import Geometry, make_pool
+    """PageSeals.seal_written on its kernel path (as on a GPU: masked pages, state set with no host read-back),
+    run here with the interpreted kernel, leaves the same seal table and row records as the CPU path; a page
+    whose written row was damaged before it filled is marked, not sealed, on both."""
+    from engine_patches.kv_checksum.seals import FILL_BAD, SEALED, PageSeals
+    from tests.engine_patches.kv_server import Geometry, flip_page, make_pool
 
     pool = make_pool(Geometry("mla", "fp8", page_size=4, pages=12))
     gen = torch.Generator().manual_seed(7)
@@ -96,15 +98,31 @@ def test_the_gpu_fill_path_seals_like_the_reference_path():
         buf.copy_(torch.randint(0, 256, buf.shape, dtype=torch.uint8, generator=gen).view(buf.dtype))
     cpu, gpu_like = PageSeals(pool, 4), PageSeals(pool, 4)
     gpu_like._kernel = PageChecksummer(gpu_like.buffers, 4)
-    slots = torch.tensor([5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 19, 23])  # pages 1..3 and 4..5 complete
+    first = torch.arange(4, 19)  # pages 1..3 full, 4 three rows in
+    then = torch.tensor([19, 23, 20, 21, 22])  # page 4 completes, page 5 fills in one forward
     for seals in (cpu, gpu_like):
-        seals.bad[2] = True  # a stale bad mark is cleared by a fresh seal
-        seals.seal_filled(slots)
-    assert gpu_like.take_fill_count() == cpu.take_fill_count() == 5
+        seals.mark_bad(torch.tensor([2]))  # a stale bad mark is replaced by a fresh seal
+        seals.seal_written(first)
+    flip_page(pool_like_buffers(pool)[1], 4, 4, 3, 5)  # a written row of the half-full page 4
+    for seals in (cpu, gpu_like):
+        seals.seal_written(then)
+    assert torch.equal(gpu_like.rows, cpu.rows)
+    assert not torch.equal(cpu.rows[first], row_sums_reference(cpu.buffers, first, 4))  # row 16's record: pre-flip
     real = torch.tensor([1, 2, 3, 4, 5])
     assert torch.equal(gpu_like.sums[real], cpu.sums[real])
-    assert torch.equal(gpu_like.sealed[1:], cpu.sealed[1:]) and cpu.sealed[real].all()
-    assert not gpu_like.bad[1:].any() and not cpu.bad.any()
+    assert torch.equal(gpu_like.state[1:], cpu.state[1:])
+    assert cpu.state[real].tolist() == [SEALED, SEALED, SEALED, FILL_BAD, SEALED]
+    assert cpu.check(real).new_rows == [3] and gpu_like.check(real).new_rows == [3]
+
+
+def test_row_records_add_up_to_the_page_checksum():
+    """A page's checksum is the sum of its rows' records, on the reference and the interpreted kernel alike."""
+    gen = torch.Generator().manual_seed(8)
+    buffers = pool_like("mha", torch.bfloat16, 32, gen)
+    slots = torch.arange(32)
+    rows = row_sums_reference(buffers, slots, 4)
+    assert torch.equal(rows.view(8, 4).sum(dim=1), page_checksums_reference(buffers, torch.arange(8), 4))
+    assert torch.equal(PageChecksummer(buffers, 4).row_sums(slots), rows)
 
 
 def pool_like_buffers(pool) -> list[torch.Tensor]:
@@ -170,3 +188,20 @@ def test_random_multiword_corruption_is_detected():
         flat[idx] ^= torch.randint(1, 256, (len(idx),), generator=gen, dtype=torch.uint8)
         assert not torch.equal(page_checksums_reference(buffers, pages, 4), clean)
         flat[idx] = saved
+
+
+def test_the_host_copy_check_as_a_kernel_equals_the_cpu_check():
+    """HiCache's host-copy check through the page kernel (opt-in on CUDA, where the kernel reads the registered
+    host pool through its pointers), here interpreted over the same host views: the same sums as the CPU path."""
+    from engine_patches.kv_checksum.hicache import HostSeals
+
+    gen = torch.Generator().manual_seed(9)
+    views = pool_like("mla", torch.float8_e4m3fn, 32, gen)
+    seals = HostSeals.of_views(views, 4)
+    pages = torch.tensor([1, 5, 7])
+    cpu = seals.partials(pages)
+    assert torch.equal(cpu, page_partials_reference(views, pages, 4))
+    assert seals.read_on_gpu(torch.device("cpu"))
+    assert torch.equal(seals.partials(pages), cpu)
+    views[0].view(-1)[5 * 4 * 72 + 3] ^= 4  # host page 5 of layer 0
+    assert seals.partials(pages)[:, 0].ne(cpu[:, 0]).tolist() == [False, True, False]

@@ -1,4 +1,4 @@
-"""The disaggregated plan's launch commands (bench/model/disagg_launch.py), parsed by SGLang 0.5.23's own ServerArgs
+"""The disaggregated plan's launch commands (bench/model/pd/launch.py), parsed by SGLang 0.5.23's own ServerArgs
 parser, and the router line by sglang-router's own parser (`launch_router.parse_router_args`), for the shapes the
 Planner prints: one-node and multi-node instances, DP or TP attention on prefill, EPLB on and off."""
 
@@ -11,8 +11,9 @@ import pytest
 from sglang.srt.server_args import ServerArgs
 from sglang_router.launch_router import parse_router_args
 
-from bench.model import disagg, disagg_launch
-from bench.model.slo import Slo
+from bench.model.pd import disagg
+from bench.model.pd import launch as disagg_launch
+from bench.model.serving.slo import Slo
 
 
 def sglang_parse(argv: list[str]) -> argparse.Namespace:
@@ -127,7 +128,7 @@ def wrapped_parse(argv: list[str]) -> argparse.Namespace:
 
 
 def test_with_patch_flags_the_plans_servers_go_through_the_patched_launcher():
-    from bench.model.launch import patch_flags
+    from bench.model.advice.launch import patch_flags
     from engine_patches.kv_checksum.patch import BACKEND
 
     shape = disagg.Shape("kimi-k2-thinking", "h200", 16, 8, "bf16")
@@ -153,8 +154,8 @@ def test_a_campaign_that_asks_for_patches_launches_its_pd_servers_through_them(t
     from bench.campaign.pd_launch import plan
     from engine_patches.kv_checksum.patch import BACKEND
 
-    scales = tmp_path / "scales.json"
-    scales.write_text("{}")
+    scales = tmp_path / "scales.json"  # SGLang's schema, as calibrate-kv-scales writes it (checked before launch)
+    scales.write_text('{"kv_cache": {"dtype": "float8_e4m3fn", "scaling_factor": {"0": {"0": 0.05}}}}')
     text = ("name: pd\ndeployments:\n  - name: kimi\n    disaggregated:\n      model: kimi-k2-thinking\n"
             f"      kv_checksum: strict\n      kv_scales: {scales}\n"
             "      prefill: {tp: 8, dp: 8, ep: 8}\n      decode: {tp: 8, dp: 8, ep: 8}\n      router: {}\n"

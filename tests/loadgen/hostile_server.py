@@ -73,7 +73,14 @@ async def _answer(writer: asyncio.StreamWriter, fault: str, req: dict, auth: str
     key = auth.split(" ")[-1]
     echoes = {"echo_key_json": json.dumps({"error": {"message": "bad key", "key": key}}).replace("/", "\\/"),
               "echo_key_upper": f"INVALID KEY {key.upper()}", "echo_key_prefix": f"invalid key {key[:12]}...",
-              "echo_key_urlencoded": "invalid key " + __import__("urllib.parse").parse.quote(key, safe="")}
+              "echo_key_urlencoded": "invalid key " + __import__("urllib.parse").parse.quote(key, safe=""),
+              "echo_key_unicode": '{"detail": "bad key ' + "".join(f"\\u{ord(c):04x}" for c in key) + '"}',
+              "echo_key_base64": "invalid key " + __import__("base64").b64encode(key.encode()).decode(),
+              "echo_key_hex": "invalid key " + key.encode().hex(), "echo_key_reversed": "invalid key " + key[::-1],
+              "echo_key_spaced": "invalid key " + " ".join(key),
+              "echo_key_html": "<p>invalid key " + "".join(f"&#{ord(c)};" for c in key) + "</p>",
+              "echo_key_percent": "invalid key " + "".join(f"%{b:02X}" for b in key.encode()),
+              "echo_key_pieces": f"invalid key {key[:7]} ... {key[7:14]} ... {key[14:21]}"}
     if fault in echoes:  # the forms a key takes in a server's error page
         _reply(writer, 403, echoes[fault].encode(), "text/plain")
         return

@@ -4,6 +4,7 @@ credentials in a URL are refused before anything is stored, a workload file that
 run killed outright keeps every request it sent as a row, and a disk that fills (a tmpfs) stops the run with one
 line and the count."""
 
+import base64
 import json
 import os
 import random
@@ -62,14 +63,17 @@ def _count(db: Path, where: str = "TRUE") -> int:
 
 
 def test_a_key_echoed_in_any_form_is_never_stored_logged_or_exported(server, tmp_path):
-    srv = server("echo_key_json", "echo_key_upper", "echo_key_prefix", "echo_key_urlencoded", "echo_key_usage",
-                 "echo_key", "echo_key_stream")
+    echoes = ("echo_key_json", "echo_key_upper", "echo_key_prefix", "echo_key_urlencoded", "echo_key_usage",
+              "echo_key", "echo_key_stream", "echo_key_unicode", "echo_key_base64", "echo_key_hex",
+              "echo_key_reversed", "echo_key_spaced", "echo_key_html", "echo_key_percent", "echo_key_pieces")
+    srv = server(*echoes)
     db = tmp_path / "k.duckdb"
-    out = _run("--target", srv.url, "--profile", "constant", "--rate", "14", "--duration", "1", "--db", str(db),
+    n = 2 * len(echoes)
+    out = _run("--target", srv.url, "--profile", "constant", "--rate", str(n), "--duration", "1", "--db", str(db),
                "--api-key-env", "HOSTILE_KEY", "--workload", "synthetic", cwd=tmp_path, env={"HOSTILE_KEY": KEY})
     assert "Traceback" not in out.stderr, out.stderr[-3000:]
-    assert _count(db) == srv.count() == 14
-    assert _count(db, "error LIKE '%***%' OR note LIKE '%***%'") == 14  # every echo was there, and redacted
+    assert _count(db) == srv.count() == n
+    assert _count(db, "error LIKE '%***%' OR note LIKE '%***%'") == n  # every echo was there, and redacted
     for fmt in ("csv", "parquet"):
         exp = subprocess.run([CAPBENCH, "export", "--db", str(db), "--run", _run_id(db), "--format", fmt, "--out",
                               str(tmp_path / fmt)],
@@ -80,8 +84,25 @@ def test_a_key_echoed_in_any_form_is_never_stored_logged_or_exported(server, tmp
     blobs = [db.read_bytes(), out.stdout.encode(), out.stderr.encode()]
     blobs += [p.read_bytes() for p in (tmp_path / "csv").iterdir()] + [p.read_bytes() for p in
                                                                       (tmp_path / "parquet").iterdir()]
+    forms |= {"".join(f"\\u{ord(c):04x}" for c in KEY), base64.b64encode(KEY.encode()).decode()[:12],
+              KEY.encode().hex()[:12], KEY[::-1][:8], " ".join(KEY)[:12], f"&#{ord(KEY[0])};&#{ord(KEY[1])};",
+              "".join(f"%{b:02X}" for b in KEY.encode())[:12], KEY[7:14], KEY[14:21]}
     for form in forms:
         assert not any(form.encode() in b for b in blobs), form
+    report = subprocess.run([CAPBENCH, "report", "--db", str(db), "--runs", _run_id(db), "--out",
+                             str(tmp_path / "r.html")], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert report.returncode == 0, report.stderr[-2000:]
+    assert not any(form in (tmp_path / "r.html").read_text() for form in forms)
+
+
+@pytest.mark.parametrize("url", ["{}/v1?api_key=" + KEY, "{}/v1#" + KEY, "{}/" + KEY + "/v1", "{}/token/abc/v1"])
+def test_a_key_in_the_target_urls_query_or_path_is_refused(server, tmp_path, url):
+    srv = server("ok")
+    out = _run("--target", url.format(srv.url), "--rate", "5", "--duration", "1", "--db", str(tmp_path / "c.duckdb"),
+               cwd=tmp_path)
+    assert out.returncode == 2 and "like credentials" in out.stderr and "Traceback" not in out.stderr, out.stderr
+    assert KEY[:8] not in out.stderr + out.stdout
+    assert not (tmp_path / "c.duckdb").exists() and srv.count() == 0
 
 
 def test_credentials_in_the_target_url_are_refused_before_anything_is_stored(server, tmp_path):

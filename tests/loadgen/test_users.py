@@ -244,7 +244,8 @@ def test_a_nested_plans_measured_requests_are_the_workloads_first_whatever_its_w
     from loadgen import workloads
     from loadgen.users import Plan
 
-    wl = {"name": "agents", "type": "agentic_coding", "system_tokens": 64, "concurrent_sessions": 4, "turns": 3,
+    wl = {"name": "agents", "type": "agentic_coding", "loop": "open", "system_tokens": 64, "concurrent_sessions": 4,
+          "turns": 3,
           "input": 32, "output": 8, "tool_output": 32}
     prompts = {}
     for rate in (20.0, 26.0):

@@ -46,6 +46,8 @@ BROKEN = {  # name -> (file text, what the one line says)
     "workload-etc-passwd": (BASE.replace("workload: chat", "workload: /etc/passwd"), "loads[0].workload:"),
     "url-unclosed-ipv6": (BASE.replace(TWIN, 'url: "http://[::1"}'), "not a URL"),
     "url-credentials": (BASE.replace(TWIN, f'url: "http://user:{SECRET}@127.0.0.1:9"}}'), "credentials in the URL"),
+    "url-key-in-query": (BASE.replace(TWIN, f'url: "http://127.0.0.1:9/v1?key={SECRET}"}}'), "like credentials"),
+    "url-key-in-path": (BASE.replace(TWIN, f'url: "http://127.0.0.1:9/{SECRET}/v1"}}'), "like credentials"),
     "template-unknown-placeholder": (BASE.replace(TWIN, "sglang: {model: glm-4.6, template: {start: 'x {nope} "
                                                         "{command}'}}}"), "unknown placeholder(s) nope"),
     "template-positional": (BASE.replace(TWIN, "sglang: {model: glm-4.6, template: {start: 'x {0} {command}'}}}"),
@@ -91,7 +93,7 @@ def test_a_workload_file_of_the_wrong_format_fails_the_check(tmp_path):
     f = tmp_path / "c.yaml"
     f.write_text(BASE.replace("workload: chat", f"workload: {tmp_path / 'convs.json'}"))
     out = _check(f, tmp_path)
-    assert out.returncode == 2 and "is not JSON" in out.stderr and "Traceback" not in out.stderr
+    assert out.returncode == 2 and "not a ShareGPT JSON" in out.stderr and "Traceback" not in out.stderr
 
 
 def test_a_campaign_path_works_from_any_folder(tmp_path):
@@ -160,13 +162,14 @@ def test_secret_flags_stay_in_the_environment(tmp_path):
     (fake / "launch_server.py").write_text(
         "import json, os, sys, time\n"
         "cmdline = open(f'/proc/{os.getpid()}/cmdline', 'rb').read().decode()\n"
-        "print(json.dumps({'argv': sys.argv[1:], 'cmdline': cmdline}), flush=True)\n")
+        "open(os.environ['CB_SAID'], 'w').write(json.dumps({'argv': sys.argv[1:], 'cmdline': cmdline}))\n")
     from engine_patches.launch import PatchOptions, build_command
 
     argv, env = build_command(PatchOptions(), ["--model-path", "m", "--api-key", "env:CB_TEST_KEY"])
-    env = {**env, "CB_TEST_KEY": SECRET, "PYTHONPATH": f"{fake.parent}{os.pathsep}{env['PYTHONPATH']}"}
-    out = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
-    said = json.loads(out.stdout.strip().splitlines()[-1])
+    env = {**env, "CB_TEST_KEY": SECRET, "PYTHONPATH": f"{fake.parent}{os.pathsep}{env['PYTHONPATH']}",
+           "CB_SAID": str(tmp_path / "said.json")}
+    subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
+    said = json.loads((tmp_path / "said.json").read_text())
     assert said["argv"][-2:] == ["--api-key", SECRET]  # what SGLang parses
     assert SECRET not in said["cmdline"] and "env:CB_TEST_KEY" in said["cmdline"]  # what ps shows
     dry = subprocess.run([CAPBENCH, "sglang-launch", "--dry-run", "--", "--model-path", "m", "--api-key",

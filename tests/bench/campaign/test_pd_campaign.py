@@ -100,11 +100,10 @@ def test_sigkill_mid_launch_then_resume_leaves_no_process(tmp_path):
     proc.send_signal(signal.SIGKILL)
     proc.communicate(timeout=30)
     launched = (tmp_path / "pids").read_text().split()
-    assert len(launched) == 2 and _dead(tmp_path / "pids", wait_s=0.5) != [], "both roles run on after the kill"
+    assert len(launched) == 2
+    assert _dead(tmp_path / "pids", wait_s=60) == [], "a role outlived its killed campaign (the watchdog ends both)"
     hold.unlink()
     out = _run(f, db, "--resume")
-    assert "stopping what campaign" in out.stderr and "glm-pd/prefill[0]" in out.stderr, out.stderr[-3000:]
-    assert "glm-pd/decode[0]" in out.stderr
     assert _dead(tmp_path / "pids") == [], "a role's process outlived its campaign"
     assert all(t is not None for _, t in _servers(db))
     assert out.returncode == 0 and _cells(db)["glm-pd/a"][0] == "completed", out.stderr[-3000:]

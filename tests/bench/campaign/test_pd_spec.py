@@ -1,7 +1,7 @@
 """The `disaggregated:` deployment of a campaign file: every problem one line; on `capbench serve` its nodes name
 the operator's templates and no role runs on the service's host; `--check` runs each role's memory arithmetic and
 a decode rank's KV pool against each load (one line per problem, exit 2, nothing launched); the predicted column
-is the PD simulator's (bench/model/pd_simulate.py) playing the same sweep."""
+is the PD simulator's (bench/model/pd/simulate.py) playing the same sweep."""
 
 import subprocess
 
@@ -13,7 +13,9 @@ from bench.campaign.predict import fit_problems, modelled, predicted
 from bench.campaign.run import _search
 from bench.campaign.templates import Template
 from bench.errors import BadInput
-from bench.model import disagg, load_workload, pd_simulate, usd_per_million
+from bench.model import load_workload, usd_per_million
+from bench.model.pd import disagg
+from bench.model.pd import simulate as pd_simulate
 from bench.sweep import sweep
 from tests.bench.campaign.test_predict import CLI
 
@@ -52,7 +54,8 @@ def test_every_problem_is_one_line():
         f"{where}.prefill.colour: unknown key (known: bootstrap_port, count, dp, ep, flags, node, port, tp)",
         f"{where}.prefill: dp and ep must divide tp (tp 8, dp 3, ep 1)",
         f"{where}.prefill.node: no node named 'g9' (nodes: g1, g2)",
-        f"{where}.decode.flags: --disaggregation-mode is set by the campaign's own keys; use those",
+        f"{where}.decode.flags: --disaggregation-mode sets disaggregation_mode, which the campaign's own keys set; "
+        "use those",
         f"{where}.decode.node: 3 names for 2 launches (2 instance(s) of 1 node(s)); give one name, or one per launch",
         f"{where}.router.tp: unknown key (known: flags, node, port)",
     ], lines

@@ -8,7 +8,7 @@ from dataclasses import replace
 from bench.campaign import load_campaign, parse_campaign
 from bench.campaign.predict import fit_problems, modelled, predicted
 from bench.campaign.run import _search
-from bench.model.capacity import capacity
+from bench.model.fits.capacity import capacity
 
 CLI = [sys.executable, "-c", "from bench.cli import main; main()", "campaign"]
 

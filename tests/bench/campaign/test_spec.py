@@ -45,7 +45,7 @@ def test_every_problem_is_one_line():
     assert any(x.startswith("deployments[1].twin:") for x in lines)
     assert any(x.startswith("loads[0].sweep.speed: unknown key") for x in lines)
     assert any(x.startswith("loads[1].workload: unknown workload 'no-such-workload'") for x in lines)
-    assert any(x.startswith("deployments[2].sglang.flags: --port is set by the campaign") for x in lines)
+    assert any(x.startswith("deployments[2].sglang.flags: --port sets port, which the campaign") for x in lines)
     assert len(lines) == 5, lines
 
 

@@ -67,7 +67,7 @@ def test_the_model_answers_the_same_sweep_and_fp8_kv_gains_when_the_pool_binds()
     base, fp8 = (predicted(d, c.loads[0], _search(c.loads[0])) for d in c.deployments)
     assert 0 < base["predicted_rps"] < fp8["predicted_rps"]  # the pool binds: twice the tokens serve more
     assert base["predicted_usd_per_m"] > fp8["predicted_usd_per_m"] > 0
-    for cell in (base, fp8):  # the predicted column carries the plan's 80 % interval (bench/model/interval.py)
+    for cell in (base, fp8):  # the predicted column carries the plan's 80 % interval (bench/model/evidence/interval.py)
         assert cell["predicted_rps_low"] < cell["predicted_rps"] < cell["predicted_rps_high"]
 
 

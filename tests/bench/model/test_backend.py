@@ -1,5 +1,5 @@
 """data/attention_backends.yaml against SGLang 0.5.23's own choice: for every catalog model on every catalog GPU, the
-default bench/model/backend.py reads off the file is the backend SGLang's resolution picks, run on CPU with the
+default bench/model/fits/backend.py reads off the file is the backend SGLang's resolution picks, run on CPU with the
 machine's facts declared through SGLang's own `override_platform` (the family override first, as model_hook runs it,
 then get_default_attn_backend); and every launch line capbench prints names a backend that keeps the scales."""
 

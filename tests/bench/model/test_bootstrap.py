@@ -1,4 +1,5 @@
-"""The bootstrap over requests (bench/model/bootstrap.py): a stage judged again per draw as the campaign judges it, a
+"""The bootstrap over requests (bench/model/evidence/bootstrap.py): a stage judged again per draw as the campaign
+judges it, a
 sweep's bracket ends per draw, and a gain's interval from two deployments' draws, on stages whose requests are
 known."""
 
@@ -6,7 +7,7 @@ import numpy as np
 import pytest
 
 from bench.model import bootstrap, gain_words
-from bench.model.bootstrap import cell_gain, gain, stage_sample, sweep_draws
+from bench.model.evidence.bootstrap import cell_gain, gain, stage_sample, sweep_draws
 
 TTFT_BOUND = 1.0
 

@@ -3,7 +3,7 @@ ratio; a gain whose interval contains 1.0x is "not distinguishable" in words; on
 
 import math
 
-from bench.model.confidence import gain_interval, gain_words, mean_interval
+from bench.model.evidence.confidence import gain_interval, gain_words, mean_interval
 
 
 def test_mean_interval_of_repeats():

@@ -2,7 +2,7 @@
 published points of the same configuration, and the Pareto front over all curves."""
 
 from bench.model import Deployment, catalog, corpus, load_workload
-from bench.model.curve import CurvePoint, curve, front, published
+from bench.model.advice.curve import CurvePoint, curve, front, published
 
 GLM = Deployment(catalog.model("glm-4.6"), catalog.gpu("b200"), 8)
 
@@ -19,7 +19,7 @@ def test_more_concurrency_buys_throughput_per_gpu_with_speed_per_user():
 
 
 def test_the_curve_stops_at_the_instance_s_max_running_requests():
-    from bench.model.capacity import capacity
+    from bench.model.fits.capacity import capacity
 
     limit = capacity(GLM, with_ratios=False).max_running_requests
     pts = curve("glm b200", GLM, load_workload("chat"), levels=(1, limit + 1))

@@ -1,4 +1,4 @@
-"""Prefill/decode disaggregation (bench/model/disagg.py): the properties the issue asks for, checked over random
+"""Prefill/decode disaggregation (bench/model/pd/disagg.py): the properties the issue asks for, checked over random
 shapes and workloads, and what the model answers for the published configurations."""
 
 import math
@@ -7,8 +7,10 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from bench.model import disagg, interconnect, pd_search
-from bench.model.slo import Slo
+from bench.model import interconnect
+from bench.model.pd import disagg
+from bench.model.pd import search as pd_search
+from bench.model.serving.slo import Slo
 
 SETTINGS = settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 MODELS = st.sampled_from(["kimi-k2-thinking", "deepseek-v3", "glm-4.6"])

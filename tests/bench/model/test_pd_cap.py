@@ -1,4 +1,4 @@
-"""The client's concurrency cap in front of a disaggregated deployment (bench/model/pd_simulate.py), as
+"""The client's concurrency cap in front of a disaggregated deployment (bench/model/pd/simulate.py), as
 bench_serving's --max-concurrency plays it: one count of requests in flight across every prefill and decode
 instance; closed loop without a rate, paced with one (a request waits for a slot, and the wait is slot_wait_*)."""
 
@@ -6,7 +6,9 @@ import math
 
 import pytest
 
-from bench.model import disagg, pd_simulate, workload
+from bench.model import workload
+from bench.model.pd import disagg
+from bench.model.pd import simulate as pd_simulate
 
 SHAPE = disagg.Shape("kimi-k2-thinking", "h200", 8, 8, "fp8_e4m3")
 WL = workload.fixed_workload(4000, 100)

@@ -1,4 +1,4 @@
-"""The disaggregated answer's interval (bench/model/pd_interval.py): each role's rate band is the colocated one
+"""The disaggregated answer's interval (bench/model/pd/interval.py): each role's rate band is the colocated one
 stretched to hold every published PD case of its phase, and the answer's GPUs, $ and latencies follow from it."""
 
 import math
@@ -7,7 +7,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from bench.model import Plan, Question, interval, parse_slo, pd_interval, pd_versus
+from bench.model import Plan, Question, interval, parse_slo
+from bench.model.pd import interval as pd_interval
+from bench.model.pd import versus as pd_versus
 from bench.report import pd as pd_report
 
 

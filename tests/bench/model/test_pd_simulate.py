@@ -1,4 +1,4 @@
-"""A disaggregated deployment in virtual time (bench/model/pd_simulate.py), which a PD twin's campaign prediction
+"""A disaggregated deployment in virtual time (bench/model/pd/simulate.py), which a PD twin's campaign prediction
 uses: at low load its TTFT is the prefill, the KV transfer and the router; it delivers what it is offered below
 saturation; the built-in pd-demo campaign names a 16-GPU disaggregated twin and predicts it with this."""
 
@@ -7,7 +7,9 @@ import math
 import pytest
 
 from bench.campaign import load_campaign
-from bench.model import disagg, interconnect, pd_simulate, workload
+from bench.model import interconnect, workload
+from bench.model.pd import disagg
+from bench.model.pd import simulate as pd_simulate
 
 
 def test_low_load_ttft_is_prefill_plus_transfer_plus_router_and_throughput_follows_the_offer():

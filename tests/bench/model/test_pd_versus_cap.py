@@ -1,12 +1,15 @@
 """`capbench plan --pd --max-concurrency N`: both sides are sized behind the cap. The disaggregated side caps each
-decode instance's batch and counts the wait for a slot (M/M/c, bench/model/queues.py) in the TTFT it judges, as the
+decode instance's batch and counts the wait for a slot (M/M/c, bench/model/serving/queues.py) in the TTFT it judges,
+as the
 colocated search's simulated client does."""
 
 import math
 
 import pytest
 
-from bench.model import Plan, Question, disagg, parse_slo, pd_versus, queues
+from bench.model import Plan, Question, parse_slo, queues
+from bench.model.pd import disagg
+from bench.model.pd import versus as pd_versus
 
 SLO = parse_slo("ttft=2s,tpot=50ms,p=90")
 

@@ -1,4 +1,6 @@
-"""The performance model's terms, by hand, and the properties a planner relies on."""
+"""The performance model's roofline terms, by hand, and the properties a planner relies on. The roofline prices
+what no kernel table covers; here it prices every GPU (CAPBENCH_PERF=roofline), so its arithmetic is checked on the
+GPUs whose figures are by hand. The kernel-table step is tests/bench/model/test_kernel_step.py's."""
 
 import json
 import math
@@ -9,9 +11,14 @@ from hypothesis import strategies as st
 
 from bench.errors import BadInput
 from bench.model import catalog
-from bench.model.calibration import Efficiency, load_efficiency
-from bench.model.capacity import Deployment, bytes_per_weight, cell_bytes, weight_bytes
-from bench.model.perfmodel import PerfModel, cost_per_million_tokens, expected_experts, prefill_pairs, summary
+from bench.model.fits.capacity import Deployment, bytes_per_weight, cell_bytes, weight_bytes
+from bench.model.step.calibration import Efficiency, load_efficiency
+from bench.model.step.perfmodel import PerfModel, cost_per_million_tokens, expected_experts, prefill_pairs, summary
+
+
+@pytest.fixture(autouse=True)
+def roofline(monkeypatch):
+    monkeypatch.setenv("CAPBENCH_PERF", "roofline")
 
 
 def kimi(**kw) -> Deployment:
@@ -187,7 +194,7 @@ def test_calibration_file_overrides_and_round_trips(tmp_path):
 def test_every_prior_has_a_source():
     import yaml
 
-    from bench.model.calibration import DEFAULT_CALIBRATION
+    from bench.model.step.calibration import DEFAULT_CALIBRATION
 
     raw = yaml.safe_load(DEFAULT_CALIBRATION.read_text())
     for section in [raw["default"], raw["kernels"], *raw["gpus"].values()]:
@@ -197,17 +204,21 @@ def test_every_prior_has_a_source():
 
 
 @pytest.mark.parametrize("text, message", [
-    (json.dumps({"hbm": 0.5}), "unknown factor 'hbm'"),
-    (json.dumps({"hbm_eff": "fast"}), "non-negative number"),
+    (json.dumps({"hbm": 0.5}), "hbm: unknown key .known: .*hbm_eff"),
+    (json.dumps({"hbm_eff": "fast"}), "hbm_eff: .*number.*'fast'"),
+    (json.dumps({"hbm_eff": 0}), "hbm_eff: .*greater than 0, got 0"),  # divided by
+    (json.dumps({"gpus": {"h200": {"hbm_eff": 1e308}}}), "gpus.h200.hbm_eff: .*less than or equal to 1"),
+    ('{"kernel_us": NaN}', "NaN is not a finite number"),
+    ('{"kernel_us": -Infinity}', "-Infinity is not a finite number"),
     ("[1, 2]", "map of factors"),
-    ("{not json", "not valid json"),
+    ("{not json", "not a calibration JSON"),
 ])
 def test_bad_calibration_is_one_clear_error(tmp_path, text, message):
     path = tmp_path / "bad.json"
     path.write_text(text)
     with pytest.raises(BadInput, match=message):
         load_efficiency("h200", path)
-    with pytest.raises(BadInput, match="not readable"):
+    with pytest.raises(BadInput, match="no such calibration file"):
         load_efficiency("h200", tmp_path / "missing.json")
 
 

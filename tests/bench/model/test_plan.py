@@ -9,7 +9,7 @@ from dataclasses import replace
 import pytest
 
 from bench.model import Question, catalog, formats, load_workload, make_plan, rate, simulate
-from bench.model.option import HOURS_PER_MONTH
+from bench.model.advice.option import HOURS_PER_MONTH
 
 
 def test_search_rate_converges_and_is_the_highest_rate_within_the_slo():

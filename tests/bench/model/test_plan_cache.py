@@ -13,7 +13,7 @@ import pytest
 from bench import demo
 from bench.benchmarks.plan_cache import QUESTIONS, readme_question
 from bench.model import calibration, curve, make_plan, rate, simulate
-from bench.model.workload import load_workload
+from bench.model.serving.workload import load_workload
 
 
 @pytest.fixture

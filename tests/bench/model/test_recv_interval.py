@@ -4,8 +4,8 @@ arrives while others decode waits for the next multiple of N; after a prefill st
 import pytest
 
 from bench.model import Deployment, PerfModel, Request, Scheduler, catalog
-from bench.model.capacity import capacity
-from bench.model.corpus import _flag_int, load
+from bench.model.evidence.corpus import _flag_int, load
+from bench.model.fits.capacity import capacity
 
 
 def _scheduler(recv_interval: int) -> Scheduler:

@@ -3,10 +3,12 @@ import math
 import pytest
 
 from bench.model import Deployment, PerfModel, Request, Scheduler, catalog
-from bench.model.capacity import capacity
-from bench.model.simulate import percentile, run, sweep
-from bench.model.slo import Slo
-from bench.model.workload import fixed_workload, load_workload, make_requests
+from bench.model.fits.capacity import capacity
+from bench.model.serving.rate import search_rate
+from bench.model.serving.simulate import percentile, run
+from bench.model.serving.slo import Slo
+from bench.model.serving.sweep import sweep
+from bench.model.serving.workload import fixed_workload, load_workload, make_requests
 from loadgen import workloads as lg
 
 
@@ -148,14 +150,15 @@ def test_abort_frees_everything():
     assert a.state == b.state == "aborted" and sched.used_tokens == 0 and sched.num_running == 0
 
 
-def test_sweep_finds_an_slo_rate_and_fp8_kv_is_no_worse():
+def test_sweep_answers_with_the_plans_rate_and_fp8_kv_is_no_worse():
+    """`simulate --sweep` and `plan` answer "the highest rate within the SLO" with one search (rate.search_rate)."""
     wl = fixed_workload(8000, 300)
     slo = Slo(ttft_s=5.0, tpot_s=0.06, percentile=90)
     best = {}
     for kv in ("bf16", "fp8_e4m3"):
-        sw = sweep(kimi(kv), wl, slo, n=200, bisect_steps=2, min_seconds=30)
-        assert sw.best is not None and slo.met(sw.best)
-        assert any(not p.meets_slo for p in sw.points)  # the grid reaches past the SLO
+        sw = sweep(kimi(kv), wl, slo, n=200, min_seconds=30)
+        assert sw.best is not None and sw.best_rate == search_rate(kimi(kv), wl, slo).rate_rps > 0
+        assert any(p.meets_slo for p in sw.points) and any(not p.meets_slo for p in sw.points)  # the grid spans it
         best[kv] = sw.best_rate
     # A bigger pool admits a different mix of requests at the same arrivals, so the two rates differ by sampling
     # noise where the KV cache does not bind (here it does not at 8k tokens); FP8 must not be materially worse.

@@ -4,7 +4,7 @@ import pytest
 
 from bench.errors import BadInput
 from bench.model import Slo, parse_slo
-from bench.model.simulate import Point
+from bench.model.serving.simulate import Point
 
 
 def point(**p) -> Point:

@@ -3,6 +3,7 @@ answers the question from the plan, with and without measured runs."""
 
 from __future__ import annotations
 
+import html
 import re
 import subprocess
 import sys
@@ -11,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from bench.model import Question, make_plan
-from bench.report import build, render
+from bench.report import build, render, wording
 from tests.rundb import RUNS, fill
 
 Q = Question(model="kimi-k2-thinking", gpu="h200", tp=8, workload="chat", target_rate_rps=20, search_gpus=("h200",))
@@ -48,15 +49,20 @@ def test_report_with_runs_has_tables_charts_and_the_measurements(db):
         assert heading in page
     assert "Nothing was measured" not in page
     rec = make_plan(Q).recommended
-    assert f"Deploy {rec.gpus_needed} x H200 as {rec.instances_needed} SGLang instance(s)" in page
-    assert f"${rec.monthly_cost:,.0f} a month" in page
-    assert "FP8 KV cache:" in page and "experts (converted by capbench from the checkpoint" in page
+    # the answer first, the CLI's and the Planner's headline (colocated or disaggregated, whichever is cheaper)
+    head = r.headline
+    answer = html.escape(wording.headline_lines(head, 10**6, launch=False)[1], quote=True)
+    assert answer in page and page.index(answer) < page.index("Configurations compared")
+    assert f"${head.monthly_cost:,.0f} a month" in page
+    if head.kind == "disaggregated":  # its every role's lines, then the colocated runner-up's
+        assert all(html.escape(c, quote=True) in page for c in head.launch if not c.startswith("#"))
+        assert "Not modelled: prefill/decode" not in page
     # launch commands: one node, and one instance over two nodes
     assert "capbench sglang-launch --kv-checksum verify" in page
     assert rec.launch()[0] in page  # the priced command: every flag of the recommended configuration
     assert "80 % interval" in page and "Intervals: every predicted figure carries" in page
-    you = r.plan.chosen  # the asker's own deployment (Kimi's native INT4 experts) gets its interval and evidence too
-    assert you is not rec and f"Your choice, {you.label}:" in page
+    you = r.plan.chosen  # the asker's own deployment, when not the answer, gets its interval and evidence too
+    assert you.config == rec.config or f"Your choice, {you.label}:" in page
     assert "Only 3 published cases for INT4 experts, MLA on Hopper (they delivered" in page
     assert "--tp 16" in page and "--nnodes 2 --node-rank 1 --dist-init-addr" in page
 

@@ -9,7 +9,8 @@ import httpx
 import pytest
 
 from bench.errors import BadInput
-from bench.model import disagg, interconnect
+from bench.model import interconnect
+from bench.model.pd import disagg
 from bench.twin import TwinConfig, parse_twin_spec, serve_in_thread
 from bench.twin.pd import PDTwin
 from bench.twin.server import TwinRequest

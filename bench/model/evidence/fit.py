@@ -1,0 +1,234 @@
+"""Fit the performance model's factors to the published corpus, and say how well it predicts what it did not see.
+
+The fitted cases are those of the engine capbench models (SGLang 0.5.x) that can be replayed and are not marked
+as outliers in data/calibration/outliers.yaml (with the reason). The loss is the mean Huber loss of
+log(predicted / published) over output throughput, TPOT and TTFT. The search is a coordinate descent in log
+space over the FITTED factors, each a multiplier of its prior (so a GPU-specific prior keeps its ratio to the
+others), from the priors, halving its steps when no move helps.
+
+Accuracy is quoted out of sample only: leave-one-source-out fits the factors on the other organisations' cases
+and predicts the left-out organisation's cases with them; the errors of all those predictions are the figures
+the README and the reports quote.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+import time
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import replace
+from pathlib import Path
+
+import yaml
+
+from bench.errors import BadInput
+from bench.model.evidence.corpus import Case
+from bench.model.evidence.validate import FIGURES, Replay, error_summary, replay
+from bench.model.step.calibration import CORPUS_CALIBRATION, DEFAULT_CALIBRATION, Efficiency, _layers, _read
+
+# Fitted: the factors the corpus pins down. Kept at their sourced priors: mtp_accept and dp_gather_latency_us
+# (few cases, on other GPUs and engines, pull them to their bounds), int8, int4_dequant and ep_skew (no case).
+FITTED = ("hbm_eff", "bf16_eff", "fp8_eff", "gemm_m_half", "gemm_n_half", "overlap", "kernel_us", "launch_us",
+          "allreduce_latency_us", "request_overhead_ms", "prefill_attn_eff", "stream_token_us")
+BOUNDS = {"hbm_eff": (0.3, 0.95), "bf16_eff": (0.1, 0.9), "fp8_eff": (0.1, 0.9), "gemm_m_half": (1, 512),
+          "gemm_n_half": (1, 4096), "dp_gather_latency_us": (1, 300),
+          "overlap": (0.0, 1.0), "kernel_us": (0.5, 30), "launch_us": (1, 50), "allreduce_latency_us": (1, 100),
+          "request_overhead_ms": (1, 500), "prefill_attn_eff": (0.05, 0.75), "stream_token_us": (1, 2000),
+          "mtp_accept": (0.2, 0.95)}
+WEIGHTS = {"output_tok_s": 1.0, "tpot_ms": 1.0, "ttft_ms": 0.5}
+OUTLIERS = DEFAULT_CALIBRATION.parent / "outliers.yaml"
+VALIDATION = DEFAULT_CALIBRATION.parent / "validation.json"
+
+
+def outliers() -> dict[str, str]:
+    """Cases left out of the fit and the goal, by key (source id/case id), with the reason."""
+    raw = yaml.safe_load(OUTLIERS.read_text()) if OUTLIERS.exists() else {}
+    return {str(k): str(v) for k, v in (raw or {}).items()}
+
+
+def in_goal(case: Case) -> str | None:
+    """None if the case counts for the fit and the goal, else why not."""
+    why = outliers().get(case.key)
+    if why:
+        return f"outlier: {why}"
+    if case.engine_era != "0.5":
+        return f"SGLang {case.sglang_version}: capbench models 0.5.x"
+    return None
+
+
+def priors(gpu: str) -> Efficiency:
+    eff = Efficiency()
+    for layer in _layers(_read(DEFAULT_CALIBRATION), gpu):
+        eff = eff.updated(layer)
+    return eff
+
+
+def scaled(gpu: str, scale: dict[str, float]) -> Efficiency:
+    """A GPU's priors with each fitted factor multiplied by its scale (clipped to the factor's bounds)."""
+    eff = priors(gpu)
+    values = {}
+    for name, s in scale.items():
+        lo, hi = BOUNDS[name]
+        values[name] = min(hi, max(lo, getattr(eff, name) * s))
+    return replace(eff, **values)
+
+
+def _huber(x: float, d: float = 0.4) -> float:
+    return x * x / 2 if abs(x) <= d else d * (abs(x) - d / 2)
+
+
+def loss(replays: list[Replay]) -> float:
+    terms = [WEIGHTS[f] * _huber(math.log1p(r.errors[f])) for r in replays for f in FIGURES if f in r.errors]
+    return sum(terms) / max(len(terms), 1)
+
+
+def _replay_one(args: tuple[Case, dict[str, float]]) -> Replay:
+    case, scale = args
+    return replay(case, scaled(case.gpu, scale))
+
+
+class Replayer:
+    """Replays cases under a scale, in worker processes (the corpus takes ~10 s on one core)."""
+
+    def __init__(self, workers: int = 2) -> None:
+        self.pool = ProcessPoolExecutor(workers) if workers > 1 else None
+
+    def __call__(self, cases: list[Case], scale: dict[str, float]) -> list[Replay]:
+        jobs = [(c, scale) for c in cases]
+        if self.pool is None:
+            return [_replay_one(j) for j in jobs]
+        return list(self.pool.map(_replay_one, jobs, chunksize=4))
+
+    def close(self) -> None:
+        if self.pool:
+            self.pool.shutdown()
+
+
+def fit(cases: list[Case], replayer: Replayer, progress: Callable[[str], None] = lambda _: None,
+        rounds: int = 6, factors: tuple[str, ...] = FITTED) -> tuple[dict[str, float], float]:
+    """Scales of the factors that minimise the loss over `cases`; returns (scale, loss)."""
+    scale = dict.fromkeys(factors, 1.0)
+    best = loss(replayer(cases, scale))
+    step = {name: 2.0 for name in factors}
+    for r in range(rounds):
+        moved = False
+        for name in factors:
+            for direction in (step[name], 1 / step[name]):
+                trial = {**scale, name: scale[name] * direction}
+                value = loss(replayer(cases, trial))
+                if value < best - 1e-6:
+                    scale, best, moved = trial, value, True
+                    break
+            else:
+                step[name] = math.sqrt(step[name])
+            progress(f"round {r + 1}/{rounds} {name} x{scale[name]:.3g}: loss {best:.4f}")
+        if not moved and max(step.values()) < 1.02:
+            break
+    return scale, best
+
+
+def leave_one_source_out(cases: list[Case], replayer: Replayer, progress: Callable[[str], None] = lambda _: None,
+                         rounds: int = 6) -> tuple[list[Replay], dict[str, dict[str, float]]]:
+    """Each organisation's cases predicted with factors fitted on the others' cases."""
+    orgs = sorted({c.source.org for c in cases})
+    out, scales = [], {}
+    for org in orgs:
+        train = [c for c in cases if c.source.org != org]
+        test = [c for c in cases if c.source.org == org]
+        if not train:
+            continue
+        scale, _ = fit(train, replayer, lambda msg, org=org: progress(f"without {org}: {msg}"), rounds)
+        scales[org] = scale
+        out += replayer(test, scale)
+    return out, scales
+
+
+def write(scale: dict[str, float], in_sample: list[Replay], out_of_sample: list[Replay],
+          scales_by_org: dict[str, dict[str, float]], excluded: list[Replay], path: Path = CORPUS_CALIBRATION) -> None:
+    """corpus.json (factors per GPU, as load_efficiency reads them) and validation.json (per-case errors)."""
+    gpus = sorted({c.case.gpu for c in in_sample + excluded} | set(_read(DEFAULT_CALIBRATION).get("gpus") or {}))
+    fitted = {"method": "capbench validate --fit: coordinate descent on the published corpus (data/measurements)",
+              "fitted_at": time.strftime("%Y-%m-%d"), "scale": scale,
+              "default": {k: getattr(scaled("__none__", scale), k) for k in scale},
+              "gpus": {g: {k: getattr(scaled(g, scale), k) for k in scale} for g in gpus}}
+    path.write_text(json.dumps(fitted, indent=2) + "\n")
+    write_validation(in_sample, out_of_sample, scales_by_org, excluded)
+
+
+def rescore(goal: list[Case], excluded: list[Case], replayer: Replayer) -> None:
+    """validation.json again, for a change to the model that adds no fitted factor: every case replayed by today's
+    model with the last fit's scales (a left-out organisation's cases with the scales fitted without it), the
+    scales themselves not fitted again (the fit takes about an hour on two cores). An organisation added since the
+    last fit was in none of its fits (each fit left out one organisation of its day), so its cases are out of
+    sample with the shipped scales, and count there."""
+    stored = stored_validation()
+    if not stored or not CORPUS_CALIBRATION.exists():
+        raise BadInput("no fit to rescore: run `capbench validate --fit` once")
+    scale = json.loads(CORPUS_CALIBRATION.read_text())["scale"]
+    by_org = dict(stored["out_of_sample"]["scales_by_left_out_org"])
+    for org in {c.source.org for c in goal} - set(by_org):
+        by_org[org] = scale
+    out_of_sample = []
+    for org, org_scale in sorted(by_org.items()):
+        out_of_sample += replayer([c for c in goal if c.source.org == org], org_scale)
+    write_validation(replayer(goal, scale), out_of_sample, by_org, replayer(excluded, scale))
+
+
+def write_validation(in_sample: list[Replay], out_of_sample: list[Replay],
+                     scales_by_org: dict[str, dict[str, float]], excluded: list[Replay]) -> None:
+    """validation.json: the per-case errors in and out of sample."""
+
+    def rows(replays: list[Replay]) -> list[dict]:
+        return [{"case": r.case.key, "org": r.case.source.org, "gpu": r.case.gpu, "model": r.case.model,
+                 "predicted": r.predicted, "errors": r.errors, "why_not": r.why_not} for r in replays]
+
+    VALIDATION.write_text(json.dumps({
+        "out_of_sample": {"summary": error_summary(out_of_sample), "cases": rows(out_of_sample),
+                          "scales_by_left_out_org": scales_by_org},
+        "in_sample": {"summary": error_summary(in_sample), "cases": rows(in_sample)},
+        "excluded": rows(excluded),
+    }, indent=1) + "\n")
+
+
+def median_abs(errors: list[float]) -> float:
+    return statistics.median(abs(e) for e in errors) if errors else float("nan")
+
+
+def stored_validation() -> dict | None:
+    """validation.json of the last `capbench validate --fit` (out-of-sample errors), or None."""
+    try:
+        return json.loads(VALIDATION.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def closest_error(model_id: str, gpu: str) -> dict | None:
+    """The out-of-sample error of the corpus cases closest to a deployment: same GPU and attention kind (MLA or
+    GQA), else same attention kind, else all. The uncertainty reports quote. None before any --fit."""
+    from bench.model.fits import catalog
+
+    v = stored_validation()
+    if not v:
+        return None
+    rows = [r for r in v["out_of_sample"]["cases"] if r["errors"]]
+    kind = catalog.model(model_id).attention
+
+    def attention(r: dict) -> str | None:
+        try:
+            return catalog.model(r["model"]).attention
+        except Exception:  # noqa: BLE001 - a case of a model no longer in the catalog
+            return None
+
+    for label, pick in ((f"{kind.upper()} models on {gpu}", lambda r: r["gpu"] == gpu and attention(r) == kind),
+                        (f"{kind.upper()} models", lambda r: attention(r) == kind), ("all models", lambda r: True)):
+        near = [r for r in rows if pick(r)]
+        if len(near) >= 5:
+            out = {"basis": label, "cases": len(near)}
+            for f in ("output_tok_s", "tpot_ms", "ttft_ms"):
+                errs = [r["errors"][f] for r in near if f in r["errors"]]
+                out[f] = median_abs(errs) if errs else None
+            return out
+    return None
