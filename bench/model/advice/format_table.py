@@ -108,5 +108,5 @@ def describe(model_id: str, gpu_id: str, tp: int, kv_dtype: str, workload: str, 
     """The conditions of the table, with the pricing method named."""
     gpu = catalog.gpu(gpu_id)
     return (f"{model_id} on {gpu_id} ({gpu.arch}) x{tp}, {kv_dtype} KV, workload {workload}, SLO {slo.describe()}; "
-            f"tok/s and $ per 1M: the performance model (the planner column 'priced by' says kernel tables or roofline), "
+            f"tok/s and $ per 1M: the performance model (kernel tables or roofline: 'Priced by' below), "
             f"${gpu.price_per_gpu_hour:.2f} per GPU-hour")
