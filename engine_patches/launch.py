@@ -278,13 +278,19 @@ def _validate_int4_checkpoint(sglang_args: list[str]) -> None:
     tp = _server_int(sglang_args, ("--tp", "--tp-size", "--tensor-parallel-size"), 1)
     ep = _server_int(sglang_args, ("--ep", "--ep-size", "--expert-parallel-size"), 1)
     if ckpt.moe_intermediate_size and ckpt.hidden_size:
+        from engine_patches.int4_moe.schemes import check_rows, scheme
+
         try:
-            check_group_size(ckpt.group_size, ckpt.moe_intermediate_size, ckpt.hidden_size, tp, ep)
+            if ckpt.fmt == "int4":
+                check_group_size(ckpt.group_size, ckpt.moe_intermediate_size, ckpt.hidden_size, tp, ep)
+            else:
+                check_rows(scheme(ckpt.fmt), ckpt.moe_intermediate_size, tp, ep)
         except ValueError as e:
             raise BadLaunch(str(e)) from None
     if ckpt.architecture in UNFUSED_SHARED_EXPERT_ARCHS and "--enforce-shared-experts-fusion" in sglang_args:
-        raise BadLaunch(f"{ckpt.architecture} with INT4 experts keeps its shared expert in BF16, which SGLang's "
-                        "fused W4A16 slot cannot load: drop --enforce-shared-experts-fusion "
+        what = "INT4" if ckpt.fmt == "int4" else ckpt.fmt
+        raise BadLaunch(f"{ckpt.architecture} with {what} experts keeps its shared expert in BF16, which SGLang's "
+                        "fused quantised slot cannot load: drop --enforce-shared-experts-fusion "
                         f"(the launcher adds {FUSION_OFF})")
 
 
@@ -302,7 +308,7 @@ def describe_int4_checkpoint(sglang_args: list[str]) -> list[str]:
     ckpt = _int4_checkpoint(sglang_args)
     if ckpt is None:
         return []
-    line = f"INT4 W4A16 g{ckpt.group_size} experts ({ckpt.architecture})"
+    line = (f"INT4 W4A16 g{ckpt.group_size}" if ckpt.fmt == "int4" else ckpt.fmt) + f" experts ({ckpt.architecture})"
     if int4_checkpoint_args(sglang_args):
         line += ": shared expert kept unfused (--disable-shared-experts-fusion)"
     return [line]

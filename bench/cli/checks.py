@@ -26,7 +26,8 @@ LIMITS: dict[str | tuple[str, str], dict] = {
     ("demo", "duration"): {"low": 0, "high": 3600, "above": True},
     "warmup": {"low": 0, "high": 1e5}, "timeout": {"low": 0, "high": 1e5, "above": True},
     "workers": {"low": 0, "high": 256}, ("plan", "workers"): {"low": 1, "high": 256},
-    ("quantize_int4", "workers"): {"low": 1, "high": 256}, "expect_workers": {"low": 0, "high": 4096},
+    ("quantize_int4", "workers"): {"low": 1, "high": 256}, ("quantize_experts", "workers"): {"low": 1, "high": 256},
+    "expect_workers": {"low": 0, "high": 4096},
     "master_port": PORT, "port": PORT, ("twin", "port"): {"low": 0, "high": 65535},
     "seed": {"low": 0, "high": 2**32 - 1},
     "max_inflight": {"low": 1, "high": 100_000}, "max_concurrency": {"low": 1, "high": 100_000},
@@ -41,7 +42,7 @@ LIMITS: dict[str | tuple[str, str], dict] = {
     "group_size": {"low": 1, "high": 1 << 16}, "kv_scrub_pages_per_s": {"low": 0, "high": 1e9},
     "limit": {"low": 1, "high": 1_000_000}, "max_drop": {"low": 0, "high": 100},
 }
-OUTPUT_DIRS = {("export", "out"), ("quantize_int4", "out")}
+OUTPUT_DIRS = {("export", "out"), ("quantize_int4", "out"), ("quantize_experts", "out")}
 FILE_OR_NAME = ("workload", "profile", "calibration", "prompts")
 
 

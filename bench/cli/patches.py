@@ -1,5 +1,6 @@
 """What capbench changes in SGLang, from the command line: `sglang-launch` (SGLang with the patches in every
-process), `calibrate-kv-scales` (per-layer FP8 KV scales) and `quantize-int4` (INT4 experts). engine_patches is
+process), `calibrate-kv-scales` (per-layer FP8 KV scales), `quantize-experts` (routed experts to INT4, FP8 block-128
+or NVFP4) and `quantize-int4` (its INT4 path). engine_patches is
 imported inside each command: the rest of the CLI runs without torch or SGLang."""
 
 from __future__ import annotations
@@ -92,4 +93,33 @@ def quantize_int4(
         raise BadInput(str(e)) from None
     except ImportError as e:
         raise BadInput(f"quantize-int4 needs the engine extras (pip install 'capbench[engine]'): {e}") from None
+    print_report(report, out)
+
+
+def quantize_experts(
+    fmt: str = typer.Option(..., "--format", help="int4-g32 | int4-g128 | fp8-block128 | nvfp4 (weight-only NVFP4) | "
+                            "mxfp4 (refused: SGLang 0.5.23 does not load it for these models)"),
+    src: str = typer.Option(..., "--in", help="Checkpoint directory: safetensors, BF16, FP8 block-128 or INT4 "
+                            "(compressed-tensors pack-quantized, as Kimi K2 Thinking ships)."),
+    out: str = typer.Option(..., "--out", help="New directory for the converted checkpoint (written as OUT.partial, "
+                            "renamed when complete)."),
+    tp: int = typer.Option(8, help="Tensor parallelism the checkpoint will be served at (each MoE rank must hold "
+                           "whole scale groups of expert rows)."),
+    ep: int = typer.Option(1, help="Expert parallelism it will be served at."),
+    workers: int = typer.Option(None, help="Worker processes (default: the machine's cores, bounded by memory)."),
+    resume: bool = typer.Option(False, help="Continue an interrupted conversion from OUT.partial."),
+) -> None:
+    """Routed experts of a GLM-4.x / Kimi K2 checkpoint to another expert format, written as SGLang 0.5.23 loads it;
+    prints the error against the input per layer."""
+    try:
+        from engine_patches.int4_moe.schemes import scheme
+
+        scheme(fmt)  # an unknown or refused format: one line before the engine extras are imported
+        from engine_patches.int4_moe.convert import convert, print_report
+
+        report = convert(src, out, tp=tp, ep=ep, workers=workers, resume=resume, fmt=fmt)
+    except (ValueError, OSError) as e:
+        raise BadInput(str(e)) from None
+    except ImportError as e:
+        raise BadInput(f"quantize-experts needs the engine extras (pip install 'capbench[engine]'): {e}") from None
     print_report(report, out)

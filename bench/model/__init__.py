@@ -1,10 +1,12 @@
 """What we predict: pure arithmetic on data/ (no DB, no HTTP, no GPU), in layers that import only downwards:
 
-fits      what fits: catalog, backend (the attention backend SGLang runs), capacity (SGLang's memory arithmetic), spec
+fits      what fits: catalog, backend (the attention backend SGLang runs), capacity (SGLang's memory arithmetic), spec,
+          formats (routed-expert weight formats: bytes, kernels per GPU arch, checkpoints, accuracy)
 step      what a step costs: perfmodel, kernels + kernel_step (measured kernel tables), calibration, interconnect
 serving   how a server schedules and queues: workload, scheduler, queues, slo, simulate, rate (the one rate search)
 evidence  what the evidence says: corpus, validate, fit, interval, confidence, bootstrap, paired
-advice    what to buy: option, plan, curve, launch, fp8_kv (FP8 KV's pool gain and step cost per backend)
+advice    what to buy: option, plan, curve, launch, format_table (`capbench formats`), fp8_kv (FP8 KV's pool gain
+          and step cost per backend)
 pd        prefill/decode disaggregation: disagg, search, simulate, interval, versus, launch, validate
 answer    what we answer: the headline (the CLI's first screen, the Planner's top, a report's first section)
 
@@ -22,6 +24,7 @@ from bench.model.advice import (
     campaign_file,
     curve,
     for_plan,
+    format_table,
     fp8_kv,
     launch,
     make_plan,
@@ -51,7 +54,7 @@ from bench.model.evidence import (
     stage_sample,
     validate,
 )
-from bench.model.fits import Capacity, Deployment, Spec, backend, capacity, catalog, parse_spec, spec
+from bench.model.fits import Capacity, Deployment, Spec, backend, capacity, catalog, formats, parse_spec, spec
 from bench.model.serving import (
     Point,
     Prediction,
@@ -84,7 +87,8 @@ from bench.model.step import (
 )
 
 __all__ = [
-    "answer", "pd", "backend", "calibration", "capacity", "catalog", "corpus", "curve", "fit", "interval", "launch",
+    "answer", "pd", "format_table", "formats", "backend", "calibration", "capacity", "catalog", "corpus", "curve",
+    "fit", "interval", "launch",
     "option",
     "perfmodel", "plan", "rate", "scheduler", "simulate", "slo", "spec", "validate", "workload", "interconnect",
     "queues", "confidence", "bootstrap", "paired", "kernels", "fp8_kv", "campaign_file", "CampaignFile", "for_plan",

@@ -13,7 +13,7 @@ curves     a campaign's latency against load: measured stages beside the model's
 quality    pass rates with intervals, A/B per model family and per change, quality beside a campaign's gains
 """
 
-from bench.report import charts, load, pd, plancharts, quality, terminal, wording
+from bench.report import charts, formats_table, load, pd, plancharts, quality, terminal, wording
 from bench.report.campaign import (
     PREDICTED_GAIN,
     Matrix,
@@ -28,12 +28,21 @@ from bench.report.campaign import (
     run_stage,
     write_campaign,
 )
-from bench.report.content import Report, build, compared, gpu_bests, newest_deployment, predicted_table
+from bench.report.content import (
+    Report,
+    build,
+    compared,
+    formats_section,
+    gpu_bests,
+    newest_deployment,
+    predicted_table,
+)
 from bench.report.curves import campaign_curves
 from bench.report.predicted import STEADY_REQUESTS, measured_vs_predicted
 from bench.report.render import render, write
 
-__all__ = ["charts", "load", "plancharts", "terminal", "wording", "Report", "build", "compared", "gpu_bests",
+__all__ = ["charts", "formats_table", "load", "plancharts", "terminal", "wording", "Report", "build", "compared",
+           "formats_section", "gpu_bests",
            "newest_deployment", "predicted_table", "STEADY_REQUESTS", "measured_vs_predicted", "render", "write",
            "Matrix", "campaign_html", "campaign_matrix", "campaign_sections", "campaign_tables", "latest_campaign",
            "write_campaign", "campaign_list", "live_cell", "pd", "gain_said", "campaign_curves", "run_stage",

@@ -16,7 +16,7 @@ from pathlib import Path
 import pandas as pd
 
 from bench.errors import BadInput
-from bench.model import Option, Plan, Question, capacity, catalog, make_plan
+from bench.model import Option, Plan, Question, capacity, catalog, format_table, make_plan
 from bench.model import launch as sglang_cmd
 from bench.model.answer import Headline, make_headline
 from bench.model.pd import versus as pd_versus
@@ -45,6 +45,7 @@ class Report:
     drift: pd.DataFrame | None = None
     other_gpus: list[Option] = field(default_factory=list)  # the recommended configuration on other GPUs
     load: pd.DataFrame | None = None  # latency against load (load.predicted / load.measured rows)
+    formats: list = field(default_factory=list)  # format_table.FormatRow per expert format, on the question's GPU
     generated_at: float = field(default_factory=time.time)
     headline: Headline | None = None  # the answer, as the CLI's first screen and the Planner's top give it
 
@@ -115,6 +116,8 @@ def build(q: Question, db: str | Path | None = None, run_ids: list[str] | None =
     report = Report(plan, str(db) if db else None, why, measured, drift, others)
     report.headline = make_headline(plan, pd_versus.compare(plan))
     report.load = latency_load(report, db)
+    report.formats = format_table.rows(q.model, q.gpu, q.tp, q.kv_dtype, q.request_mix(), slo, q.context,
+                                       q.price_per_gpu_hour)
     return report
 
 
@@ -264,6 +267,8 @@ def tables(r: Report) -> dict[str, tuple[list[str], list[list[str]]]]:
                        wording.money(o.monthly_cost, ",.0f", _none(o.to_row())),
                        wording.money(o.usd_per_m_output, ",.2f", _none(o.to_row()))]
                       for o in [_on_question_gpu(plan), *r.other_gpus]])
+    if r.formats:
+        t["formats"] = formats_section(r.formats)
     if r.measured:
         t["measured"] = (["run", "requests", "success", "achieved req/s", "output tokens/s",
                           "goodput req/s", "TTFT p50 / p99", "TPOT p50 / p99"],
@@ -285,6 +290,22 @@ def tables(r: Report) -> dict[str, tuple[list[str], list[list[str]]]]:
                                 _num(m.integrity["checksum_share"] and m.integrity["checksum_share"] * 100, ".2f",
                                      " %")] for m in checked])
     return t
+
+
+def formats_section(rows: list) -> tuple[list[str], list[list[str]]]:
+    """The `capbench formats` table as a report section (the same rows, bench/model/format_table.py)."""
+    head = ["expert format", "bytes per weight", "weights per GPU", "KV pool tokens", "sequences at context",
+            "output tok/s per GPU", "$ per 1M output", "SGLang kernel", "checkpoint", "planner", "accuracy evidence"]
+    body = []
+    for x in rows:
+        p = x.priced
+        body.append([x.name, f"{x.bytes_per_weight:.4f}", _num(x.weight_gb_per_gpu, ",.1f", " GB"),
+                     _num(x.kv_pool_tokens) if x.fits else "does not fit", _num(x.seqs_at_context) if x.fits else "-",
+                     _num(p.output_tps_per_gpu if p and p.rate_rps > 0 else None, none="-"),
+                     wording.money(p.usd_per_m_output if p else None, ",.2f", "-"),
+                     f"{x.kernel} ({x.kernel_file})" if x.kernel_file else x.kernel, x.checkpoint,
+                     x.status if x.served else f"{x.status}: {x.why_not}", x.accuracy])
+    return head, body
 
 
 def _on_question_gpu(plan: Plan) -> Option:

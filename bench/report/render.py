@@ -35,6 +35,7 @@ SECTIONS = {
     "load": "Latency against load (the recommended configuration)",
     "pareto": "Every configuration that meets the SLO: throughput, speed and cost",
     "gpus": "Each other GPU's cheapest configuration (catalog prices)",
+    "formats": "Expert weight formats on this GPU (tok/s and $ per 1M: roofline model)",
     "measured": "Measured results",
     "vs": "Predicted vs measured",
     "integrity": "KV cache integrity",

@@ -9,7 +9,7 @@ import textwrap
 
 import pandas as pd
 
-from bench.model import HOURS_PER_MONTH, Option, Plan, Question, capacity, catalog
+from bench.model import HOURS_PER_MONTH, Option, Plan, Question, capacity, catalog, formats
 from bench.model import prices as gpu_prices
 from bench.model.answer import Headline, Saving
 
@@ -29,8 +29,9 @@ def experts(o: Option) -> str:
 
 
 def converted(o: Option) -> bool:
-    """The expert weights are not the checkpoint's own: capbench converts them (a quality risk to check)."""
-    return experts(o) != capacity.weight_formats(catalog.model(o.model), "native")[0]
+    """The expert weights are not a published checkpoint's: capbench converts them (a quality risk to check)."""
+    src = formats.source_of(catalog.model(o.model), o.weights)
+    return src is None or src.kind == "capbench"
 
 
 def quality(drift: pd.DataFrame | None, model: str, what: str) -> str:

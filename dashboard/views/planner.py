@@ -9,10 +9,10 @@ import pandas as pd
 import streamlit as st
 
 from bench.errors import BadInput
-from bench.model import Plan, Question, Slo, capacity, catalog, for_plan, make_plan, workload_names
+from bench.model import Plan, Question, Slo, capacity, catalog, for_plan, format_table, make_plan, workload_names
 from bench.model.answer import make_headline
 from bench.model.pd import versus as pd_versus
-from bench.report import charts, compared, gpu_bests, load, plancharts, predicted_table, wording
+from bench.report import charts, compared, formats_section, gpu_bests, load, plancharts, predicted_table, wording
 from bench.report import pd as pd_report
 from dashboard import common
 from dashboard.common import fmt
@@ -158,6 +158,20 @@ if four:
     common.chart(right, charts.option_bars(df, "monthly_cost", "Monthly cost ($)", fmt=",.0f"))
     head, body = predicted_table(plan)
     st.table(pd.DataFrame(body, columns=head).set_index("configuration"))
+
+
+@st.cache_data(show_spinner="expert weight formats side by side", max_entries=64)
+def formats_for(q: Question) -> tuple[list[str], list[list[str]]]:
+    return formats_section(format_table.rows(q.model, q.gpu, q.tp, q.kv_dtype, q.request_mix(), q.slo, q.context,
+                                             q.price_per_gpu_hour))
+
+
+st.subheader(f"Expert weight formats on {gpus[gpu_id].name}")
+st.caption("Each format at your TP and KV dtype: memory, KV room, and output tokens/s and $ per 1M at your SLO from "
+           "the roofline model; the planner searches only formats this GPU runs with a real SGLang kernel and that "
+           "ship or capbench makes (`capbench formats`).")
+head, body = formats_for(q)
+st.dataframe(pd.DataFrame(body, columns=head), hide_index=True, key="formats_table")
 for note in plan.notes:
     st.warning(note)
 

@@ -27,10 +27,14 @@ FUSION_OFF = "--disable-shared-experts-fusion"
 
 @dataclass(frozen=True)
 class Int4Checkpoint:
+    """A local checkpoint with quantised routed experts and BF16 shared experts (INT4 W4A16, or capbench's FP8
+    block-128 / NVFP4 experts: fmt is the `quantize-experts --format` flag; group_size its scale group)."""
+
     architecture: str
     group_size: int
     moe_intermediate_size: int
     hidden_size: int
+    fmt: str = "int4"
 
 
 def moe_tp_size(tp: int, ep: int) -> int:
@@ -64,7 +68,8 @@ def check_group_size(group_size: int, moe_intermediate_size: int, hidden_size: i
 
 
 def read_int4_checkpoint(model_path: str | Path) -> Int4Checkpoint | None:
-    """The INT4 facts of a local compressed-tensors W4A16 checkpoint, or None (a hub id, or not INT4)."""
+    """The facts of a local checkpoint with quantised experts (compressed-tensors W4A16 INT4 or NVFP4, or FP8 block
+    experts with BF16 shared experts), or None (a hub id, or none of those)."""
     config_file = Path(model_path).expanduser() / "config.json"
     if not config_file.is_file():
         return None
@@ -73,12 +78,18 @@ def read_int4_checkpoint(model_path: str | Path) -> Int4Checkpoint | None:
     except (OSError, ValueError):
         return None
     qc = config.get("quantization_config") or {}
+    text = config.get("text_config") or config
+    facts = ((config.get("architectures") or [""])[0], int(text.get("moe_intermediate_size", 0)),
+             int(text.get("hidden_size", 0)))
+    if qc.get("quant_method") == "fp8" and "shared_experts" in (qc.get("ignored_layers") or []):
+        return Int4Checkpoint(facts[0], 128, facts[1], facts[2], "fp8-block128")  # capbench's FP8 experts
     if qc.get("quant_method") != "compressed-tensors":
         return None
     for group in (qc.get("config_groups") or {}).values():
         w = group.get("weights") or {}
         if w.get("num_bits") == 4 and w.get("type") == "int" and w.get("strategy") == "group":
-            text = config.get("text_config") or config
-            return Int4Checkpoint((config.get("architectures") or [""])[0], int(w["group_size"]),
-                                  int(text.get("moe_intermediate_size", 0)), int(text.get("hidden_size", 0)))
+            return Int4Checkpoint(facts[0], int(w["group_size"]), facts[1], facts[2])
+        if w.get("num_bits") == 4 and w.get("type") == "float" and w.get("group_size") == 16 and \
+                group.get("input_activations") is None:
+            return Int4Checkpoint(facts[0], 16, facts[1], facts[2], "nvfp4")  # weight-only NVFP4
     return None

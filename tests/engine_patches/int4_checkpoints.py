@@ -47,8 +47,8 @@ def _attention(gen, kind: str) -> dict[str, torch.Tensor]:
             "o_proj.weight": _w(gen, HIDDEN, HEADS * V_DIM)}
 
 
-def config(kind: str) -> dict:
-    common = {"hidden_size": HIDDEN, "intermediate_size": DENSE_INTER, "moe_intermediate_size": MOE_INTER,
+def config(kind: str, moe_inter: int = MOE_INTER) -> dict:
+    common = {"hidden_size": HIDDEN, "intermediate_size": DENSE_INTER, "moe_intermediate_size": moe_inter,
               "n_routed_experts": EXPERTS, "n_shared_experts": 1, "num_experts_per_tok": 2, "n_group": 1,
               "topk_group": 1, "routed_scaling_factor": 2.5, "norm_topk_prob": True, "first_k_dense_replace": 1,
               "num_hidden_layers": LAYERS, "num_attention_heads": HEADS, "vocab_size": VOCAB,
@@ -68,9 +68,10 @@ def config(kind: str) -> dict:
                 "quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": [128, 128]}}
 
 
-def make_checkpoint(root: Path, kind: str, seed: int = 0) -> dict[str, torch.Tensor]:
+def make_checkpoint(root: Path, kind: str, seed: int = 0, moe_inter: int = MOE_INTER) -> dict[str, torch.Tensor]:
     """kind: "glm" (BF16, Glm4MoeForCausalLM naming) or "kimi-fp8" (DeepseekV3 naming, FP8 block-128).
-    Two shards, plus tokenizer files. Returns the full-precision (fp32) weights by name."""
+    Two shards, plus tokenizer files. Returns the full-precision (fp32) weights by name. moe_inter: the expert
+    intermediate size (1024 gives 128 rows per rank at tp 8, what FP8 blocks and NVFP4 Marlin tiles need)."""
     gen = torch.Generator().manual_seed(seed)
     root.mkdir(parents=True, exist_ok=True)
     weights: dict[str, torch.Tensor] = {"model.embed_tokens.weight": _w(gen, VOCAB, HIDDEN),
@@ -89,8 +90,8 @@ def make_checkpoint(root: Path, kind: str, seed: int = 0) -> dict[str, torch.Ten
         weights[p + "mlp.gate.weight"] = _w(gen, EXPERTS, HIDDEN)
         weights[p + "mlp.gate.e_score_correction_bias"] = torch.zeros(EXPERTS)
         for owner in [f"experts.{e}" for e in range(EXPERTS)] + ["shared_experts"]:
-            for proj, shape in (("gate_proj", (MOE_INTER, HIDDEN)), ("up_proj", (MOE_INTER, HIDDEN)),
-                                ("down_proj", (HIDDEN, MOE_INTER))):
+            for proj, shape in (("gate_proj", (moe_inter, HIDDEN)), ("up_proj", (moe_inter, HIDDEN)),
+                                ("down_proj", (HIDDEN, moe_inter))):
                 w = _w(gen, *shape)
                 if owner == "experts.1" and proj == "up_proj":
                     w[3, 17] = 0.5  # an outlier the group scale has to absorb
@@ -119,7 +120,7 @@ def make_checkpoint(root: Path, kind: str, seed: int = 0) -> dict[str, torch.Ten
     index = {"metadata": {"total_size": sum(v.numel() * v.element_size() for v in stored.values())},
              "weight_map": {k: f for f, ts in shards.items() for k in ts}}
     (root / "model.safetensors.index.json").write_text(json.dumps(index))
-    (root / "config.json").write_text(json.dumps(config("glm" if kind == "glm" else "kimi")))
+    (root / "config.json").write_text(json.dumps(config("glm" if kind == "glm" else "kimi", moe_inter)))
     (root / "tokenizer.json").write_text('{"model": "tiny"}')
     (root / "generation_config.json").write_text('{"temperature": 0.6}')
     return weights

@@ -24,6 +24,23 @@ _tv.define("nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
 _tv.define("qnms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
 
 INT_SENTINEL = -0x2A2A2A2B
+BYTE_SENTINELS = (0xA5, 0x5A)  # one-byte parameters (uint8 packed FP4, FP8 weights and scales): written when not both
+
+
+def _fill(model, byte_sentinel: int) -> None:
+    for p in model.parameters():
+        if p.element_size() == 1:
+            p.data.view(torch.uint8).fill_(byte_sentinel)
+        else:
+            p.data.fill_(float("nan") if p.dtype.is_floating_point else INT_SENTINEL)
+
+
+def _moe_scheme(model) -> str | None:
+    """The class of the first routed-expert layer's quantisation method (a compressed-tensors scheme if any)."""
+    for name, module in model.named_modules():
+        if name.endswith("mlp.experts") and hasattr(module, "quant_method"):
+            return type(getattr(module, "scheme", None) or module.quant_method).__name__
+    return None
 
 
 def h200_shared_experts_config(model_class, hf_config, quant_config):
@@ -66,19 +83,33 @@ def load(rank: int, world: int, port: int, args: list[str], first: bool) -> dict
     rope._is_cpu = True  # the rotary cache's CPU path instead of vllm's kernel; no weights involved
     with loader.set_default_torch_dtype(model_config.dtype), get_model().override(shared_experts=shared):
         model = model_class(config=model_config.hf_config, quant_config=quant_config)
-    for p in model.parameters():
-        p.data.fill_(float("nan") if p.dtype.is_floating_point else INT_SENTINEL)
     default_loader = loader.DefaultModelLoader(load_config)
-    default_loader.load_weights_only(model, default_loader._get_all_weights(model_config, model), torch.device("cpu"))
+    lefts = {}
+    for byte in BYTE_SENTINELS:  # a second pass only tells one-byte parameters' real 0xA5 bytes from unwritten ones
+        _fill(model, byte)
+        default_loader.load_weights_only(model, default_loader._get_all_weights(model_config, model),
+                                         torch.device("cpu"))
+        for name, p in model.named_parameters():
+            if p.element_size() == 1:
+                left = p.data.view(torch.uint8) == byte
+                lefts[name] = left if name not in lefts else lefts[name] & left
+            elif name not in lefts:
+                lefts[name] = p.isnan() if p.dtype.is_floating_point else p == INT_SENTINEL
+        if not any(p.element_size() == 1 for p in model.parameters()):
+            break
     unwritten, sums = {}, {}
     for name, p in model.named_parameters():
-        left = p.isnan() if p.dtype.is_floating_point else p == INT_SENTINEL
+        left = lefts[name]
         if left.any():
             unwritten[name] = [int(left.sum()), p.numel()]
         if p.dtype.is_floating_point and not left.any():
             sums[name] = float(p.double().sum())
     return {"model_class": model_class.__name__, "quant": quant_config.get_name() if quant_config else None,
             "fusion_disabled": shared.fusion_disabled, "num_fused_shared_experts": shared.num_fused_shared_experts,
+            "moe_scheme": _moe_scheme(model),
+            "expert_bytes": {n: p.numel() * p.element_size() for n, p in model.named_parameters()
+                             if ".layers.1.mlp.experts." in n},
+            "dtypes": {n: str(p.dtype).removeprefix("torch.") for n, p in model.named_parameters()},
             "resolved": {k: str(resolved.get(k)) for k in ("tp_size", "ep_size", "moe_runner_backend",
                                                            "moe_a2a_backend", "disable_shared_experts_fusion")},
             "unwritten": unwritten, "sums": sums}

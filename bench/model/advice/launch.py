@@ -10,24 +10,32 @@ import shlex
 from dataclasses import dataclass
 
 from bench.errors import BadInput
-from bench.model.fits import backend, catalog
+from bench.model.fits import backend, catalog, formats
 from bench.model.fits.capacity import WEIGHTS
 
 A2A_BACKEND = "none"  # SGLang's default MoE path, the one the performance model prices for EP
 KV_FLAGS = {"bf16": "auto", "fp8_e4m3": "fp8_e4m3", "fp8_e5m2": "fp8_e5m2"}
-# SGLang 0.5.23 fuses GLM's shared expert into the INT4 expert slots by default, and the BF16 shared expert of an
-# INT4 checkpoint cannot load there (engine_patches/int4_moe/layout.py); the launcher adds this flag for a local
-# checkpoint, and the commands say it outright.
+# SGLang 0.5.23 fuses GLM's shared expert into the quantised expert slots by default, and the BF16 shared expert of
+# a capbench conversion (INT4, FP8 or NVFP4 experts) cannot load there (engine_patches/int4_moe/layout.py); the
+# launcher adds this flag for a local checkpoint, and the commands say it outright.
 UNFUSED_SHARED_EXPERT_ARCHS = ("Glm4MoeForCausalLM",)
 
 
-def int4_ep(model_id: str, tp: int, weights: str) -> int:
-    """Expert parallelism an INT4 checkpoint needs at this tp: each rank must hold whole groups of expert rows
-    (moe_intermediate_size / (tp / ep) divisible by the group size); 1 when it already does."""
-    if not weights.startswith("int4"):
+def expert_ep(model_id: str, tp: int, weights: str) -> int:
+    """Expert parallelism a quantised expert format needs at this tp: each MoE rank must hold whole scale groups
+    (blocks) of expert rows (moe_intermediate_size / (tp / ep) divisible by the format's group along it: INT4
+    groups, FP8's 128-row blocks, NVFP4's 16, MXFP4's 32); 1 when it already does."""
+    m = catalog.model(model_id)
+    group = formats.group_along_intermediate(formats.weights_format(m, weights))
+    if not group:
         return 1
-    group, inter = int(weights.removeprefix("int4-g")), catalog.model(model_id).moe_intermediate_size
+    inter = m.moe_intermediate_size
     return next((ep for ep in (1, 2, 4, 8, 16, 32, 64) if tp % ep == 0 and (inter // (tp // ep)) % group == 0), tp)
+
+
+def int4_ep(model_id: str, tp: int, weights: str) -> int:
+    """expert_ep for the INT4 formats only (1 otherwise): what the INT4 checkpoint is launched with."""
+    return expert_ep(model_id, tp, weights) if weights.startswith("int4") else 1
 
 
 def model_path(model_id: str, weights: str, tp: int = 8) -> tuple[str, str | None]:
@@ -35,13 +43,18 @@ def model_path(model_id: str, weights: str, tp: int = 8) -> tuple[str, str | Non
     m = catalog.model(model_id)
     if weights == "native":
         return m.hf_repo, None
+    src = formats.source_of(m, weights)
+    if src is not None and src.kind == "shipped":
+        return src.hf, f"{formats.weights_format(m, weights)} experts: {src.hf} ({src.publisher})"
     if weights.startswith("int4"):
-        group, ep = weights.removeprefix("int4-g"), int4_ep(model_id, tp, weights)
+        ep = expert_ep(model_id, tp, weights)
         parallel = f"--tp {tp}" + (f" --ep {ep}" if ep > 1 else "")
         return f"./{model_id}-{weights}", (f"INT4 experts ({weights}, compressed-tensors W4A16) made from {m.hf_repo} "
-                                           f"by `capbench quantize-int4 --in <{m.hf_repo} download> --out "
-                                           f"./{model_id}-{weights} --group-size {group} {parallel}`")
-    return f"./{model_id}-{weights}", f"{weights} checkpoint of {m.hf_repo} (not the published format)"
+                                           f"by `capbench quantize-experts --format {weights} --in <{m.hf_repo} "
+                                           f"download> --out ./{model_id}-{weights} {parallel}`")
+    if src is not None:
+        return f"./{model_id}-{weights}", f"{weights} experts made from {m.hf_repo} by `{src.detail}`"
+    return f"./{model_id}-{weights}", f"{weights} checkpoint of {m.hf_repo} (not obtainable: none published)"
 
 
 def attention_backend(model_id: str, gpu_id: str, kv_dtype: str, tp: int = 8) -> str:
@@ -61,7 +74,7 @@ def server_args(model_id: str, tp: int, kv_dtype: str, weights: str, context: in
     args = ["--model-path", path, "--tp", str(tp)]
     if dp > 1:  # DP attention: SGLang 0.5.23's spelling (--dp --enable-dp-attention is deprecated)
         args += ["--attn-dp-size", str(dp)]
-    ep = max(ep, int4_ep(model_id, tp, weights))
+    ep = max(ep, expert_ep(model_id, tp, weights))
     if ep > 1:  # EP over the all-reduce MoE path capbench prices, not an all-to-all (DeepEP) backend
         args += ["--ep", str(ep), "--moe-a2a-backend", A2A_BACKEND]
     args += ["--kv-cache-dtype", KV_FLAGS[kv_dtype]]
@@ -74,8 +87,9 @@ def server_args(model_id: str, tp: int, kv_dtype: str, weights: str, context: in
     if page_size is not None:
         args += ["--page-size", str(page_size)]
     args += ["--trust-remote-code", "--enable-metrics", "--enable-cache-report", "--port", str(port)]
-    if weights.startswith("int4") and catalog.model(model_id).architecture in UNFUSED_SHARED_EXPERT_ARCHS:
-        args.append("--disable-shared-experts-fusion")
+    src, arch = formats.source_of(catalog.model(model_id), weights), catalog.model(model_id).architecture
+    if src is not None and src.kind == "capbench" and arch in UNFUSED_SHARED_EXPERT_ARCHS:
+        args.append("--disable-shared-experts-fusion")  # capbench's conversions keep the shared expert in BF16
     if context:
         args += ["--context-length", str(context)]
     return args
@@ -181,6 +195,10 @@ def _model_of(path: str) -> tuple[str, str]:
     for m in catalog.models().values():
         if path == m.hf_repo:
             return m.id, "native"
+        for fmt in formats.names():
+            for src in formats.sources(m, fmt):
+                if src.kind == "shipped" and path == src.hf:
+                    return m.id, src.weights
     name = path.rstrip("/").rsplit("/", 1)[-1]
     for w in sorted(WEIGHTS, key=len, reverse=True):
         if w != "native" and name.endswith(f"-{w}"):

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from bench.model.advice import launch
 from bench.model.evidence import interval
-from bench.model.fits import catalog
+from bench.model.fits import catalog, formats
 from bench.model.fits.capacity import Capacity, Deployment, weight_formats
 from bench.model.serving.rate import Prediction
 from bench.model.step.perfmodel import usd_per_million
@@ -79,6 +79,13 @@ class Option:
         experts = weight_formats(catalog.model(self.model), self.weights)[0]
         native = " (native)" if self.weights == "native" else ""
         return f"{experts} experts{native}, {self.kv_dtype} KV{self._backend()}"
+
+    @property
+    def checkpoint(self) -> str:
+        """Where its checkpoint comes from: the vendor's, a published one (named), capbench's conversion, or
+        'not obtainable'."""
+        src = formats.source_of(catalog.model(self.model), self.weights)
+        return src.describe() if src else "not obtainable"
 
     @property
     def simulated(self) -> bool:
@@ -161,6 +168,7 @@ class Option:
             "gpus_total": self.gpus_needed, "gpus_needed": self.gpus_needed, "monthly_cost": self.monthly_cost,
             "price_per_gpu_hour": self.price, "rate_on_hand_rps": self.rate_on_hand_rps,
             "saturation_tps": self.saturation_tps, "launch": self.launch() if self.simulated else None,
+            "checkpoint": self.checkpoint,
             "interval": self.interval(),
         }
 

@@ -1,15 +1,15 @@
 """A capacity plan: for a model, workload, SLO, target load and prices, the search over deployments that the CLI
 (`capbench plan`), the Planner and the report all use, so they show the same figures.
 
-Searched: every GPU of the catalog (or those asked for), tensor parallelism from the smallest power of two that
-holds the weights up to two nodes, DP attention off or over all tp GPUs, EP off or over all tp GPUs, BF16 or FP8
-KV, the native expert weights or the other format (INT4 for BF16/FP8 checkpoints, FP8 for INT4 ones), and the
-replicas the target load needs. Each configuration is first sized (SGLang's memory arithmetic: rejected when
-the weights do not fit or the KV pool cannot hold the workload's longest request), then screened by a burst
-(its saturation throughput gives an optimistic $ per 1M tokens), and the finalists (the asked-for configuration,
-the cheapest by the screen, the best of each GPU, and the KV-dtype x weights variants of the best) get the
-converged highest rate within the SLO (rate.py). The recommendation is the finalist that serves the target load
-for the least money a month.
+Searched: every GPU of the catalog (or those asked for), tensor parallelism from the smallest power of two that holds
+the weights up to two nodes, DP attention off or over all tp GPUs, EP off or over all tp GPUs, BF16 or FP8 KV, every
+expert format the GPU runs with a real SGLang kernel and the model can be had in (bench/model/formats.py: shipped by its
+vendor, published, or made by `capbench quantize-experts`; "not obtainable" formats are never searched), and the
+replicas the target load needs. Each configuration is first sized (SGLang's memory arithmetic: rejected when the weights
+do not fit or the KV pool cannot hold the workload's longest request), then screened by a burst (its saturation
+throughput gives an optimistic $ per 1M tokens), and the finalists (the asked-for configuration, the cheapest by the
+screen, the best of each GPU, and the KV-dtype x weights variants of the best) get the converged highest rate within the
+SLO (rate.py). The recommendation is the finalist that serves the target load for the least money a month.
 """
 
 from __future__ import annotations
@@ -21,11 +21,11 @@ from dataclasses import dataclass, field, replace
 
 from bench.errors import BadInput
 from bench.model.advice import curve, notes, prices
-from bench.model.advice.launch import int4_ep
+from bench.model.advice.launch import expert_ep
 from bench.model.advice.option import HOURS_PER_MONTH, Config, Option
 from bench.model.evidence import corpus
-from bench.model.fits import backend, catalog
-from bench.model.fits.capacity import capacity, weight_formats
+from bench.model.fits import backend, catalog, formats
+from bench.model.fits.capacity import capacity
 from bench.model.serving import workload
 from bench.model.serving.rate import Prediction, saturation_tps, search_rate
 from bench.model.serving.slo import SYNTAX, Slo
@@ -64,7 +64,7 @@ class Question:
 
     @property
     def chosen(self) -> Config:
-        return Config(self.gpu, self.tp, self.dp, max(self.ep, int4_ep(self.model, self.tp, self.weights)),
+        return Config(self.gpu, self.tp, self.dp, max(self.ep, expert_ep(self.model, self.tp, self.weights)),
                       self.kv_dtype, self.weights)
 
     def deployment(self, **changes):
@@ -184,8 +184,6 @@ class Plan:
 
 def _configs(q: Question) -> list[Config]:
     model = catalog.model(q.model)
-    native_experts = model.native_weights.experts
-    alt = "fp8" if native_experts.startswith("int4") else "int4-g32"
     out = []
     for gpu_id in q.search_gpus or sorted(catalog.gpus()):
         gpu = catalog.gpu(gpu_id)
@@ -195,8 +193,8 @@ def _configs(q: Question) -> list[Config]:
             for dp in ((1, tp) if tp > 1 else (1,)):
                 for ep in ((1, tp) if tp > 1 else (1,)):
                     for kv in ("bf16", "fp8_e4m3"):
-                        for w in ("native", alt):  # priced with the EP an INT4 checkpoint is launched with
-                            out.append(Config(gpu_id, tp, dp, max(ep, int4_ep(q.model, tp, w)), kv, w))
+                        for w in formats.searched(model, gpu):  # each with the EP its scale groups need
+                            out.append(Config(gpu_id, tp, dp, max(ep, expert_ep(q.model, tp, w)), kv, w))
     if q.chosen not in out:
         out.append(q.chosen)
     return list(dict.fromkeys(out))
@@ -314,7 +312,7 @@ def make_plan(q: Question, progress: Callable[[str, int, int], None] | None = No
 
     simulate_all(finalists)
     for _ in range(3):  # the KV dtype x weights variants of the cheapest, so the four-way is complete
-        serving = [o for o in finalists if o.serves]
+        serving = [o for o in finalists if o.serves and obtainable(q.model, o.config)]
         if not serving:
             break
         b = min(serving, key=lambda o: (o.monthly_cost, o.gpus_needed, o.usd_per_m_output)).config
@@ -329,7 +327,7 @@ def make_plan(q: Question, progress: Callable[[str, int, int], None] | None = No
             break
         simulate_all(more)
         finalists += more
-    serving = [o for o in finalists if o.serves]
+    serving = [o for o in finalists if o.serves and obtainable(q.model, o.config)]
     if serving:
         # a pool that holds no sequence at the asked context is recommended only when no configuration's does
         holds = [o for o in serving if o.capacity.max_concurrent_sequences_at_context >= 1]
@@ -354,13 +352,42 @@ def make_plan(q: Question, progress: Callable[[str, int, int], None] | None = No
         plan.notes.append("No configuration searched serves this workload within the SLO: relax the SLO, shorten "
                           "the requests, or look at the rejections below.")
     chosen = plan.chosen
+    if not obtainable(q.model, chosen.config):
+        plan.notes.append(f"Your configuration ({chosen.label}) is shown but never recommended: "
+                          f"{_unobtainable(q.model, chosen.config)}.")
     if chosen.rejected_because:
         plan.notes.append(f"Your configuration ({chosen.label}): {chosen.rejected_because}.")
     plan.notes += notes.interval_notes(plan.recommended, plan.simulated, chosen, q.target_rate_rps)
     plan.notes.append(notes.fp8_note(q.model, q.context, (plan.recommended or chosen).config))
-    if weight_formats(catalog.model(q.model), "native")[0].startswith("int4"):
-        plan.notes.append(f"{q.model} ships INT4 experts: the other expert format searched is FP8 block-128.")
+    plan.notes += _format_notes(q)
     return plan
+
+
+def obtainable(model_id: str, cfg: Config) -> bool:
+    """Whether a configuration may be recommended: its GPU runs the expert format with a real kernel, and a
+    checkpoint in it is shipped or capbench makes it."""
+    model, gpu = catalog.model(model_id), catalog.gpu(cfg.gpu)
+    if cfg.weights == "native":
+        return True
+    fmt = formats.weights_format(model, cfg.weights)
+    return formats.why_not_served(model, gpu, fmt) is None and formats.source_of(model, cfg.weights) is not None
+
+
+def _unobtainable(model_id: str, cfg: Config) -> str:
+    model, gpu = catalog.model(model_id), catalog.gpu(cfg.gpu)
+    fmt = formats.weights_format(model, cfg.weights)
+    return formats.why_not_served(model, gpu, fmt) or f"no checkpoint serves --weights {cfg.weights}"
+
+
+def _format_notes(q: Question) -> list[str]:
+    """Which expert formats were searched on each GPU, and why the others were not (never recommended)."""
+    model, out = catalog.model(q.model), []
+    for gpu_id in q.search_gpus or sorted(catalog.gpus()):
+        gpu = catalog.gpu(gpu_id)
+        skipped = [f for f in formats.names() if formats.why_not_served(model, gpu, f)]
+        out.append(f"{gpu_id}: expert formats searched: {', '.join(formats.searched(model, gpu))}; not searched "
+                   f"(`capbench formats --model {q.model} --gpu {gpu_id}` says why): {', '.join(skipped)}.")
+    return out
 
 
 def _seconds(pred: Prediction, slo: Slo) -> str:

@@ -24,35 +24,36 @@ import math
 from dataclasses import asdict, dataclass, field, replace
 
 from bench.errors import BadInput
-from bench.model.fits import backend
+from bench.model.fits import backend, formats
 from bench.model.fits.catalog import GPU, Model
 
 KV_DTYPES = {"bf16": 2, "fp8_e4m3": 1, "fp8_e5m2": 1}
-WEIGHTS = ("native", "bf16", "fp8", "int4-g32", "int4-g128")
+# native; the whole model in BF16 or FP8; else the routed experts in that format (data/expert_formats.yaml), the
+# rest as shipped
+WEIGHTS = ("native", "bf16", "fp8", "fp8-block128", "int4-g32", "int4-g128", "w4a8-g128", "nvfp4", "nvfp4-w4a16",
+           "mxfp4", "mxfp4-w4a16", "nf4")
 GIB = 1 << 30
 MIB = 1 << 20
 
 
 def bytes_per_weight(fmt: str) -> float:
-    """bf16 = 2; fp8 block-128 = 1 + one fp32 scale per 128x128 block; INT4 = 0.5 + one bf16 scale per group."""
-    if fmt == "bf16":
-        return 2.0
-    if fmt == "fp8-block128":
-        return 1.0 + 4.0 / (128 * 128)
-    if fmt.startswith("int4-g"):
-        return 0.5 + 2.0 / int(fmt.removeprefix("int4-g"))
-    raise BadInput(f"unknown weight format '{fmt}'")
+    """Bytes per weight with its scales (data/expert_formats.yaml): bf16 = 2; fp8 block-128 = 1 + one fp32 scale per
+    128x128 block; INT4 = 0.5 + one bf16 scale per group; NVFP4 = 0.5 + one fp8 scale per 16; MXFP4 = 0.5 + 1/32."""
+    try:
+        return formats.bytes_per_weight(fmt)
+    except BadInput:
+        raise BadInput(f"unknown weight format '{fmt}'") from None
 
 
 def weight_formats(model: Model, weights: str) -> tuple[str, str]:
-    """(routed experts, everything else linear) for a --weights choice. INT4 leaves the rest as shipped."""
+    """(routed experts, everything else linear) for a --weights choice. An expert format leaves the rest as shipped."""
     if weights == "native":
         return model.native_weights.experts, model.native_weights.rest
     if weights == "bf16":
         return "bf16", "bf16"
     if weights == "fp8":
         return "fp8-block128", "fp8-block128"
-    if weights in ("int4-g32", "int4-g128"):
+    if weights in WEIGHTS:
         return weights, model.native_weights.rest
     raise BadInput(f"unknown weights '{weights}'; valid: {', '.join(WEIGHTS)}")
 

@@ -72,12 +72,13 @@ class GPU(files.Schema):
     id: str
     name: str
     vendor: Literal["nvidia", "amd"] = "nvidia"
-    arch: Literal["sm80", "sm90", "sm100", "gfx942"] | None = None  # what SGLang's backend choice keys on
+    arch: Literal["sm80", "sm90", "sm100", "gfx942", "gfx950"] | None = None  # what SGLang's backend choice keys on
     memory_mib_reported: Pos
     memory_gb_sold: Rate
     hbm_tbps: Rate
     bf16_tflops: Rate
     fp8_tflops: NonNeg
+    fp4_tflops: NonNeg = 0.0  # dense FP4 tensor-core rate (W4A4 experts); 0: no FP4 tensor cores
     int8_tops: NonNeg
     interconnect_gbps: Rate
     internode_gbps: Rate

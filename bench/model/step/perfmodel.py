@@ -46,6 +46,7 @@ import math
 import os
 from functools import cache
 
+from bench.model.fits import formats
 from bench.model.fits.capacity import Deployment, capacity, cell_bytes, memory_tier, weight_bytes, weight_formats
 from bench.model.step import kernels
 from bench.model.step.calibration import (
@@ -119,6 +120,9 @@ class PerfModel:
         self.bytes_per_s = g.hbm_tbps * 1e12 * e.hbm_eff
         self.peak = {"bf16": g.bf16_tflops * 1e12 * e.bf16_eff,
                      "fp8": (g.fp8_tflops * 1e12 * e.fp8_eff) if g.fp8_tflops else g.bf16_tflops * 1e12 * e.bf16_eff}
+        # FP4 tensor cores at FP8's efficiency (uncalibrated: no FP4 measurement in the corpus yet)
+        self.peak["fp4"] = g.fp4_tflops * 1e12 * e.fp8_eff if g.fp4_tflops else self.peak["fp8"]
+        self.arch = g.arch
         self.attn_peak = g.bf16_tflops * 1e12 * e.prefill_attn_eff
         link_gbps = g.interconnect_gbps / 2 if dep.tp <= g.gpus_per_node else g.internode_gbps
         self.link_bytes_per_s = link_gbps * 1e9 * e.allreduce_eff
@@ -183,9 +187,11 @@ class PerfModel:
         ramp = rows / (rows + self.eff.gemm_m_half)
         if width:
             flops *= (width + self.eff.gemm_n_half) / width
-        if fmt.startswith("int4"):  # W4A16: BF16 tensor cores after unpacking, dearer as the GEMM fills up
-            return flops / (self.peak["bf16"] * ramp) * (1 + (self.eff.int4_dequant - 1) * ramp)
-        return flops / (self.peak["fp8" if fmt.startswith("fp8") else "bf16"] * ramp)
+        kind = formats.compute(fmt, self.arch)
+        if kind in ("wna16", "w4a8"):  # unpacked in the kernel onto BF16 (FP8) cores, dearer as the GEMM fills up
+            peak = self.peak["fp8" if kind == "w4a8" else "bf16"]
+            return flops / (peak * ramp) * (1 + (self.eff.int4_dequant - 1) * ramp)
+        return flops / (self.peak[kind] * ramp)
 
     def _allreduce_s(self, tokens: float, n: int) -> float:
         if n <= 1 or tokens <= 0:
@@ -205,7 +211,7 @@ class PerfModel:
             comp_f += z * math.sqrt(load * (1 - 1 / self.ep)) / max(load, 1e-9)
         rows = tokens * self.top_k / max(hit, 1e-9)
         gemm = self._gemm_s(tokens * self.expert_flops, rows, self.experts_fmt, self.expert_width)
-        if self.experts_fmt.startswith("int4"):  # every weight touched is unpacked, once per tile of rows
+        if formats.compute(self.experts_fmt, self.arch) in ("wna16", "w4a8"):  # unpacked once per tile of rows
             tiles = math.ceil(rows / self.eff.int4_moe_m_tile)
             gemm = max(gemm, self.expert_params * frac * mem_f * tiles / self.unpack_per_s)
         return self.expert_bytes * frac * mem_f, gemm * comp_f
