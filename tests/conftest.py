@@ -5,7 +5,7 @@ import os
 # patches first of all: `make test` runs `pytest` (everything else), then `CAPBENCH_TESTS=locust pytest`.
 LOCUST_TESTS = ("tests/loadgen", "tests/bench/test_runner.py", "tests/bench/test_runner_twin.py",
                 "tests/bench/test_load_sweep.py", "tests/bench/test_calibrate.py",
-                "tests/bench/cli/test_cli_fuzz.py",
+                "tests/bench/cli/test_cli_fuzz.py", "tests/bench/test_run_kills.py",
                 "tests/e2e/test_demo.py")
 LOCUST_PART = os.environ.get("CAPBENCH_TESTS") == "locust"
 # The long ones (each file's tests together take tens of seconds on 2 cores): `make test` runs them, `make test-fast`
