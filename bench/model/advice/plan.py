@@ -3,7 +3,7 @@
 
 Searched: every GPU of the catalog (or those asked for), tensor parallelism from the smallest power of two that holds
 the weights up to two nodes, DP attention off or over all tp GPUs, EP off or over all tp GPUs, BF16 or FP8 KV, every
-expert format the GPU runs with a real SGLang kernel and the model can be had in (bench/model/formats.py: shipped by its
+expert format the GPU runs with a real SGLang kernel and the model can be had in (bench/model/fits/formats.py: shipped by its
 vendor, published, or made by `capbench quantize-experts`; "not obtainable" formats are never searched), and the
 replicas the target load needs. Each configuration is first sized (SGLang's memory arithmetic: rejected when the weights
 do not fit or the KV pool cannot hold the workload's longest request), then screened by a burst (its saturation
@@ -207,7 +207,8 @@ def _backends(q: Question, b: Config) -> list[Config]:
     out = []
     for kv in ("fp8_e4m3",):
         default = backend.launch_backend(model, gpu, kv, b.tp)
-        for w in {b.weights, q.weights}:
+        searched = set(formats.searched(model, gpu))  # the asked-for weights too, when the search offers them
+        for w in {b.weights} | ({q.weights} & searched):
             base = replace(b, kv_dtype=kv, weights=w, attention=None)
             out += [replace(base, attention=name) for name in backend.candidates(model, gpu, kv) if name != default]
     return out
