@@ -3,7 +3,7 @@
 
 Searched: every GPU of the catalog (or those asked for), tensor parallelism from the smallest power of two that holds
 the weights up to two nodes, DP attention off or over all tp GPUs, EP off or over all tp GPUs, BF16 or FP8 KV, every
-expert format the GPU runs with a real SGLang kernel and the model can be had in (bench/model/fits/formats.py: shipped by its
+expert format the GPU runs with a real SGLang kernel and the model can be had in (fits/formats.py: shipped by its
 vendor, published, or made by `capbench quantize-experts`; "not obtainable" formats are never searched), and the
 replicas the target load needs. Each configuration is first sized (SGLang's memory arithmetic: rejected when the weights
 do not fit or the KV pool cannot hold the workload's longest request), then screened by a burst (its saturation
