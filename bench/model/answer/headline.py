@@ -11,7 +11,7 @@ from bench.model.advice.launch import patch_flags
 from bench.model.advice.option import Option
 from bench.model.advice.plan import Plan
 from bench.model.evidence import corpus
-from bench.model.fits import catalog
+from bench.model.fits import catalog, formats
 from bench.model.fits.capacity import weight_formats
 from bench.model.pd import launch as pd_launch
 from bench.model.pd.versus import Versus
@@ -88,10 +88,18 @@ def make_headline(plan: Plan, versus: Versus | None = None) -> Headline:
 
 def _option_words(o: Option) -> str:
     experts = weight_formats(catalog.model(o.model), o.weights)[0].upper()
-    shipped = " (shipped)" if o.weights == "native" else " (converted by capbench)"
+    shipped = f" ({_source(o)})"
     kv = "FP8" if o.kv_dtype.startswith("fp8") else "BF16"
     return (f"{o.instances_needed} x {o.config.gpu.upper()} {o.config.parallelism()} ({o.tp} GPUs each), "
             f"{experts} experts{shipped}, {kv} KV")
+
+
+def _source(o: Option) -> str:
+    """Where the experts come from: shipped with the model, a published checkpoint (named), or capbench's conversion."""
+    if o.weights == "native":
+        return "shipped"
+    src = formats.source_of(catalog.model(o.model), o.weights)
+    return src.hf if src is not None and src.kind == "shipped" else "converted by capbench"
 
 
 def _colocated(question: str, plan: Plan, rec: Option) -> Headline:
@@ -167,8 +175,8 @@ def risks(plan: Plan, rec: Option) -> list[str]:
         alt = min(safer, key=lambda o: (-(o.interval() or {}).get("cases", 0), o.monthly_cost), default=None)
         if alt is not None and (alt.interval() or {}).get("cases", 0) > cases:
             more = alt.monthly_cost / rec.monthly_cost - 1
-            what = (f"{weight_formats(catalog.model(rec.model), rec.weights)[0].upper()} experts converted by "
-                    "capbench" if rec.weights != "native" else "this regime")
+            what = (f"{weight_formats(catalog.model(rec.model), rec.weights)[0].upper()} experts ({_source(rec)})"
+                    if rec.weights != "native" else "this regime")
             out.append(f"{_option_words(alt)} costs {more:.0%} more and has {(alt.interval() or {})['cases']} "
                        f"published cases; {what}: {cases}")
     c = rec.capacity
