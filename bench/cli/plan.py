@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import textwrap
 from dataclasses import replace
 
 import typer
@@ -324,7 +325,8 @@ def plan(
     width = Console().width
     for line in wording.headline_lines(head, min(width, 100)):
         print(line)
-    print(wording.prices(q))  # which GPU is costed at which price: given, or the catalog's
+    for line in textwrap.wrap(wording.prices(q), min(width, 100), subsequent_indent="  "):
+        print(line)  # which GPU is costed at which price: given, or the catalog's
     you = result.chosen
     if not details:
         if you is not result.recommended and you.serves:  # the deployment asked about (--gpu, --tp, ...)

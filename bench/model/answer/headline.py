@@ -90,8 +90,8 @@ def _option_words(o: Option) -> str:
     experts = weight_formats(catalog.model(o.model), o.weights)[0].upper()
     shipped = f" ({_source(o)})"
     kv = "FP8" if o.kv_dtype.startswith("fp8") else "BF16"
-    return (f"{o.instances_needed} x {o.config.gpu.upper()} {o.config.parallelism()} ({o.tp} GPUs each), "
-            f"{experts} experts{shipped}, {kv} KV")
+    c = o.config
+    return f"{o.instances_needed} x {c.gpu.upper()} {c.parallelism()}, {experts} experts{shipped}, {kv} KV"
 
 
 def _source(o: Option) -> str:
@@ -112,7 +112,7 @@ def _colocated(question: str, plan: Plan, rec: Option) -> Headline:
         h.interval_basis = f"80 % interval, {n} published case{'' if n == 1 else 's'}"
     h.risks = risks(plan, rec)
     if iv is not None and iv["evidence"]:  # thin evidence, in its first clause (the rest: --details)
-        h.risks.append(iv["evidence"].split(";")[0])
+        h.risks.append(iv["evidence"].split(";")[0].split(": ")[0])
     return h
 
 
