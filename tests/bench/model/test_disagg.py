@@ -78,7 +78,7 @@ def test_transfer_costs_what_the_nic_moves():
     # MLA latent, FP8: (512 + 64) * 61 bytes a token
     assert disagg.kv_bytes(shape, 1) == 576 * 61
     assert a.transfer_s == pytest.approx(32000 * 576 * 61 / (50e9 * 0.8) + 1e-3)
-    assert a.ttft_s > b.ttft_s and b.transfer_s == 0
+    assert a.ttft_s >= b.ttft_s - 1e-9 and b.transfer_s == 0  # both at the TTFT bound when the prefill binds
 
 
 def test_deepep_low_latency_reproduces_its_own_table():

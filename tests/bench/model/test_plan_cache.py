@@ -130,5 +130,5 @@ def test_a_rewritten_calibration_file_is_read_again(tmp_path):
     f.write_text(json.dumps({"hbm_eff": 0.7}))
     assert calibration.load_efficiency("h200", f).hbm_eff == 0.7
     f.write_text("[1, 2]")
-    with pytest.raises(calibration.BadInput, match="must hold a map"):
+    with pytest.raises(calibration.BadInput, match="holds a map"):
         calibration.load_efficiency("h200", f)
