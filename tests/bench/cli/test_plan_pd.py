@@ -29,7 +29,8 @@ def test_plan_puts_the_cheapest_disaggregated_answer_beside_the_colocated_one():
 
 def test_plan_prints_the_comparison_and_every_launch_line():
     out = capbench("plan", "--model", "kimi-k2-thinking", "--gpus", "h200", "--input-len", "8000", "--output-len",
-                   "300", "--rate", "4", "--slo", "ttft=5s,tpot=60ms", "--max-nodes", "2", "--workers", "1", "--details")
+                   "300", "--rate", "4", "--slo", "ttft=5s,tpot=60ms", "--max-nodes", "2", "--workers", "1",
+                   "--details")
     assert out.returncode == 0, out.stderr
     assert "Colocated vs prefill/decode disaggregated" in out.stdout
     assert "little evidence" in out.stdout
