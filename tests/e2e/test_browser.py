@@ -152,7 +152,9 @@ def _planner_matches_the_cli(metrics: dict[str, str], alerts: list[str]) -> None
     assert metrics["GPUs needed for 10 req/s"] == f"{chosen['gpus_needed']:,}"
     assert metrics["Monthly cost for 10 req/s"] == f"${chosen['monthly_cost']:,.0f}"
     assert metrics["TPOT p90 at that rate (ms)"] == f"{chosen['tpot_s'] * 1e3:,.1f}"
-    assert any(f"${rec['monthly_cost']:,.0f} a month" in a and f"{rec['gpus_needed']} x H200" in a for a in alerts)
+    head = out["headline"]  # the answer block: the CLI's first screen, colocated or disaggregated
+    assert rec is not None and any(head["summary"] in a and f"${head['monthly_cost']:,.0f} a month" in a
+                                   for a in alerts)
 
 
 def test_the_marks_check_fails_an_empty_chart_and_zero_width_bars():
