@@ -83,7 +83,8 @@ def test_round_trip_error_against_the_bf16_reference(trips, name):
             err += float((got - ref.float()).square().sum())
             norm += float(ref.float().square().sum())
         elif not key.endswith("_scale_inv"):  # the rest: as shipped, FP8 inputs' non-experts dequantised to BF16
-            assert torch.allclose(tensors[key].float(), ref.float(), rtol=0, atol=1e-6 + 2e-3 * ref.abs().max())
+            # within BF16's rounding of each value (2^-8 of it; 2^-7 for the two roundings FP8 -> float -> BF16)
+            assert torch.allclose(tensors[key].float(), ref.float(), rtol=2**-7, atol=1e-6 + 2e-3 * ref.abs().max())
     rel = (err / norm) ** 0.5
     RESULTS[name] = {"vs_bf16": rel, "last_step_vs_its_input": reports[-1]["overall_rel_err"]}
     fmt = CHAINS[name][1][-1]
