@@ -27,15 +27,18 @@ def test_short_demo_end_to_end_twice(tmp_path, capsys):
     first = demo.run_demo(db, report, duration_s=2.0, campaign=str(spec))
     out = capsys.readouterr().out
     assert "What fits" in out and "highest rate within the SLO per cell" in out and "demo took" in out
-    assert "FP8 KV, glm-fp8 vs glm-bf16, long-context: measured" in out and "predicted" in out
+    g = first["gains"][0]
+    if g.get("busy"):  # a twin fell behind on a loaded host: the demo says so instead of quoting a gain
+        assert "not measured: host too busy" in " ".join(out.split()) and g["seen_gain"] > 0
+    else:
+        assert "FP8 KV, glm-fp8 vs glm-bf16, long-context: measured" in out and "predicted" in out
     assert "no published pair of runs measures such a gain: it has no interval" in " ".join(out.split())
     assert report.is_file() and "<svg" in report.read_text()
     assert "Capacity report: GLM-4.6" in report.read_text()  # a section for the model the demo ran
     html = (tmp_path / "reports" / "demo-campaign.html").read_text()
     assert "glm-fp8/long-context" in html and "FP8 KV" in html
     assert {c["status"] for c in first["cells"]} == {"completed"} and len(first["cells"]) == 2
-    g = first["gains"][0]
-    assert g["measured_gain"] > 0 and g["predicted_gain"] > 0  # both deployments served a rate within the SLO
+    assert (g["seen_gain"] if g.get("busy") else g["measured_gain"]) > 0 and g["predicted_gain"] > 0  # both served
     assert "bootstrap over" in g["gain_method"]  # one repeat: the gain's interval from the stages' requests
     assert g["gain_method"].endswith("paired: both were sent the same requests")  # the twins flush their caches
     for c in first["cells"]:  # and each cell's highest rate within the SLO, with how it was found
