@@ -323,10 +323,8 @@ def plan(
                          | ({"disaggregated": _finite(versus.to_json())} if versus else {}), indent=1, default=str))
         return
     width = Console().width
-    for line in wording.headline_lines(head, min(width, 100)):
-        print(line)
-    for line in textwrap.wrap(wording.prices(q), min(width, 100), subsequent_indent="  "):
-        print(line)  # which GPU is costed at which price: given, or the catalog's
+    print("\n".join(wording.headline_lines(head, min(width, 100))))
+    print("\n".join(textwrap.wrap(wording.prices(q), min(width, 100), subsequent_indent="  ")))  # given or catalog
     you = result.chosen
     if not details:
         if you is not result.recommended and you.serves:  # the deployment asked about (--gpu, --tp, ...)
