@@ -112,10 +112,6 @@ def record(backend: str, path: str, **errors) -> None:
     REPORT.setdefault(f"{backend} ({path})", {}).update({k: round(v, 4) for k, v in errors.items()})
 
 
-def report() -> None:
-    print("\nMLA decode, relative error against attention on unquantised KV:\n" + json.dumps(REPORT, indent=1))
-
-
 def check(backend: str, path: str, run, page_size: int, native: bool = False, **shape) -> None:
     """Run one backend path three ways and assert: patched at the round trip's level, unpatched (unless SGLang's
     code is right by itself) and scale 1.0 far off, so the test can fail and the patch is what makes it right."""
@@ -126,7 +122,7 @@ def check(backend: str, path: str, run, page_size: int, native: bool = False, **
     one = Case(page_size, scaled=False, **shape)
     at_one = one.error(run(one, patched=False))
     record(backend, path, before=before, after=after, round_trip_floor=case.floor, scale_one=at_one)
-    report()
+    print("\nMLA decode, relative error against attention on unquantised KV:\n" + json.dumps(REPORT, indent=1))
     assert after <= 1.5 * case.floor + 1e-3, (backend, path, after, case.floor)
     if native:
         assert before == after
