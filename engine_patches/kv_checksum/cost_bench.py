@@ -14,23 +14,16 @@ the one that runs here; GPU figures come from `capbench gpu-check`'s checksum se
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
 import torch
 
+from engine_patches.kv_checksum.benchmark import median_s
 from engine_patches.kv_checksum.hicache import HostSeals
 from engine_patches.kv_checksum.seals import PageSeals
 
 
 def median_ms(fn, reps: int) -> float:
-    fn()
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times) * 1e3
+    return median_s(fn, reps) * 1e3  # benchmark.py's timing, in ms
 
 
 def kimi_like(layers: int, slots: int, gen: torch.Generator) -> list[torch.Tensor]:
