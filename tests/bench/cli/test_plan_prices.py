@@ -16,12 +16,23 @@ def capbench(tmp_path: Path, *args: str, timeout: float = 900) -> subprocess.Com
     return subprocess.run([str(EXE), *args], cwd=tmp_path, capture_output=True, text=True, timeout=timeout)
 
 
+def unwrapped(text: str) -> list[str]:
+    """The first screen's sentences: a line indented by two spaces continues the one above (wrapped to the width)."""
+    lines: list[str] = []
+    for line in text.splitlines():
+        if line.startswith("  ") and lines:
+            lines[-1] += " " + line.strip()
+        else:
+            lines.append(line)
+    return lines
+
+
 def test_one_price_is_the_gpus_and_the_answer_says_the_others_are_the_catalogs(tmp_path):
     out = capbench(tmp_path, *ASK, "--price", "3.10", "--no-pd")
     assert out.returncode == 0, out.stderr
     b200 = catalog.gpu("b200").price_per_gpu_hour
     said = f"$ per GPU-hour: H200 $3.10 (given); the catalog's indicative prices (not given) for B200 ${b200:.2f}"
-    lines = out.stdout.splitlines()
+    lines = unwrapped(out.stdout)
     assert said in lines  # on the first screen, before the pointer to the tables
     assert lines.index(said) < next(i for i, x in enumerate(lines) if x.startswith("More:"))
 
