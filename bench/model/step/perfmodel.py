@@ -230,8 +230,21 @@ class PerfModel:
         if busiest and self.dp > 1:  # DP attention: the largest chunk's group sets the pace
             rank_prefill, rank_pairs = max(rank_prefill, busiest[0]), max(rank_pairs, busiest[1])
         group = decode_batch * v / self.dp + rank_prefill
-        expert_bytes, expert_s = self._moe(tokens)
         samples = decode_batch * v + (1 if prefill_tokens else 0)
+        eager = prefill_tokens > 0 or decode_batch > self.graph_bs
+        gather = 0.0
+        if self.dp > 1:  # gather before the MoE, scatter after it, and the attention group's all-reduce
+            gather = 2 * (self.eff.dp_gather_latency_us * 1e-6 + tokens * self.hidden * 2 / self.link_bytes_per_s)
+        if self.kstep is not None:  # the roofline's terms below are not computed: a cold plan prices ~1M steps
+            k = self.kstep.step(decode_batch / self.dp, decode_ctx / self.dp, v, group, tokens, samples,
+                                rank_prefill, rank_pairs, not eager)
+            work = (k["attention"] + k["gemm"] + k["moe"]) * self.eff.kernel_scale
+            return {"memory": 0.0, "compute": work * layers_share, "fixed": self.fixed_s * layers_share,
+                    "comm": (k["comm"] * self.eff.kernel_scale + self.layers * gather) * layers_share,
+                    "launch": self.launch_s * layers_share if eager else 0.0, "overhead": self.overhead_s}
+        comm = gather + self._allreduce_s(group, self.attn_tp) if self.dp > 1 else 2 * self._allreduce_s(tokens,
+                                                                                                          self.tp)
+        expert_bytes, expert_s = self._moe(tokens)
         kv = self.cell * (decode_ctx + prefill_ctx) / self.dp
         mem = (expert_bytes + self.dense_bytes + self.lm_bytes + kv) / self.bytes_per_s
         compute = (expert_s + self._gemm_s(group * self.attn_proj_flops, group, self.rest_fmt)
@@ -239,20 +252,6 @@ class PerfModel:
                    + self._gemm_s(samples * self.lm_flops, samples, "bf16")
                    + self.decode_attn * decode_ctx * v / self.dp / self.peak["bf16"]
                    + self.prefill_attn * rank_pairs / self.attn_peak)
-        eager = prefill_tokens > 0 or decode_batch > self.graph_bs
-        gather = 0.0
-        if self.dp > 1:  # gather before the MoE, scatter after it, and the attention group's all-reduce
-            gather = 2 * (self.eff.dp_gather_latency_us * 1e-6 + tokens * self.hidden * 2 / self.link_bytes_per_s)
-            comm = gather + self._allreduce_s(group, self.attn_tp)
-        else:
-            comm = 2 * self._allreduce_s(tokens, self.tp)
-        if self.kstep is not None:
-            k = self.kstep.step(decode_batch / self.dp, decode_ctx / self.dp, v, group, tokens, samples,
-                                rank_prefill, rank_pairs, not eager)
-            work = (k["attention"] + k["gemm"] + k["moe"]) * self.eff.kernel_scale
-            return {"memory": 0.0, "compute": work * layers_share, "fixed": self.fixed_s * layers_share,
-                    "comm": (k["comm"] * self.eff.kernel_scale + self.layers * gather) * layers_share,
-                    "launch": self.launch_s * layers_share if eager else 0.0, "overhead": self.overhead_s}
         return {"memory": mem * layers_share, "compute": compute * layers_share, "fixed": self.fixed_s * layers_share,
                 "comm": self.layers * comm * layers_share, "launch": self.launch_s * layers_share if eager else 0.0,
                 "overhead": self.overhead_s}
