@@ -60,7 +60,7 @@ class MeasuredRun:
 
 
 def _deployment(config: dict, fallback: str | None) -> tuple[Deployment, float]:
-    spec = config.get("twin") or fallback
+    spec = config.get("twin") or fallback or config.get("deployment")  # deployment: an imported run's
     if not spec:
         raise BadInput("a run that did not target a twin needs --deployment (e.g. twin:glm-4.6@h200x8,kv=fp8_e4m3: "
                        "the model, GPUs and flags the measured server ran with)")
