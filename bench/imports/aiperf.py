@@ -6,7 +6,6 @@ and the load (input_config.loadgen concurrency / request_rate, endpoint url)."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
 
 from pydantic import Field, model_validator
 
@@ -15,15 +14,21 @@ from bench.errors import BadInput
 from bench.imports.common import Export, ToolRun, check
 
 NAME = "aiperf"
-WHAT = "AIPerf profile export"
+WHAT = "profile export (AIPerf)"
 SUMMARY_FILE = "profile_export_aiperf.json"
 UNITS = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0, "sec": 1.0}
-NonNegative = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 
 
 class Metric(Export):
-    value: NonNegative | list[NonNegative]
+    value: float | list[float]
     unit: str = ""
+
+    @model_validator(mode="after")
+    def _not_negative(self) -> Metric:
+        values = self.value if isinstance(self.value, list) else [self.value]
+        if values and min(values) < 0:
+            raise ValueError(f"a count or time is never negative, got {min(values)}")
+        return self
 
 
 class Metadata(Export):

@@ -18,7 +18,7 @@ from bench.errors import BadInput
 from bench.imports.common import Export, Seconds, Tokens, ToolRun, check, parse
 
 NAME = "bench-serving"
-WHAT = "bench_serving output file"
+WHAT = "output file (bench_serving)"
 LISTS = ("input_lens", "output_lens", "ttfts", "itls", "errors")
 Gap = Annotated[float, Field(ge=0, le=1e6, allow_inf_nan=False)]
 # bench_serving writes its default rate, float('inf'), as the bare JSON word Infinity: read as the text "inf"

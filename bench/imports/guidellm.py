@@ -15,7 +15,7 @@ from bench.errors import BadInput
 from bench.imports.common import Epoch, Export, Tokens, ToolRun, check
 
 NAME = "guidellm"
-WHAT = "guidellm benchmarks report"
+WHAT = "benchmarks report (guidellm)"
 STATUSES = {"successful": ("ok", None), "errored": ("error", "error"), "incomplete": ("error", "cancelled")}
 
 
