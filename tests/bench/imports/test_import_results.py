@@ -222,13 +222,18 @@ def test_guidellm_report_imports_and_calibrates(tmp_path):
     assert run_id in json.dumps(fitted)
 
 
+@pytest.mark.slow  # the report plans the whole question (about a minute on 2 busy cores)
 def test_an_imported_run_goes_through_the_report(tmp_path):
-    path, _ = bench_serving_export(tmp_path / "out")
+    path, runs = bench_serving_export(tmp_path / "out")
     ids = imported(capbench(tmp_path, "import", "bench-serving", str(path), "--deployment", DEPLOYMENT))
     out = tmp_path / "report.md"
     rep = capbench(tmp_path, "report", "--out", str(out), "--format", "md", "--runs", ",".join(ids), timeout=600)
     assert rep.returncode == 0, rep.stderr
-    assert ids[0] in out.read_text()
+    measured = out.read_text().split("## Measured results")[1].split("\n## ")[0]
+    rows = [line for line in measured.splitlines() if "imported (bench-serving)" in line]
+    assert len(rows) == 2 and all("GLM-4.6, 8x H200 tp8, FP8 KV" in row for row in rows)
+    ttft_p50_ms = nearest_rank([r["ttft"] for r in runs[0] if not r.get("failed")], 50) * 1000
+    assert f"{ttft_p50_ms:.0f} ms /" in rows[0]
 
 
 def _bad_files(tmp: Path) -> dict[str, tuple[str, Path]]:
