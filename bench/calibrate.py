@@ -80,7 +80,10 @@ def load_run(store: Store, run_id: str, deployment: str | None = None) -> Measur
             ORDER BY 1""", [run_id]).fetchall()
     if not rows:
         raise BadInput(f"run {run_id} has no completed requests to calibrate on")
-    mid = sorted(r[0] for r in rows if _usable(r[0]))[len(rows) // 2] if any(_usable(r[0]) for r in rows) else 0
+    if not any(_usable(r[0]) for r in rows):
+        raise BadInput(f"run {run_id} has no send times (bench_serving records none: an import of its file keeps "
+                       "latencies only); calibration replays the arrivals")
+    mid = sorted(r[0] for r in rows if _usable(r[0]))[len(rows) // 2]
     rows = [r for r in rows if _usable(r[0]) and abs(r[0] - mid) < 100 * LONGEST_S]  # not 1e308
     measured = [r for r in rows if r[6]]
     m = [r for r in measured if _time(r[4]) and (r[5] is None or _time(r[5]))]

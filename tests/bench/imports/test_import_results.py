@@ -198,6 +198,8 @@ def test_bench_serving_runs_import_one_per_line_with_derived_e2e(tmp_path):
         assert s["e2e_p50"] == pytest.approx(nearest_rank([r["ttft"] + sum(r["gaps"]) for r in ok], 50), rel=0.005)
         prov = json.loads(Store(db, read_only=True).run(run_id)["config"])["import"]
         assert "sent_at" in prov["null"] and any(d.startswith("e2e_s") for d in prov["derived"])
+    cal = capbench(tmp_path, "calibrate", "--runs", ids[0], "--out", str(tmp_path / "fitted.json"))
+    assert cal.returncode == 2 and "has no send times" in cal.stderr and len(cal.stderr.splitlines()) == 1
     configs = [runinfo.run_config(Store(db, read_only=True).run(i)["config"]) for i in ids]
     assert [c["rate"] for c in configs] == [4.0, None] and configs[1]["users"] == 16
     # a line appended later imports alone; the two before are already there
