@@ -63,7 +63,7 @@ def runs(doc: object, source: str, digest: str, path: Path, data: bytes) -> list
     lines = doc if isinstance(doc, list) else [doc]
     texts = [line for line in data.splitlines() if line.strip()]
     if not lines:
-        raise BadInput(f"{source}: no runs; a {WHAT} has one JSON object per run")
+        raise BadInput(f"{source}: no runs; bench_serving writes one JSON object per run")
     mtime = os.stat(path).st_mtime
     out = []
     for i, line in enumerate(lines, 1):
