@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bench.store import Store, runinfo, write_imported_runs
+from bench.store import Store, queries, runinfo, write_imported_runs
 
 CAPBENCH = str(Path(sys.executable).parent / "capbench")
 DEPLOYMENT = "glm-4.6@h200x8,kv=fp8_e4m3"
@@ -200,6 +200,9 @@ def test_bench_serving_runs_import_one_per_line_with_derived_e2e(tmp_path):
         assert "sent_at" in prov["null"] and any(d.startswith("e2e_s") for d in prov["derived"])
     cal = capbench(tmp_path, "calibrate", "--runs", ids[0], "--out", str(tmp_path / "fitted.json"))
     assert cal.returncode == 2 and "has no send times" in cal.stderr and len(cal.stderr.splitlines()) == 1
+    with Store(db, read_only=True).connect() as con:  # the Compare page's table
+        table = queries.compare(con, ids)
+    assert table.loc["ttft_p50", ids[0]] == pytest.approx(read_summary(db, ids[0])["ttft_p50"])
     configs = [runinfo.run_config(Store(db, read_only=True).run(i)["config"]) for i in ids]
     assert [c["rate"] for c in configs] == [4.0, None] and configs[1]["users"] == 16
     # a line appended later imports alone; the two before are already there
