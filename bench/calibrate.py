@@ -60,7 +60,7 @@ class MeasuredRun:
 
 
 def _deployment(config: dict, fallback: str | None) -> tuple[Deployment, float]:
-    spec = config.get("twin") or fallback
+    spec = config.get("twin") or fallback or config.get("deployment")  # deployment: an imported run's
     if not spec:
         raise BadInput("a run that did not target a twin needs --deployment (e.g. twin:glm-4.6@h200x8,kv=fp8_e4m3: "
                        "the model, GPUs and flags the measured server ran with)")
@@ -80,7 +80,10 @@ def load_run(store: Store, run_id: str, deployment: str | None = None) -> Measur
             ORDER BY 1""", [run_id]).fetchall()
     if not rows:
         raise BadInput(f"run {run_id} has no completed requests to calibrate on")
-    mid = sorted(r[0] for r in rows if _usable(r[0]))[len(rows) // 2] if any(_usable(r[0]) for r in rows) else 0
+    if not any(_usable(r[0]) for r in rows):
+        raise BadInput(f"run {run_id} has no send times (bench_serving records none: an import of its file keeps "
+                       "latencies only); calibration replays the arrivals")
+    mid = sorted(r[0] for r in rows if _usable(r[0]))[len(rows) // 2]
     rows = [r for r in rows if _usable(r[0]) and abs(r[0] - mid) < 100 * LONGEST_S]  # not 1e308
     measured = [r for r in rows if r[6]]
     m = [r for r in measured if _time(r[4]) and (r[5] is None or _time(r[5]))]

@@ -1,8 +1,8 @@
 """The `capbench` command: one typer app, one thin function per command, grouped by area in this package
-(plan: capacity, simulate; formats; runs: run, worker, runs, export, calibrate; twin: twin, demo; report: report,
-dashboard, drift, eval; campaign: campaign, serve; patches: sglang-launch, calibrate-kv-scales, quantize-int4,
-quantize-experts; gpu: gpu-check, gpu-check-merge). Bad input ends in one line on stderr and exit code 2, numbers
-and paths checked first (checks.py)."""
+(plan: capacity, simulate; formats; runs: run, worker, runs, export, calibrate; imports: import; twin: twin, demo;
+report: report, dashboard, drift, eval; campaign: campaign, serve; patches: sglang-launch, calibrate-kv-scales,
+quantize-int4, quantize-experts; gpu: gpu-check, gpu-check-merge). Bad input ends in one line on stderr and exit
+code 2, numbers and paths checked first (checks.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import sys
 
 import typer
 
-from bench.cli import campaign, formats, gpu, patches, plan, report, runs, twin
+from bench.cli import campaign, formats, gpu, imports, patches, plan, report, runs, twin
 from bench.cli.checks import checked
 from bench.errors import BadInput
 
@@ -28,6 +28,7 @@ for command in (plan.capacity, plan.simulate, plan.validate, plan.plan, formats.
                 report.drift, report.eval, patches.calibrate_kv_scales, patches.quantize_int4, patches.quantize_experts,
                 campaign.campaign, campaign.serve, gpu.gpu_check, gpu.gpu_check_merge):
     app.command()(checked(command))
+app.command("import")(checked(imports.import_results))
 app.command("sglang-launch", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(
     checked(patches.sglang_launch))
 

@@ -3,7 +3,7 @@
 db         the Store: migrations on open, run lifecycle, short connections that wait out another writer
 schema     the tables (migrations, frozen once released) and the Arrow schemas the writer appends
 histogram  log-linear latency buckets: percentiles within 0.4 % without scanning every request
-writer     the batched background writer: Arrow batches, one short transaction a second
+writer     the batched background writer: Arrow batches, one short transaction a second; imported runs
 recorder   the writer and the samplers in a process of their own, fed through a pipe
 telemetry  NVML GPU samples and SGLang's /metrics and /server_info
 queries    a run in numbers (goodput under an SLO), time series, runs side by side
@@ -19,10 +19,10 @@ from bench.store.histogram import HIST_METRICS, bucket_value, to_buckets
 from bench.store.recorder import HELD_DB_WAIT_S, Recorder
 from bench.store.schema import MIGRATIONS, SCHEMA_VERSION
 from bench.store.telemetry import GpuSampler, ServerSampler
-from bench.store.writer import BatchedWriter
+from bench.store.writer import BatchedWriter, write_imported_runs
 
 __all__ = [
     "identity", "queries", "runinfo", "telemetry", "DEFAULT_DB", "Store", "StoreBusy", "export_run", "HIST_METRICS",
     "bucket_value", "to_buckets", "Recorder", "HELD_DB_WAIT_S", "MIGRATIONS", "SCHEMA_VERSION", "GpuSampler",
-    "ServerSampler", "BatchedWriter", "replacing", "pid_alive",
+    "ServerSampler", "BatchedWriter", "replacing", "pid_alive", "write_imported_runs",
 ]

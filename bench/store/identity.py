@@ -43,8 +43,8 @@ def identity_fields(c: dict) -> dict[str, str]:
             "GPUs": f"{tp or '?'}x {(c.get('gpu') or 'unknown GPU').upper()}", "parallelism": par,
             "KV cache": (c.get("kv_dtype") or "bf16").replace("_e4m3", "").upper(), "experts": experts,
             "checksum": c.get("kv_checksum") or "off", "load": load, "workload": c.get("workload") or "",
-            "source": "twin (modelled)" if c.get("twin") else
-            (f"measured on {c['host']}" if c.get("host") else "measured")}
+            "source": "twin (modelled)" if c.get("twin") else f"imported ({c['imported']})" if c.get("imported")
+            else (f"measured on {c['host']}" if c.get("host") else "measured")}
 
 
 def identity(row: dict) -> str:

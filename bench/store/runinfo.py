@@ -52,14 +52,18 @@ def run_config(config: str | dict | None) -> dict:
            "kv_checksum": c.get("kv_checksum") or "off", "time_scale": c.get("time_scale") or 1.0,
            "workload": (c.get("workload") or {}).get("name") if isinstance(c.get("workload"), dict)
            else c.get("workload"), "twin": False, "mem_fraction": None, "slo": None,
-           "cell": c.get("cell") if isinstance(c.get("cell"), str) else None}
-    spec = c.get("twin") or (c.get("target") if str(c.get("target", "")).startswith("twin:") else None)
+           "cell": c.get("cell") if isinstance(c.get("cell"), str) else None,
+           "imported": (c.get("import") or {}).get("tool") if isinstance(c.get("import"), dict) else None}
+    twin = c.get("twin") or (c.get("target") if str(c.get("target", "")).startswith("twin:") else None)
+    spec = twin or c.get("deployment")  # deployment: what an imported run's server ran (capbench import)
     if isinstance(spec, str) and spec:
         try:
             s = parse_spec(spec)
             dep = s.deployment()
             out.update(model=s.model, gpu=s.gpu, tp=s.tp, dp=dep.dp, kv_dtype=dep.kv_dtype, weights=dep.weights,
-                       time_scale=s.value("time_scale", float, 1.0), twin=True, mem_fraction=dep.mem_fraction)
+                       mem_fraction=dep.mem_fraction)
+            if twin:
+                out.update(time_scale=s.value("time_scale", float, 1.0), twin=True)
             out["kv_checksum"] = s.options.get("kv_checksum") or out["kv_checksum"]
         except BadInput:
             pass

@@ -5,7 +5,9 @@ the rows added since the last flush."""
 from __future__ import annotations
 
 import atexit
+import json
 import logging
+import os
 import threading
 import time
 
@@ -14,7 +16,8 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from bench.store.db import Store, StoreBusy
+from bench import __version__
+from bench.store.db import Store, StoreBusy, _compact, _redact, new_run_id
 from bench.store.histogram import to_buckets
 from bench.store.schema import GPU_SCHEMA, INTEGRITY_SCHEMA, REQUESTS_SCHEMA, SERVER_SCHEMA, STATS_FROM_BATCH
 
@@ -269,3 +272,42 @@ def _histograms(run_id: str, requests: pa.Table) -> pa.Table:
         "bucket": pa.array(np.concatenate(buckets).astype(np.int32)),
         "n": pa.array(np.concatenate(counts).astype(np.int64)),
     }, schema=_HIST_SCHEMA)
+
+
+def write_imported_runs(store: Store, runs: list[dict]) -> list[tuple[str, bool]]:
+    """Finished runs made by another tool (capbench import), each with all its requests, in ONE transaction: if any
+    part fails nothing of any of them is stored. Each dict: label, target, profile, config (its import.record_sha256
+    the record's digest), started_at, finished_at, requests (columns of the requests table). A record already
+    imported (the same digest) is left alone. Returns (run id, True if stored now / False if it was there)."""
+    out: list[tuple[str, bool]] = []
+    with store.connect() as con:
+        con.execute("BEGIN")
+        try:
+            for run in runs:
+                digest = run["config"]["import"]["record_sha256"]
+                had = con.execute("SELECT run_id FROM runs WHERE json_extract_string(config, '$.import.record_sha256')"
+                                  " = ?", [digest]).fetchone()
+                if had:
+                    out.append((had[0], False))
+                    continue
+                run_id = new_run_id()
+                while con.execute("SELECT 1 FROM runs WHERE run_id = ?", [run_id]).fetchone():
+                    run_id = new_run_id()  # several runs of one file within a second
+                con.execute("INSERT INTO runs VALUES (?, ?, ?, ?, ?, ?, ?, 'completed', ?, ?, NULL)",
+                            [run_id, run["label"], run["target"], run["profile"],
+                             json.dumps(_redact(run["config"]), sort_keys=True, default=str), run["started_at"],
+                             run["finished_at"], __version__, os.getpid()])
+                batch = _derive(_conform(pa.table(run["requests"]), REQUESTS_SCHEMA, run_id))
+                for name, table in (("requests", batch), ("latency_hist", _histograms(run_id, batch))):
+                    con.register("capbench_batch", table)
+                    con.execute(f"INSERT INTO {name} BY NAME SELECT * FROM capbench_batch")
+                    if name == "requests":
+                        con.execute(STATS_FROM_BATCH)
+                    con.unregister("capbench_batch")
+                _compact(con, run_id)
+                out.append((run_id, True))
+        except BaseException:
+            con.execute("ROLLBACK")
+            raise
+        con.execute("COMMIT")
+    return out
