@@ -197,6 +197,16 @@ def gpu_series(con: duckdb.DuckDBPyConnection, run_id: str, resolution_s: float 
         GROUP BY slot, gpu ORDER BY slot, gpu""", [t0, resolution_s, run_id]).df()
 
 
+def gpu_summary(con: duckdb.DuckDBPyConnection, run_id: str) -> pd.DataFrame:
+    """Each GPU over the run, per node (NULL node: NVML on the load generator's machine): samples, mean and peak
+    utilisation, mean and peak memory used of its total, mean power."""
+    return con.execute("""
+        SELECT node, gpu, any_value(name) AS name, count(*) AS samples, avg(gpu_util_pct) AS gpu_util_mean,
+               max(gpu_util_pct) AS gpu_util_max, avg(mem_used_mib) AS mem_used_mean_mib,
+               max(mem_used_mib) AS mem_used_max_mib, max(mem_total_mib) AS mem_total_mib, avg(power_w) AS power_w
+        FROM gpu_samples WHERE run_id = ? GROUP BY node, gpu ORDER BY node NULLS FIRST, gpu""", [run_id]).df()
+
+
 def server_series(con: duckdb.DuckDBPyConnection, run_id: str, metric: str,
                   resolution_s: float = 1.0) -> pd.DataFrame:
     """One server metric (e.g. 'sglang:num_running_reqs') averaged per slot and label set."""
