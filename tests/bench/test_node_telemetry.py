@@ -63,7 +63,7 @@ def test_dcgm_rows_land_per_gpu_and_a_garbage_endpoint_does_not_break_the_run(tm
     assert prof >= 2 * 3 * 6
     assert exporter.url in config and garbage.url in config
     assert "GPUs during the run" in out.stdout and "gpu-node-1" in out.stdout
-    assert out.stderr.count("GPU node telemetry") <= 2, out.stderr  # the garbage one said once (or twice: 100th)
+    assert out.stderr.count("GPU node telemetry") == 1, out.stderr  # the garbage one, said once
 
 
 def test_credentials_in_a_gpu_metrics_url_are_refused_before_anything_is_stored(tmp_path):
