@@ -17,7 +17,7 @@ from rich.table import Table
 
 from bench.errors import BadInput
 from bench.runner import RunOptions, RunResult, run
-from bench.store import Store, repeats
+from bench.store import Store, repeats, runinfo
 from loadgen import profiles
 
 MAX_REPEATS = 100
@@ -48,14 +48,15 @@ def run_repeated(opts: RunOptions, n: int, until: str | None = None) -> list[Run
                       run_config={**opts.run_config, "repeat_group": group, "repeat": i})
         res = run(one)[-1]
         results.append(res)
-        s = res.summary
-        err.print(f"repeat {i + 1}/{n}: run {res.run_id} {res.status}: {s.get('throughput_rps') or 0:.2f} req/s, "
-                  f"{s.get('output_tps') or 0:.0f} tok/s, TTFT p50 {_ms(s.get('ttft_p50'))}")
+        with Store(opts.db, read_only=True).connect() as con:  # a twin's in the modelled GPUs' time, as shown
+            s = runinfo.summary(con, res.run_id, opts.slo) if res.status == "completed" else res.summary
+            iv = repeats.intervals(con, [r.run_id for r in results], opts.slo).get(goal[0]) \
+                if goal and i + 1 >= repeats.MIN_RUNS and res.status == "completed" else None
+        err.print(f"repeat {i + 1}/{n}: run {res.run_id} {res.status}: {s.get('throughput_rps') or 0:.3g} req/s, "
+                  f"{s.get('output_tps') or 0:.4g} tok/s, TTFT p50 {_ms(s.get('ttft_p50'))}")
         if res.status != "completed":
             break
-        if goal and i + 1 >= repeats.MIN_RUNS:
-            with Store(opts.db, read_only=True).connect() as con:
-                iv = repeats.intervals(con, [r.run_id for r in results], opts.slo).get(goal[0])
+        if goal and iv is not None:
             if repeats.within(iv, goal[1], goal[2]):
                 err.print(f"stopping after {i + 1} runs: {goal[0]} {iv['mean']:.4g} +/- {iv['half']:.3g} (90 %), "
                           f"within {_width(goal)}")
@@ -63,7 +64,9 @@ def run_repeated(opts: RunOptions, n: int, until: str | None = None) -> list[Run
     done = [r.run_id for r in results if r.status == "completed"]
     if len(done) >= 2:
         with Store(opts.db, read_only=True).connect() as con:
-            table = interval_table(repeats.intervals(con, done, opts.slo), f"repeat group {group}: {len(done)} runs")
+            scale = runinfo.time_scale(con, done[0])
+            table = interval_table(repeats.intervals(con, done, opts.slo), f"repeat group {group}: {len(done)} runs"
+                                   + (f", {runinfo.clock(scale, True)}" if scale != 1 else ""))
         Console().print(table)
     elif n > 1:
         print(f"repeat group {group}: fewer than two completed runs, no interval", file=sys.stderr)
