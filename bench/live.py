@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.live import Live as RichLive
 from rich.table import Table
 
-from bench.store import runinfo
+from bench.store import queries, runinfo
 
 WINDOW_S = 5.0  # the achieved rate is the rate of the last few seconds
 
@@ -131,6 +131,11 @@ def print_summary(s: dict, to_stderr: bool = False, store=None, slo=None) -> Non
                       f"p90 {_ms(s['ttfc_p90'])}, p99 {_ms(s['ttfc_p99'])}")
     if s.get("by_turn"):
         console.print(turn_table(s["by_turn"]))
+    if store is not None:
+        with store.connect() as con:
+            gpus = queries.gpu_summary(con, s["run_id"])
+        if len(gpus):
+            console.print(gpu_table(gpus))
     lag = s.get("dispatch_lag_p99")
     if lag is not None and lag > LAG_WARN_S:
         console.print(f"note: dispatch lag p99 {lag * 1000:.1f} ms: the client fell behind its schedule (latencies "
@@ -138,6 +143,29 @@ def print_summary(s: dict, to_stderr: bool = False, store=None, slo=None) -> Non
         if s.get("ttft_from_send_p50") is not None:
             console.print(f"TTFT p50 {_ms(s.get('ttft_p50'))} from the due time; from the send "
                           f"{_ms(s['ttft_from_send_p50'])} (the client's lag p50 {_ms(s['ttft_lag_p50'])})")
+
+
+def gpu_table(gpus) -> Table:  # noqa: ANN001  (queries.gpu_summary's frame)
+    """Each GPU's utilisation and memory over the run, per node (NVML here, or a node's DCGM exporter)."""
+    t = Table(title="GPUs during the run")
+    for col in ("node", "GPU", "name", "samples", "util mean / max", "memory used mean / max", "power"):
+        t.add_column(col, justify="left" if col in ("node", "name") else "right")
+    for r in gpus.itertuples():
+        total = "" if r.mem_total_mib != r.mem_total_mib or r.mem_total_mib is None else \
+            f" of {r.mem_total_mib / 1024:.1f}"
+        t.add_row(r.node if isinstance(r.node, str) else "this machine (NVML)", str(r.gpu), str(r.name or "-"),
+                  str(r.samples), f"{_pct(r.gpu_util_mean)} / {_pct(r.gpu_util_max)}",
+                  f"{_gib(r.mem_used_mean_mib)} / {_gib(r.mem_used_max_mib)}{total} GiB",
+                  "-" if r.power_w != r.power_w or r.power_w is None else f"{r.power_w:.0f} W")
+    return t
+
+
+def _pct(v: float | None) -> str:
+    return "-" if v is None or v != v else f"{v:.0f} %"
+
+
+def _gib(v: float | None) -> str:
+    return "-" if v is None or v != v else f"{v / 1024:.1f}"
 
 
 def turn_table(turns: list[dict]) -> Table:

@@ -73,6 +73,8 @@ class RunOptions:
     quiet: bool = False  # no start line, no summary table (the demo prints its own)
     run_config: dict = field(default_factory=dict)  # extra facts to keep with the run (e.g. the twin spec)
     request_shape: dict = field(default_factory=dict)  # extra_body, headers_env, targets, route (request_shape())
+    gpu_metrics: tuple[str, ...] = ()  # the GPU nodes' Prometheus endpoints (DCGM exporter), scraped during the run
+    gpu_metrics_interval_s: float = 1.0
 
 
 @dataclass
@@ -136,6 +138,9 @@ def run(opts: RunOptions) -> list[RunResult]:
     """A run (or, for the sweep profile, one run per stage). Results in the order they ran."""
     if not opts.target.startswith("twin:"):
         check_target(opts.target)
+    opts = replace(opts, gpu_metrics=tuple(check_target(u, "--gpu-metrics") for u in opts.gpu_metrics))
+    if not opts.gpu_metrics_interval_s > 0:
+        raise BadInput(f"--gpu-metrics-interval must be positive, not {opts.gpu_metrics_interval_s}")
     opts = replace(opts, db=Path(opts.db).resolve())  # one file for this process, the recorder and the workers
     target = Target(opts.target)
     try:
@@ -160,7 +165,7 @@ def _run_one(store: Store, opts: RunOptions, prof: profiles.Profile, wl: workloa
               "seed": opts.seed, "warmup_s": warmup, "workers": n_workers, "timeout_s": opts.timeout_s,
               "read_timeout_s": opts.read_timeout_s, "think_s": float(params.get("think_s", 0.0)),
               "slo": {k: v for k, v in vars(opts.slo).items() if v is not None}, "sessions": wl.closed_loop,
-              **opts.request_shape,
+              **opts.request_shape, **({"gpu_metrics": list(opts.gpu_metrics)} if opts.gpu_metrics else {}),
               **opts.run_config, **(extra or {})}
     stages = None
     if prof.open_loop:
@@ -238,7 +243,8 @@ def _drive(opts: RunOptions, prof: profiles.Profile, config: dict, run_id: str, 
     # each local worker writes into a pipe of its own to the recorder: a master killed outright loses none of its rows
     pipes = [os.pipe() for _ in range(opts.workers)]
     try:
-        recorder = Recorder(store.path, run_id, opts.target, feeds=tuple(r for r, _ in pipes))
+        recorder = Recorder(store.path, run_id, opts.target, feeds=tuple(r for r, _ in pipes),
+                            gpu_metrics=opts.gpu_metrics, gpu_metrics_interval_s=opts.gpu_metrics_interval_s)
     finally:
         for r, _ in pipes:
             os.close(r)

@@ -1,6 +1,7 @@
 """The campaign keys of the measurements (read after the file's other keys, each problem one line like theirs):
-`stop_grace` (seconds between SIGTERM and SIGKILL, top level or per deployment), a load's `repeats` and
-`max_concurrency`, and workload files named relative to the campaign file."""
+`stop_grace` (seconds between SIGTERM and SIGKILL, top level or per deployment), a deployment's `gpu_metrics`
+(its nodes' DCGM exporter endpoints), a load's `repeats` and `max_concurrency`, and workload files named relative
+to the campaign file."""
 
 from __future__ import annotations
 
@@ -19,6 +20,28 @@ def with_stop_grace(problems: Problems, raw: dict, deps: list) -> list:
             d = replace(d, stop_grace_s=_grace(problems, f"deployments[{i}].stop_grace", r["stop_grace"]))
         elif d is not None:
             d = replace(d, stop_grace_s=top)
+        out.append(d)
+    return out
+
+
+def with_gpu_metrics(problems: Problems, raw: dict, deps: list) -> list:
+    """Each deployment's `gpu_metrics`: a list of its GPU nodes' Prometheus endpoints (DCGM exporter's
+    http://NODE:9400/metrics), scraped during each of its runs; no credentials in them (they are stored)."""
+    from bench.campaign.guard import check_url
+
+    out = []
+    for i, (d, r) in enumerate(zip(deps, raw.get("deployments") or [], strict=False)):
+        urls = r.get("gpu_metrics") if isinstance(r, dict) else None
+        if d is not None and urls is not None:
+            where = f"deployments[{i}].gpu_metrics"
+            if not isinstance(urls, list) or not urls or not all(isinstance(u, str) for u in urls):
+                problems.add(where, "a list of URLs is required, e.g. [http://node1:9400/metrics]")
+            else:
+                wrong = [f"[{k}]: {w}" for k, u in enumerate(urls) if (w := check_url(u)) is not None]
+                for w in wrong:
+                    problems.add(where, w)
+                if not wrong:
+                    d = replace(d, gpu_metrics=tuple(u.rstrip("/") for u in urls))
         out.append(d)
     return out
 

@@ -223,7 +223,7 @@ def _cell(store: Store, cid: str, dep: DeploymentSpec, load: Load, server: Launc
                           label=f"campaign {key}" + (f" @{rate:.3g}rps" if rate is not None else "")
                           + (f" #{seed + 1}" if load.repeats > 1 else ""), slo=slo, seed=prompts,
                           warmup_s=warmup, live=False, quiet=True, drain_s=drain, late_after_s=slo.ttft_s,
-                          gone=server.exited, api_key_env=key_env,
+                          gone=server.exited, api_key_env=key_env, gpu_metrics=dep.gpu_metrics,
                           run_config={"campaign": cid, "cell": key, "time_scale": scale, "repeat": seed,
                                       # what the server was offered, as a sweep stage of `capbench run` stores it
                                       "offered_rps": None if rate is None else rate * scale,

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from bench.campaign import eval_stage, guard
 from bench.campaign import flags as server_flags
-from bench.campaign.keys import with_caps, with_repeats, with_stop_grace, workload_path
+from bench.campaign.keys import with_caps, with_gpu_metrics, with_repeats, with_stop_grace, workload_path
 from bench.campaign.pd_spec import PDSpec, parse_pd, resolve
 from bench.campaign.problems import Problems
 from bench.campaign.templates import Template, check_runtime_use, launch_by, parse_template, runtime_keys
@@ -23,7 +23,7 @@ from bench.model import Deployment, Slo, catalog, parse_slo
 from bench.model.pd import disagg
 
 KINDS = ("twin", "sglang", "url", "disaggregated")
-DEPLOYMENT_KEYS = {"name", "baseline", "health_timeout", "stop_grace", "model", "gpu", "gpus", *KINDS}
+DEPLOYMENT_KEYS = {"name", "baseline", "health_timeout", "stop_grace", "model", "gpu", "gpus", "gpu_metrics", *KINDS}
 SGLANG_KEYS = {"model", "model_path", "gpu", "tp", "dp", "ep", "kv_dtype", "weights", "kv_scales", "kv_checksum",
                "port", "flags", "template", "python", "image"}
 LOAD_KEYS = {"name", "workload", "profile", "rate", "users", "slo", "sweep", "duration", "repeats", "max_concurrency",
@@ -82,6 +82,7 @@ class DeploymentSpec:
     baseline: str | None = None
     health_timeout_s: float = 600.0
     stop_grace_s: float = 30.0  # after SIGTERM, before SIGKILL: SGLang's own shutdown
+    gpu_metrics: tuple[str, ...] = ()  # its GPU nodes' Prometheus endpoints (DCGM exporter), scraped in its runs
 
     def deployment(self) -> Deployment | None:
         """What the model predicts for (capacity, rate within the SLO, cost); None without a catalog model."""
@@ -153,7 +154,7 @@ def parse_campaign(text: str | bytes, source: str = "campaign", templates: dict[
     timeout = _number(problems, "health_timeout", raw.get("health_timeout", 600.0))
     deps = [_deployment(problems, f"deployments[{i}]", d, timeout)
             for i, d in enumerate(_list(problems, "deployments", raw.get("deployments")))]
-    deps = with_stop_grace(problems, raw, deps)
+    deps = with_gpu_metrics(problems, raw, with_stop_grace(problems, raw, deps))
     base = Path(source).parent if Path(source).is_file() else None
     loads = [_load(problems, f"loads[{i}]", x, slo, duration, base)
              for i, x in enumerate(_list(problems, "loads", raw.get("loads")))]

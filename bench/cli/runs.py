@@ -54,6 +54,15 @@ def run(
     max_inflight: int = typer.Option(None, help="Open loop: Locust users that carry the schedule (default: 20 x "
                                      "peak rate, 32..4096)."),
     live: bool = typer.Option(True, help="Live display (--no-live for logs and CI)."),
+    gpu_metrics: list[str] = typer.Option(None, help="A GPU node's Prometheus endpoint (NVIDIA DCGM exporter, e.g. "
+                                          "http://node1:9400/metrics), scraped during the run into the GPU samples "
+                                          "per node and GPU. Repeatable."),
+    gpu_metrics_interval: float = typer.Option(1.0, help="Seconds between scrapes of --gpu-metrics."),
+    repeat: int = typer.Option(1, help="Run the load N times (each a run in the DB, one repeat group) and print "
+                               "each figure with its 90 % interval across the runs; with --until-ci, the most runs."),
+    until_ci: str = typer.Option(None, help="FIGURE:WIDTH, e.g. tok_s:5% or ttft_p99:0.05 (seconds): stop "
+                                 "repeating once that figure's 90 % interval half-width is within the width (at most "
+                                 "--repeat runs, 10 if not given)."),
 ) -> None:
     """A load test: Locust (headless, as a library) with a load profile and a workload; every request in the DB."""
     import yaml
@@ -79,8 +88,14 @@ def run(
         model=model, api_key_env=api_key_env, slo=parse_slo(slo), warmup_s=warmup, workers=workers,
         expect_workers=expect_workers, master_bind=master_bind, master_port=master_port, seed=seed, api=api,
         stream=stream, timeout_s=timeout, max_inflight=max_inflight, live=live,
-        request_shape=runner.request_shape(extra_body, header or [], also_target or [], route))
-    results = runner.run(opts)
+        request_shape=runner.request_shape(extra_body, header or [], also_target or [], route),
+        gpu_metrics=tuple(gpu_metrics or ()), gpu_metrics_interval_s=gpu_metrics_interval)
+    if repeat != 1 or until_ci:
+        from bench.repeat import UNTIL_CI_RUNS, run_repeated
+
+        results = run_repeated(opts, UNTIL_CI_RUNS if until_ci and repeat == 1 else repeat, until_ci)
+    else:
+        results = runner.run(opts)
     sys.exit(exit_status(results))
 
 

@@ -11,6 +11,7 @@ terminal   rich tables for the CLI
 campaign   a campaign's matrix: highest rate within the SLO per cell, gains against the baseline
 curves     a campaign's latency against load: measured stages beside the model's curve, the SLO drawn
 quality    pass rates with intervals, A/B per model family and per change, quality beside a campaign's gains
+run_extras each GPU's utilisation and memory in the runs, and repeat groups' figures with their 90 % intervals
 """
 
 from bench.report import charts, formats_table, load, pd, plancharts, quality, terminal, wording

@@ -20,7 +20,7 @@ from bench.model import Option, Plan, Question, capacity, catalog, format_table,
 from bench.model import launch as sglang_cmd
 from bench.model.answer import Headline, make_headline
 from bench.model.pd import versus as pd_versus
-from bench.report import charts, load, plancharts, wording
+from bench.report import charts, load, plancharts, run_extras, wording
 from bench.report.predicted import STEADY_REQUESTS, measured_vs_predicted
 from bench.store import Store, identity, runinfo
 
@@ -48,6 +48,7 @@ class Report:
     formats: list = field(default_factory=list)  # format_table.FormatRow per expert format, on the question's GPU
     generated_at: float = field(default_factory=time.time)
     headline: Headline | None = None  # the answer, as the CLI's first screen and the Planner's top give it
+    extras: dict = field(default_factory=dict)  # per-GPU telemetry and repeat groups' intervals (run_extras)
 
     @property
     def measured(self) -> bool:
@@ -91,7 +92,7 @@ def build(q: Question, db: str | Path | None = None, run_ids: list[str] | None =
     """progress: called once per simulated configuration and once per run (a rich progress bar's advance).
     other_gpus: also price the recommended configuration on the catalog's other GPUs."""
     slo = q.slo
-    measured, why, drift = [], None, None
+    measured, why, drift, extras = [], None, None, {}
     if db is None or not Path(db).is_file():
         if run_ids:
             raise BadInput(f"--runs given but there is no results database at {db}")
@@ -109,11 +110,11 @@ def build(q: Question, db: str | Path | None = None, run_ids: list[str] | None =
                                          f"{_without_model(identity.short(row.to_dict()))} ({row.run_id[-6:]})"))
                 if progress:
                     progress()
-            drift = runinfo.drift(con)
+            drift, extras = runinfo.drift(con), run_extras.tables(con, measured, slo)
         _unique_labels(measured)
     plan = make_plan(q, progress=(lambda *_: progress()) if progress else None, workers=workers)
     others = [o for o in gpu_bests(plan) if o is not (plan.recommended or plan.chosen)] if other_gpus else []
-    report = Report(plan, str(db) if db else None, why, measured, drift, others)
+    report = Report(plan, str(db) if db else None, why, measured, drift, others, extras=extras)
     report.headline = make_headline(plan, pd_versus.compare(plan))
     report.load = latency_load(report, db)
     report.formats = format_table.rows(q.model, q.gpu, q.tp, q.kv_dtype, q.request_mix(), slo, q.context,
@@ -282,6 +283,7 @@ def tables(r: Report) -> dict[str, tuple[list[str], list[list[str]]]]:
         t["vs"] = (["run", *(f"{f}: measured / predicted [80 % interval] (error)" for f in figures)],
                    [[m.label, *(_vs_cell(next((x for x in m.vs_predicted["rows"] if x["figure"] == f), None))
                                 for f in figures)] for m in r.runs])
+        t.update(r.extras)
         checked = [m for m in r.runs if m.integrity["has_data"]]
         if checked:
             t["integrity"] = (["run", "pages checksummed", "pages verified", "mismatches", "checksum time share"],

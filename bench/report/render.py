@@ -38,6 +38,8 @@ SECTIONS = {
     "formats": "Expert weight formats on this GPU (tok/s and $ per 1M: roofline model)",
     "measured": "Measured results",
     "vs": "Predicted vs measured",
+    "repeats": "Repeated runs: 90 % intervals across each repeat group",
+    "gpu_nodes": "GPUs during the runs (NVML here, or each node's DCGM exporter)",
     "integrity": "KV cache integrity",
 }
 MEASURE_HOWTO = [

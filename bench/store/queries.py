@@ -185,16 +185,26 @@ def series(con: duckdb.DuckDBPyConnection, run_id: str, resolution_s: float = 1.
 
 
 def gpu_series(con: duckdb.DuckDBPyConnection, run_id: str, resolution_s: float = 1.0) -> pd.DataFrame:
-    """GPU samples averaged per slot and GPU."""
+    """GPU samples averaged per slot, node (NULL: NVML on the load generator's machine) and GPU."""
     _check_resolution(resolution_s)
     t0 = _run_row(con, run_id)["started_at"]
     return con.execute("""
-        SELECT $1 + slot * $2 AS t, slot * $2 AS elapsed_s, gpu, any_value(name) AS name,
+        SELECT $1 + slot * $2 AS t, slot * $2 AS elapsed_s, node, gpu, any_value(name) AS name,
                avg(mem_used_mib) AS mem_used_mib, max(mem_total_mib) AS mem_total_mib,
                avg(gpu_util_pct) AS gpu_util_pct, avg(mem_util_pct) AS mem_util_pct, avg(power_w) AS power_w,
                avg(sm_clock_mhz) AS sm_clock_mhz, avg(mem_clock_mhz) AS mem_clock_mhz, max(temp_c) AS temp_c
         FROM (SELECT *, floor((t - $1) / $2) AS slot FROM gpu_samples WHERE run_id = $3)
-        GROUP BY slot, gpu ORDER BY slot, gpu""", [t0, resolution_s, run_id]).df()
+        GROUP BY slot, node, gpu ORDER BY slot, node NULLS FIRST, gpu""", [t0, resolution_s, run_id]).df()
+
+
+def gpu_summary(con: duckdb.DuckDBPyConnection, run_id: str) -> pd.DataFrame:
+    """Each GPU over the run, per node (NULL node: NVML on the load generator's machine): samples, mean and peak
+    utilisation, mean and peak memory used of its total, mean power."""
+    return con.execute("""
+        SELECT node, gpu, any_value(name) AS name, count(*) AS samples, avg(gpu_util_pct) AS gpu_util_mean,
+               max(gpu_util_pct) AS gpu_util_max, avg(mem_used_mib) AS mem_used_mean_mib,
+               max(mem_used_mib) AS mem_used_max_mib, max(mem_total_mib) AS mem_total_mib, avg(power_w) AS power_w
+        FROM gpu_samples WHERE run_id = ? GROUP BY node, gpu ORDER BY node NULLS FIRST, gpu""", [run_id]).df()
 
 
 def server_series(con: duckdb.DuckDBPyConnection, run_id: str, metric: str,

@@ -2,8 +2,9 @@
 samplers (telemetry.py). The load generator only packs its result records (msgpack) into this process's
 stdin, so no DuckDB write, Arrow conversion, Prometheus parse or NVML call ever holds its event loop or its GIL.
 
-    Recorder(db, run_id, url, feeds)               the runner's handle: send(rows, inflight), close() -> rows written
+    Recorder(db, run_id, url, feeds, gpu_metrics)  the runner's handle: send(rows, inflight), close() -> rows written
     main() with argv DB RUN_ID [SERVER_URL]        stdin: frames (pack()) {started | rows, inflight | close}
+                                                   (the GPU nodes' metrics endpoints in GPU_METRICS_ENV, JSON)
     stdout at the end: {"requests": rows written, ...}
 
 Each request is announced (`started`) before it goes out, and frames carry the requests in flight at that moment.
@@ -32,11 +33,13 @@ import msgpack
 
 from bench.errors import BadInput
 from bench.store.db import Store
+from bench.store.nodes import NodeSampler
 from bench.store.telemetry import GpuSampler, ServerSampler
 from bench.store.writer import BatchedWriter
 
 HELD_DB_WAIT_S = 3600.0  # how long the run's rows wait for a reader that holds the file (saying so every few s)
 FEEDS_ENV = "CAPBENCH_RECORDER_FEEDS"  # the read ends of the local workers' pipes, comma-separated fds
+GPU_METRICS_ENV = "CAPBENCH_RECORDER_GPU_METRICS"  # {"urls": [...], "interval_s": s}: nodes.NodeSampler's
 FEED_AFTER_CLOSE_S = 30.0  # after the runner's close, how long a worker's pipe may stay open (the runner reaps
 # its workers before it closes: this bounds only a worker that hangs)
 
@@ -44,14 +47,18 @@ FEED_AFTER_CLOSE_S = 30.0  # after the runner's close, how long a worker's pipe 
 class Recorder:
     """main() for the run's length: the writer and the samplers, in a process of their own."""
 
-    def __init__(self, db: Path, run_id: str, target: str, feeds: tuple[int, ...] = ()):
+    def __init__(self, db: Path, run_id: str, target: str, feeds: tuple[int, ...] = (),
+                 gpu_metrics: tuple[str, ...] = (), gpu_metrics_interval_s: float = 1.0):
         from gevent import subprocess as gsub  # cooperative pipes: the caller's event loop keeps running
+
+        nodes = json.dumps({"urls": list(gpu_metrics), "interval_s": gpu_metrics_interval_s})
 
         # -c, not -m: bench.store imports this module, and runpy would run a second copy of it
         self.proc = gsub.Popen([sys.executable, "-c", "from bench.store.recorder import main; main()", str(db), run_id,
                                 target],
                                stdin=gsub.PIPE, stdout=gsub.PIPE, cwd=Path(__file__).resolve().parents[2],
-                               pass_fds=feeds, env={**os.environ, FEEDS_ENV: ",".join(map(str, feeds))},
+                               pass_fds=feeds,
+                               env={**os.environ, FEEDS_ENV: ",".join(map(str, feeds)), GPU_METRICS_ENV: nodes},
                                preexec_fn=_ignore_signals)
         _widen(self.proc.stdin.fileno())
         self.failed: str | None = None
@@ -178,6 +185,10 @@ def main() -> None:
     samplers = [GpuSampler(writer.add_gpu_sample).start()]
     if url:
         samplers.append(ServerSampler(url, writer.add_server_sample).start())
+    nodes = json.loads(os.environ.get(GPU_METRICS_ENV) or "{}")
+    if nodes.get("urls"):
+        samplers.append(NodeSampler(nodes["urls"], writer.add_gpu_sample, writer.add_server_sample,
+                                    nodes.get("interval_s", 1.0)).start())
     inputs = _inputs()
     open_inputs: int = inputs.open  # type: ignore[attr-defined]
     inflight: dict[str, dict] = {}

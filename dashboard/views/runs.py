@@ -137,7 +137,8 @@ if "sglang:num_running_reqs" in server:
     common.chart(st, charts.timeseries(conc, "value", "Concurrency: running and queued requests", domain,
                                       color="metric", y_title="requests", step=res), height=TS_HEIGHT)
 if not gpu.empty:
-    gpu["gpu"] = "GPU " + gpu["gpu"].astype(str)
+    where = gpu["node"].map(lambda n: f"{n} " if isinstance(n, str) else "")  # a node's DCGM rows, or NVML here
+    gpu["gpu"] = where + "GPU " + gpu["gpu"].astype(str)
     for y, title in (("gpu_util_pct", "GPU utilisation (%)"), ("power_w", "GPU power (W)"),
                      ("mem_used_mib", "GPU memory used (MiB)")):
         common.chart(st, charts.timeseries(gpu, y, title, domain, color="gpu", y_title=title, step=res),

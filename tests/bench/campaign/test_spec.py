@@ -64,3 +64,23 @@ def test_the_built_in_demo_campaign_is_valid():
     models = {d.model for d in c.deployments}
     assert models == {"kimi-k2-thinking", "glm-4.6"} and {d.kv_dtype for d in c.deployments} == {"bf16", "fp8_e4m3"}
     assert {x.name for x in c.loads} == {"long-context", "agentic"} and all(x.sweep for x in c.loads)
+
+
+def test_a_deployment_names_its_gpu_nodes_metrics_endpoints_and_bad_ones_are_one_line_each():
+    good = GOOD.replace("{name: up, url: \"http://127.0.0.1:30000\", model: glm-4.6}",
+                        "{name: up, url: \"http://127.0.0.1:30000\", model: glm-4.6, gpu_metrics: "
+                        "[\"http://node1:9400/metrics\", \"http://node2:9400/metrics/\"]}")
+    c = parse_campaign(good, inline_templates=True)
+    assert c.deployment("up").gpu_metrics == ("http://node1:9400/metrics", "http://node2:9400/metrics")
+    assert c.deployment("base").gpu_metrics == ()
+    for value, said in (("\"http://node1:9400/metrics\"", "a list of URLs"), ("[]", "a list of URLs"),
+                        ("[\"http://admin:pw-secret@node1:9400/metrics\"]", "credentials"),
+                        ("[\"ftp://node1/metrics\"]", "expected http://HOST:PORT"),
+                        ("[\"http://node1:9400/metrics?token=abcdef123456\"]", "like credentials")):
+        bad = good.replace("gpu_metrics: [\"http://node1:9400/metrics\", \"http://node2:9400/metrics/\"]",
+                           f"gpu_metrics: {value}")
+        with pytest.raises(BadInput) as e:
+            parse_campaign(bad, inline_templates=True)
+        lines = str(e.value).splitlines()[1:]
+        assert len(lines) == 1 and lines[0].startswith("deployments[3].gpu_metrics") and said in lines[0], lines
+        assert "pw-secret" not in str(e.value)
