@@ -44,6 +44,8 @@ class Live:
     def update(self) -> None:
         recent, self.collector.recent = self.collector.recent, []
         for r in recent:
+            if r["status"] == "cancelled":  # on purpose (--cancel): neither an error nor a latency
+                continue
             if r["status"] != "ok":
                 self.errors += 1
             elif r["phase"] == "measured" and r["ttft_s"] is not None:
@@ -91,6 +93,8 @@ def summary_table(s: dict) -> Table:
     t.add_row("requests (measured / warm-up)", f"{s['measured']} / {s['warmup']}")
     t.add_row("ok / errors", f"{s['ok']} / {s['errors']}"
               + (f"  ({', '.join(f'{k}: {v}' for k, v in s['errors_by_kind'].items())})" if s["errors"] else ""))
+    if s.get("cancelled"):
+        t.add_row("cancelled by the client", f"{s['cancelled']} (--cancel; not errors, not in the percentiles)")
     t.add_row("achieved send rate", "-" if rate is None else f"{rate:.2f} req/s")
     t.add_row("throughput", "-" if s.get("throughput_rps") is None else
               f"{s['throughput_rps']:.2f} req/s, {s.get('output_tps') or 0:.0f} output tok/s")
