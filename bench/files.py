@@ -177,7 +177,7 @@ def load(schema: type[M], path: str | Path, what: str, fmt: str | None = None, m
 
 
 def _line(err: dict, where: str, schema: type[BaseModel]) -> str:
-    loc = ".".join(str(p) for p in err["loc"] if p)
+    loc = ".".join(str(p) for p in err["loc"] if p != "")  # a list index 0 is a place too
     key = ".".join(k for k in (where, loc) if k) or "(top)"
     msg = err["msg"].removeprefix("Value error, ")
     if err["type"] == "extra_forbidden":

@@ -44,6 +44,8 @@ class Live:
     def update(self) -> None:
         recent, self.collector.recent = self.collector.recent, []
         for r in recent:
+            if r["status"] == "cancelled":  # on purpose (--cancel): neither an error nor a latency
+                continue
             if r["status"] != "ok":
                 self.errors += 1
             elif r["phase"] == "measured" and r["ttft_s"] is not None:
@@ -83,6 +85,15 @@ def _ms(v: float | None) -> str:
     return "-" if v is None else f"{v * 1000:.1f} ms"
 
 
+LAG_WARN_S = 0.010
+
+
+def behind(s: dict) -> bool:
+    """The client fell behind its schedule (dispatch lag p99 over 10 ms), and TTFT from the send is known."""
+    lag = s.get("dispatch_lag_p99")
+    return lag is not None and lag > LAG_WARN_S and s.get("ttft_from_send_p50") is not None
+
+
 def summary_table(s: dict) -> Table:
     k = s.get("time_scale") or 1.0
     t = Table(title=f"run {s['run_id']} ({s['status']})" + (f"\n{runinfo.clock(k, True)}" if k != 1 else ""),
@@ -91,20 +102,22 @@ def summary_table(s: dict) -> Table:
     t.add_row("requests (measured / warm-up)", f"{s['measured']} / {s['warmup']}")
     t.add_row("ok / errors", f"{s['ok']} / {s['errors']}"
               + (f"  ({', '.join(f'{k}: {v}' for k, v in s['errors_by_kind'].items())})" if s["errors"] else ""))
+    if s.get("cancelled"):
+        t.add_row("cancelled by the client", f"{s['cancelled']} (--cancel; not errors, not in the percentiles)")
     t.add_row("achieved send rate", "-" if rate is None else f"{rate:.2f} req/s")
     t.add_row("throughput", "-" if s.get("throughput_rps") is None else
               f"{s['throughput_rps']:.2f} req/s, {s.get('output_tps') or 0:.0f} output tok/s")
     for m in ("ttft", "tpot", "itl", "e2e", "dispatch_lag"):
         t.add_row(f"{m} p50 / p95 / p99", " / ".join(_ms(s.get(f"{m}_p{q}")) for q in (50, 95, 99)))
+        if m == "ttft" and behind(s):  # beside TTFT: how much of it is the client's own lateness
+            t.add_row("  of which the client was late", f"p50 {_ms(s['ttft_lag_p50'])}: TTFT p50 from the send "
+                      f"{_ms(s['ttft_from_send_p50'])} (the client fell behind its schedule)")
     slo = ", ".join(f"{k}<={_ms(s[f'slo_{k}_s'])}" for k in ("ttft", "tpot", "e2e") if s.get(f"slo_{k}_s"))
     if slo:
         att = s.get("slo_attainment")
         t.add_row(f"goodput ({slo})", "-" if s.get("goodput_rps") is None else
                   f"{s['goodput_rps']:.2f} req/s, {att:.1%} of requests meet the SLO")
     return t
-
-
-LAG_WARN_S = 0.010
 
 
 def print_summary(s: dict, to_stderr: bool = False, store=None, slo=None) -> None:  # noqa: ANN001
@@ -140,9 +153,6 @@ def print_summary(s: dict, to_stderr: bool = False, store=None, slo=None) -> Non
     if lag is not None and lag > LAG_WARN_S:
         console.print(f"note: dispatch lag p99 {lag * 1000:.1f} ms: the client fell behind its schedule (latencies "
                       "count from the due time, so they include it); more --workers or a quieter machine help.")
-        if s.get("ttft_from_send_p50") is not None:
-            console.print(f"TTFT p50 {_ms(s.get('ttft_p50'))} from the due time; from the send "
-                          f"{_ms(s['ttft_from_send_p50'])} (the client's lag p50 {_ms(s['ttft_lag_p50'])})")
 
 
 def gpu_table(gpus) -> Table:  # noqa: ANN001  (queries.gpu_summary's frame)

@@ -32,7 +32,7 @@ from bench.model import Slo
 from bench.request_shape import request_shape  # noqa: F401  (the CLI reaches it here)
 from bench.store import HELD_DB_WAIT_S, Recorder, Store, queries
 from bench.twin import Target
-from loadgen import profiles, sessions, workloads
+from loadgen import profiles, prompt_file, sessions, workloads
 from loadgen.users import ClosedLoopUser, OpenLoopUser
 from loadgen.worker import RECORDS_MSG, locust_options
 
@@ -123,6 +123,7 @@ def prepare(opts: RunOptions) -> tuple[profiles.Profile, workloads.Workload, str
         else:
             wl = workloads.load(wl_name, opts.seed, opts.api)
         wl.check()  # its file read now: unreadable or of the wrong format, nothing is sent (exit 2)
+        prompt_file.replay(prof, wl)  # --profile trace with a timestamped prompt file: its times are the schedule
     except (profiles.ProfileError, workloads.WorkloadError) as e:
         raise BadInput(str(e)) from None
     if opts.max_inflight is not None and opts.max_inflight < 1:
@@ -169,7 +170,7 @@ def _run_one(store: Store, opts: RunOptions, prof: profiles.Profile, wl: workloa
               **opts.run_config, **(extra or {})}
     stages = None
     if prof.open_loop:
-        offsets = sessions.arrivals(prof.arrivals(opts.seed, warmup), wl)
+        offsets = sessions.arrivals(prof.arrivals(opts.seed, warmup), wl, "_offsets" in prof.params)
         total = len(offsets)
         last_offset = float(offsets[-1]) if total else 0.0
         # never more users than requests to send: spawning the pool is the wait before the first arrival

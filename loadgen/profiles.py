@@ -75,7 +75,8 @@ class Profile:
     @property
     def duration(self) -> float:
         if self.type == "trace":
-            return float(self.trace_offsets()[-1]) if len(self.trace_rows()) else 0.0
+            off = self.trace_offsets()
+            return float(off[-1]) if len(off) else 0.0
         if self.type == "steps":
             return float(self.p("step_duration")) * len(self.p("rates"))
         if self.type == "users" and self.params.get("stages"):
@@ -179,6 +180,9 @@ class Profile:
         return self.params["_rows"]
 
     def trace_offsets(self) -> np.ndarray:
+        if "_offsets" in self.params:  # a prompt file's own timestamps (loadgen/prompt_file.replay), in seconds
+            off = np.asarray(self.params["_offsets"], dtype=np.float64)[: self.params.get("max_requests") or None]
+            return off / float(self.params.get("speedup", 1.0))
         rows = self.trace_rows()
         if not rows:
             return np.empty(0)
@@ -306,7 +310,7 @@ def _check(prof: Profile) -> None:
         if expected > MAX_SCHEDULE:
             raise ProfileError(f"profile {prof.name}: about {expected:.3g} requests (peak rate x duration); a schedule "
                                f"is at most {MAX_SCHEDULE:,} requests: lower the rate or the duration")
-    if prof.type == "trace":
+    if prof.type == "trace" and prof.params.get("path"):  # without one, a prompt file's timestamps are the schedule
         prof.trace_rows()
     if prof.type == "users" and not prof.params.get("stages"):
         prof.p("users"), prof.p("duration")

@@ -77,6 +77,27 @@ class Stream:
         self.last = now
         self.chunks += 1
 
+    def token_counts(self, rec: dict) -> list[str]:
+        """The answer's token counts into the record (from usage, else the chunks counted); notes on what was
+        not a count."""
+        notes: list[str] = []
+        if self.usage:
+            u = self.usage
+            rec["tokens_from"] = "usage"
+            prompt_details, completion_details = u.get("prompt_tokens_details"), u.get("completion_tokens_details")
+            prompt_details = prompt_details if isinstance(prompt_details, dict) else {}
+            completion_details = completion_details if isinstance(completion_details, dict) else {}
+            for name, value in (("prompt_tokens", u.get("prompt_tokens")),
+                                ("completion_tokens", u.get("completion_tokens")),
+                                ("cached_tokens", prompt_details.get("cached_tokens")),
+                                ("reasoning_tokens", u.get("reasoning_tokens",
+                                                           completion_details.get("reasoning_tokens")))):
+                rec[name] = token_count(value, name, notes)
+        elif self.chunks:
+            rec["tokens_from"] = "chunks"
+            rec["completion_tokens"] = self.chunks
+        return notes
+
     def read_sse(self, resp) -> None:
         """Events are read whole (one readline per event, up to the blank line that ends it): the separator is
         \n\n, or \r\n\r\n when the first line ends in \r\n. (readline() without a separator waits for \r\n.)"""

@@ -35,6 +35,9 @@ class Workload(Protocol):
     @property
     def closed_loop(self) -> bool: ...
 
+    @property
+    def session_turns(self) -> int: ...
+
     def _spec(self, messages: list[dict], max_tokens: int, input_tokens: int, extra: dict | None = None
               ) -> RequestSpec: ...
 
@@ -130,11 +133,12 @@ class Session:
         return _think(self.think, self.rng)
 
 
-def arrivals(offsets, wl: Workload):
+def arrivals(offsets, wl: Workload, replayed: bool = False):
     """Closed loop: a session starts at every `turns`-th arrival of the profile, so that the profile's rate stays
     the rate of requests (as the planner and campaigns read it) when every turn is answered without think time;
-    the sessions' own pace (answers, think time) decides the rest. Open loop: every arrival is a request."""
-    return offsets[:: int(wl.options.get("turns", 4))] if wl.closed_loop else offsets
+    the sessions' own pace (answers, think time) decides the rest. Open loop: every arrival is a request.
+    replayed: the arrivals are a prompt file's own timestamps, one a session already."""
+    return offsets[:: wl.session_turns] if wl.closed_loop and not replayed else offsets
 
 
 def _interleaved(wl: Workload, i: int) -> tuple[int, int]:

@@ -34,9 +34,9 @@ from geventhttpclient.url import URL
 from locust import task
 from locust.contrib.fasthttp import FastHttpUser
 
-from loadgen import profiles, sessions, workloads
+from loadgen import cancel, profiles, prompt_file, sessions, workloads
 from loadgen.redact import redact
-from loadgen.responses import EVENT_MAX_BYTES, RequestFailed, Stream, token_count
+from loadgen.responses import EVENT_MAX_BYTES, RequestFailed, Stream
 from loadgen.timing import Slots, _slots, clock_pair, wait_until  # noqa: F401  (their home was here)
 
 # a nested profile's warm-up sends the workload's requests from here on: never a measured one, but of the same
@@ -87,18 +87,19 @@ class Plan:
         self.end_at = self.t0 + float(c.get("duration_s", 0.0))  # closed loop: no new request after this
         self.workload = workloads.from_dict(c["workload"])
         self.sessions = self.workload.closed_loop  # each arrival (or user's turn) is a session of several requests
-        self.turns = int(self.workload.options.get("turns", 4)) if self.sessions else 1
         workloads.corpus()  # the prompt corpus, built now rather than inside the first timed request
         prof = profiles.Profile(c["profile"]["name"], c["profile"]["type"], dict(c["profile"]["params"]))
+        prompt_file.replay(prof, self.workload)
         self.open_loop = prof.open_loop
         self.warm_count = 0
         if self.open_loop:
-            offsets = sessions.arrivals(prof.arrivals(int(c.get("seed", 0)), self.warmup_s), self.workload)
+            offsets = sessions.arrivals(prof.arrivals(int(c.get("seed", 0)), self.warmup_s), self.workload,
+                                        "_offsets" in prof.params)
             self.total = len(offsets)
             if prof.nested:  # measured request j is the workload's j whatever the warm-up's count (common requests)
                 self.warm_count = int(np.count_nonzero(offsets < self.warmup_s))
             self.offsets = offsets[self.worker_index :: self.workers].tolist()
-            if prof.type == "trace":
+            if prof.type == "trace" and "_offsets" not in prof.params:
                 self.trace_rows = prof.trace_rows()
         self.cursor = 0
         self.slots = _slots(prof.params.get("max_concurrency"), self.workers, self.worker_index)
@@ -106,6 +107,7 @@ class Plan:
         for name, env in (c.get("headers_env") or {}).items():  # --header NAME=env:VAR: read in every process
             self.headers[name] = os.environ.get(env, "")
         self.extra_body = dict(c.get("extra_body") or {})
+        self.cancel, self.seed = c.get("cancel"), int(c.get("seed", 0))  # --cancel: loadgen/cancel.py
         self.route = c.get("route", "round-robin")
         self.rr = 0
         key_env = c.get("api_key_env")
@@ -155,9 +157,9 @@ class Plan:
             return self.workload.request(WARMUP_INDEX + i)
         return self.workload.request(i - self.warm_count, row)
 
-    def session(self, i: int) -> sessions.Session:
+    def session(self, i: int) -> sessions.Session | prompt_file.FileSession:
         """Closed-loop session of arrival i (a nested profile's warm-up has sessions of its own)."""
-        return sessions.Session(self.workload, WARMUP_INDEX + i if i < self.warm_count else i - self.warm_count)
+        return self.workload.session(WARMUP_INDEX + i if i < self.warm_count else i - self.warm_count)
 
 
 def plan_of(environment) -> Plan:
@@ -206,6 +208,7 @@ class OpenAIUser(FastHttpUser):
         due = sent_at if scheduled_at is None else scheduled_at
         wait = None if slot_at is None else max(0.0, slot_at - due)
         rid = str(index) if turn is None else f"{index}.{turn[0]}"
+        self.last_turn = turn is not None and turn[1]
         rec = {"request_id": rid, "kind": spec.kind, "scheduled_at": due, "sent_at": sent_at,
                "dispatch_lag_s": None, "slot_wait_s": wait,
                "phase": "warmup" if (phase_at or due) < plan.t0 + plan.warmup_s else "measured",
@@ -246,12 +249,13 @@ class OpenAIUser(FastHttpUser):
                 if status != 200:
                     text = resp.read()[:ERROR_TEXT_MAX].decode("utf-8", "replace")
                     raise RequestFailed(f"http_{status}", text or resp.status_message or "")
-                if stream_it:
-                    stream.read_sse(resp)
-                elif spec.api == "embeddings":
-                    stream.read_embeddings(resp.read())
-                else:
-                    stream.read_json(resp.read())
+                with cancel.armed(plan.cancel, plan.seed, rid, stream):
+                    if stream_it:
+                        stream.read_sse(resp)
+                    elif spec.api == "embeddings":
+                        stream.read_embeddings(resp.read())
+                    else:
+                        stream.read_json(resp.read())
         except RequestFailed as e:
             exc = e
         except _Deadline:
@@ -291,29 +295,18 @@ class OpenAIUser(FastHttpUser):
             rec["ttfc_s"] = sent_at + (stream.first_content - stream.start) - due
         if rec["session_id"] is not None:
             self.answer = "".join(stream.text)
-            rec["session_last"] = rec["turn"] == self.plan.turns - 1 or exc is not None  # counted, not stored
-        notes: list[str] = []
-        if stream.usage:
-            u = stream.usage
-            rec["tokens_from"] = "usage"
-            prompt_details, completion_details = u.get("prompt_tokens_details"), u.get("completion_tokens_details")
-            prompt_details = prompt_details if isinstance(prompt_details, dict) else {}
-            completion_details = completion_details if isinstance(completion_details, dict) else {}
-            for name, value in (("prompt_tokens", u.get("prompt_tokens")),
-                                ("completion_tokens", u.get("completion_tokens")),
-                                ("cached_tokens", prompt_details.get("cached_tokens")),
-                                ("reasoning_tokens", u.get("reasoning_tokens",
-                                                           completion_details.get("reasoning_tokens")))):
-                rec[name] = token_count(value, name, notes)
-        elif stream.chunks:
-            rec["tokens_from"] = "chunks"
-            rec["completion_tokens"] = stream.chunks
+            rec["session_last"] = self.last_turn or exc is not None  # counted, not stored
+        notes = stream.token_counts(rec)
         n = rec["completion_tokens"]
         if stream.first is not None and n and n > 1 and stream.last is not None:
             rec["tpot_s"] = (stream.last - stream.first) / (n - 1)
         else:
             rec["tpot_s"] = None
-        if exc is not None:
+        if isinstance(exc, cancel.Cancelled):  # on purpose (--cancel): its own status, not an error
+            rec["status"] = "cancelled"
+            notes.append(exc.message)
+            exc = None  # nor a failure in Locust's own statistics
+        elif exc is not None:
             rec["status"], rec["error_kind"] = "error", exc.kind
             rec["error"] = redact(exc.message, self.plan.secret)[:ERROR_TEXT_MAX]
         if notes:  # they quote what the server sent: the key it may have echoed is redacted like an error's text

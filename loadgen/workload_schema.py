@@ -11,7 +11,7 @@ from pydantic import BeforeValidator, Field, model_validator
 
 from bench.files import Count, CountOrZero, NonNegative, Schema, Seed, Text, Tokens, TokensOrZero
 
-KINDS = ("synthetic", "shared_prefix", "long_context", "multi_turn", "agentic_coding", "sharegpt", "trace")
+KINDS = ("synthetic", "shared_prefix", "long_context", "multi_turn", "agentic_coding", "sharegpt", "trace", "prompts")
 NEEDS = {"fixed": ("value",), "uniform": ("min", "max"), "normal": ("mean", "std"), "lognormal": ("median", "sigma"),
          "histogram": ("bins",)}
 TokenFloat = Annotated[float, Field(gt=0, le=1 << 24, allow_inf_nan=False)]
@@ -74,7 +74,8 @@ class WorkloadSpec(Schema):
     concurrent_sessions: Count | None = None  # multi_turn, agentic_coding
     turns: Annotated[int, Field(ge=1, le=1000)] | None = None
     tool_output: Length | None = None  # agentic_coding
-    path: Annotated[str, Field(min_length=1, max_length=4096)] | None = None  # sharegpt, trace
+    path: Annotated[str, Field(min_length=1, max_length=4096)] | None = None  # sharegpt, trace, prompts
+    timestamp_unit: Literal["ms", "s"] | None = None  # prompts: the rows' timestamps (default ms)
     max_output_tokens: Tokens | None = None  # sharegpt
     shuffle: bool | None = None
     block_tokens: Tokens | None = None  # trace

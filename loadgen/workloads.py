@@ -13,7 +13,7 @@ from pathlib import Path
 
 from bench import files
 from bench.errors import BadInput
-from loadgen import sessions
+from loadgen import prompt_file, sessions
 from loadgen.prompts import (  # noqa: F401  (their home was here: workloads.text, workloads.Lengths, ...)
     _WORDS,
     DEFAULT_TOOL_OUTPUT,
@@ -28,7 +28,7 @@ from loadgen.workload_schema import WorkloadSpec
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "workloads"
 SHAREGPT_MAX_BYTES = 1 << 31  # the whole published ShareGPT set is ~650 MB
-KINDS = ("synthetic", "shared_prefix", "long_context", "multi_turn", "agentic_coding", "sharegpt", "trace")
+KINDS = ("synthetic", "shared_prefix", "long_context", "multi_turn", "agentic_coding", "sharegpt", "trace", "prompts")
 SESSION_KINDS = ("multi_turn", "agentic_coding")
 
 # ---- the workload ----------------------------------------------------------------------------------------------------
@@ -61,6 +61,8 @@ class Workload:
             return self._trace(rng, trace_row or {})
         if self.type in SESSION_KINDS:
             return sessions.open_loop_request(self, i)
+        if self.type == "prompts":
+            return prompt_file.request(self, i)
         build = {"synthetic": self._synthetic, "long_context": self._synthetic, "shared_prefix": self._shared_prefix,
                  "sharegpt": self._sharegpt_req}
         return build[self.type](rng, i)
@@ -69,7 +71,21 @@ class Workload:
     def closed_loop(self) -> bool:
         """Sessions whose next turn waits for the previous answer (loadgen/sessions.py), or, `loop: open`, turns
         sent on the profile's schedule with made-up earlier answers."""
+        if self.type == "prompts":  # a prompt file's sessions always wait for their answers
+            return prompt_file.load(self.options["path"]).sessions
         return self.type in SESSION_KINDS and self.options.get("loop", "closed") == "closed"
+
+    @property
+    def session_turns(self) -> int:
+        """Turns of a session (a prompt file's: their mean): a closed loop starts a session every so many
+        arrivals."""
+        if self.type == "prompts":
+            return prompt_file.load(self.options["path"]).mean_turns
+        return int(self.options.get("turns", 4))
+
+    def session(self, index: int) -> sessions.Session | prompt_file.FileSession:
+        """Closed-loop session `index`: made up turn by turn, or a prompt file's session (its rows)."""
+        return prompt_file.FileSession(self, index) if self.type == "prompts" else sessions.Session(self, index)
 
     def _spec(self, messages: list[dict], max_tokens: int, input_tokens: int, extra: dict | None = None
               ) -> RequestSpec:
@@ -117,6 +133,10 @@ class Workload:
         of the wrong format is a WorkloadError before anything is sent, not an error in every request."""
         if self.type == "sharegpt":
             self.sharegpt_pairs()
+        if self.type == "prompts":
+            if not self.options.get("path"):
+                raise WorkloadError(f"workload {self.name}: type prompts needs path: (a prompt JSONL)")
+            prompt_file.load(self.options["path"])
         return self
 
     def sharegpt_pairs(self) -> list[tuple[str, str]]:
@@ -175,10 +195,14 @@ def _read(path: Path) -> dict:
 
 
 def load(name_or_path: str, seed: int | None = None, api: str | None = None) -> Workload:
-    """A built-in name (data/workloads/NAME.yaml), a workload YAML path, or a ShareGPT JSON path."""
+    """A built-in name (data/workloads/NAME.yaml), a workload YAML path, a ShareGPT JSON path, or a prompt JSONL
+    path (loadgen/prompt_file.py)."""
     path = Path(name_or_path)
     if path.suffix == ".json" and path.exists():
         return from_dict({"name": path.stem, "type": "sharegpt", "path": str(path.resolve())}, seed, api)
+    if path.suffix == ".jsonl":
+        prompt_file.load(name_or_path)  # checked as the user named it: its errors name that path
+        return from_dict({"name": path.stem, "type": "prompts", "path": str(path.resolve())}, seed, api)
     if not path.exists():
         path = DATA / f"{name_or_path}.yaml"
         if not path.is_file():
@@ -238,7 +262,7 @@ def from_dict(spec: dict, seed: int | None = None, api: str | None = None, sourc
                             "or another api)")
     if wl.loop is not None and wl.type not in SESSION_KINDS:
         raise WorkloadError(f"{source}: loop: for {' and '.join(SESSION_KINDS)} workloads only, not {wl.type}")
-    if wl.type in SESSION_KINDS:
+    if wl.type in (*SESSION_KINDS, "prompts"):
         sessions.think_time(spec.get("think_s", 0.0))  # checked now: a bad one is a WorkloadError
     known = {"name", "type", "api", "input", "output", "seed", "ignore_eos", "description"}
     options = {k: v for k, v in wl.model_dump(exclude_none=True).items() if k not in known and k in spec}

@@ -6,7 +6,8 @@ shows; optional seeded faults for failure tests. Run it in its own process:
 Faults (each a probability; the rest are answered normally): http_500, stall (headers and one token, then
 silence), malformed (a data line that is not JSON), reset (TCP reset after two tokens), close (clean close after
 two tokens, no [DONE]). `--token-delay S` spaces the tokens. `--log`: each answer's tokens name it (`r7 r7 ...`),
-and GET /log lists every request (arrival, last token's time, the messages or prompt, the answer, headers).
+and GET /log lists every request (arrival, last token's time, the messages or prompt, the answer, headers, and
+`disconnected`: when the client closed the connection before the answer's end).
 Binds 127.0.0.1 only.
 """
 
@@ -47,6 +48,11 @@ class Server(asyncio.Protocol):
         sock = transport.get_extra_info("socket")
         if sock is not None:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        entry = getattr(self, "entry", None)  # --log: the client left before this answer's end (a cancel)
+        if entry is not None and not entry.get("done"):
+            entry["disconnected"] = time.time()
 
     def data_received(self, data: bytes) -> None:
         self.buf += data
@@ -127,6 +133,7 @@ class Server(asyncio.Protocol):
             entry = {"id": self.counter[0], "path": path, "arrived": time.time(), "last_token": None,
                      "body": req, "answer": word * n, "headers": self.head.split("\r\n")[1:]}
             self.opts.entries.append(entry)
+            self.entry = entry
         tok = ({"choices": [{"index": 0, "delta": {"content": word}}]} if chat
                else {"choices": [{"index": 0, "text": word}]})
         token = _event(tok)
@@ -134,7 +141,7 @@ class Server(asyncio.Protocol):
             {"choices": [], "usage": {"prompt_tokens": 8, "completion_tokens": n, "total_tokens": 8 + n}})
         if fault is None and self.opts.token_delay <= 0 and not self.opts.reasoning:
             if entry is not None:
-                entry["last_token"] = time.time()
+                entry["last_token"], entry["done"] = time.time(), True
             t.write(_HEAD + token * n + usage + _DONE)
             return
         asyncio.get_running_loop().create_task(self.slow(fault, token, usage, n, entry))
@@ -171,6 +178,8 @@ class Server(asyncio.Protocol):
                 await asyncio.sleep(self.opts.token_delay)
         if not t.is_closing():
             t.write(usage + _DONE)
+            if entry is not None:
+                entry["done"] = True
 
     def pick(self) -> str | None:
         x = self.rng.random()

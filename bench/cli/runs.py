@@ -41,6 +41,9 @@ def run(
                                           "requests are spread over --target and these. Repeatable."),
     route: str = typer.Option("round-robin", help="With several targets: round-robin (per request) or session "
                               "(every turn of a session to one target)."),
+    cancel: str = typer.Option(None, help="SHARE[:after=SECONDS]: that share of requests (seeded) is closed by the "
+                               "client at its first token, or SECONDS after it was sent; recorded as cancelled, "
+                               "not as errors nor in the latency percentiles."),
     slo: str = typer.Option(None, help="SLO for goodput: ttft=2s,tpot=50ms[,e2e=30s] (each request judged alone)."),
     warmup: float = typer.Option(0.0, help="Seconds of warm-up before the measured phase (marked, not counted)."),
     workers: int = typer.Option(0, help="Locust worker processes on this machine (0: one process)."),
@@ -69,6 +72,7 @@ def run(
 
     from bench import runner
     from bench.model import parse_slo
+    from loadgen import cancel as cancelling
 
     overrides = {"rate": rate, "users": users, "duration": duration, "max_concurrency": max_concurrency}
     for kv in param or []:
@@ -82,13 +86,19 @@ def run(
         raise BadInput("give both --input-len and --output-len (N or uniform:A-B), or neither")
     if input_len is not None and workload is not None:
         raise BadInput("give --workload or --input-len/--output-len, not both")
+    shape = runner.request_shape(extra_body, header or [], also_target or [], route)
+    if cancel is not None:
+        shape["cancel"] = cancelling.parse(cancel)
+        if shape["cancel"]["after_s"] is None and not stream:
+            raise BadInput("--cancel without after=SECONDS cuts at the first token: that needs streaming (drop "
+                           "--no-stream, or give after=SECONDS)")
     opts = runner.RunOptions(
         target=target, profile=profile, overrides=overrides, workload=workload or "chat",
         lengths=(input_len, output_len) if input_len is not None else None, db=db, label=label,
         model=model, api_key_env=api_key_env, slo=parse_slo(slo), warmup_s=warmup, workers=workers,
         expect_workers=expect_workers, master_bind=master_bind, master_port=master_port, seed=seed, api=api,
         stream=stream, timeout_s=timeout, max_inflight=max_inflight, live=live,
-        request_shape=runner.request_shape(extra_body, header or [], also_target or [], route),
+        request_shape=shape,
         gpu_metrics=tuple(gpu_metrics or ()), gpu_metrics_interval_s=gpu_metrics_interval)
     if repeat != 1 or until_ci:
         from bench.repeat import UNTIL_CI_RUNS, run_repeated

@@ -277,7 +277,7 @@ def tables(r: Report) -> dict[str, tuple[list[str], list[list[str]]]]:
                            _num(m.summary["success_rate"] and m.summary["success_rate"] * 100, ".1f", " %"),
                            _num(m.summary["achieved_rate_rps"], ",.2f"), _num(m.summary["output_tps"]),
                            _num(m.summary["goodput_rps"], ",.2f"),
-                           f"{_ms(m.summary['ttft_p50'])} / {_ms(m.summary['ttft_p99'])}",
+                           f"{_ms(m.summary['ttft_p50'])} / {_ms(m.summary['ttft_p99'])}" + _late(m.summary),
                            f"{_ms(m.summary['tpot_p50'])} / {_ms(m.summary['tpot_p99'])}"] for m in r.runs])
         figures = list(dict.fromkeys(row["figure"] for m in r.runs for row in m.vs_predicted["rows"]))
         t["vs"] = (["run", *(f"{f}: measured / predicted [80 % interval] (error)" for f in figures)],
@@ -316,6 +316,12 @@ def _on_question_gpu(plan: Plan) -> Option:
 
 def _ms(seconds) -> str:
     return _num(None if seconds is None else seconds * 1e3, ",.0f", " ms")
+
+
+def _late(s: dict) -> str:
+    """Beside TTFT (counted from the due time), where the client fell behind its schedule: its lag's p50."""
+    late = (s.get("dispatch_lag_p99") or 0) > 0.010 and s.get("ttft_lag_p50") is not None
+    return f" (the client late: p50 {_ms(s['ttft_lag_p50'])})" if late else ""
 
 
 def _vs_cell(row: dict | None) -> str:

@@ -61,8 +61,11 @@ def summary(con: duckdb.DuckDBPyConnection, run_id: str, slo: Slo | None = None)
                      "input_tokens", "output_tokens", "lag_sum", "lag_n", "lag_max"]
     measured = stats[stats.phase == "measured"]
     ok = measured[measured.status == "ok"]
-    failed = measured[measured.status != "ok"]
+    failed = measured[~measured.status.isin(["ok", "cancelled"])]
     n_measured, n_ok = int(measured.n.sum()), int(ok.n.sum())
+    # cancelled on purpose by the client (--cancel): neither a success nor an error, out of the rates' denominators
+    n_cancelled = int(measured[measured.status == "cancelled"].n.sum())
+    answered = n_measured - n_cancelled
 
     def agg(frame: pd.DataFrame, col: str, how: str) -> float | None:
         v = getattr(frame[col], how)() if len(frame) else None
@@ -91,8 +94,8 @@ def summary(con: duckdb.DuckDBPyConnection, run_id: str, slo: Slo | None = None)
 
     out.update({
         "requests": int(stats.n.sum()), "warmup": int(stats[stats.phase == "warmup"].n.sum()),
-        "measured": n_measured, "ok": n_ok, "errors": n_measured - n_ok,
-        "success_rate": n_ok / n_measured if n_measured else None,
+        "measured": n_measured, "ok": n_ok, "errors": answered - n_ok, "cancelled": n_cancelled,
+        "success_rate": n_ok / answered if answered else None,
         "duration_s": duration,
         "achieved_rate_rps": per_s(n_measured, send_span),
         "throughput_rps": per_s(n_ok, duration),
@@ -101,7 +104,7 @@ def summary(con: duckdb.DuckDBPyConnection, run_id: str, slo: Slo | None = None)
         "dispatch_lag_mean": agg(measured, "lag_sum", "sum") / lag_n if lag_n else None,
         "dispatch_lag_max": agg(measured, "lag_max", "max"),
         "slo_ttft_s": slo.ttft_s, "slo_tpot_s": slo.tpot_s, "slo_e2e_s": slo.e2e_s,
-        "slo_attainment": good / n_measured if n_measured else None,
+        "slo_attainment": good / answered if answered else None,
         "goodput_rps": per_s(good, duration),
     })
     out.update(percentiles(con, run_id))
