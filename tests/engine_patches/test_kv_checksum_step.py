@@ -69,7 +69,7 @@ def test_a_step_flags_exactly_the_damaged_pages_with_one_read_back(warm, checks)
                 for i, k in enumerate(which)]
         backs = []
         read_back = s.tree.kv_seals.read_back
-        s.tree.kv_seals.read_back = lambda t: backs.append(1) or read_back(t)
+        s.tree.kv_seals.read_back = lambda t, backs=backs, read_back=read_back: backs.append(1) or read_back(t)
         before = mismatches()
         admit_one_step(s, reqs)
         assert len(backs) == 1  # one host read-back for the whole step
