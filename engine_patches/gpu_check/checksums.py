@@ -10,8 +10,8 @@ make_pool: [slots, heads, dim] per layer, FP8 stored as uint8), page 64:
   its KV is cached (kv_checksum/tree.py, derived KV);
 - seal: now records each written row too (partial pages: kv_checksum/seals.py), so its figure includes that;
 - per decode step: seal + (the batched admission check + batch x both inserts) / answer tokens, the checks spread
-  over the request's output tokens, for 128- and 1k-token answers; its share of the decode step is taken against each attention
-  backend's step (run.py);
+  over the request's output tokens, for 128- and 1k-token answers; its share of the decode step is taken against
+  each attention backend's step (run.py);
 - HiCache load-back: the host-copy check that runs before a load (kv_checksum/hicache.py HostSeals.partials, torch
   on the scheduler's CPU thread, host clock) over a 4k- and a 32k-token prefix held in host memory, beside the
   device check of the same pages (what a check after the copy would cost on the GPU).
