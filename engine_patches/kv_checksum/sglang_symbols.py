@@ -24,6 +24,7 @@ SYMBOLS = [
     "sglang.srt.mem_cache.unified_radix_cache:UnifiedRadixCache.init_hicache",
     "sglang.srt.mem_cache.unified_radix_cache:UnifiedRadixCache._execute_kv_backup",
     "sglang.srt.mem_cache.unified_radix_cache:UnifiedRadixCache.loading_check",
+    "sglang.srt.mem_cache.unified_radix_cache:UnifiedRadixCache.init_load_back",
     "sglang.srt.mem_cache.unified_radix_cache:_OngoingWriteThrough.publish_node_ids",
     "sglang.srt.mem_cache.unified_cache.unified_tree_core_interface:UnifiedTreeCoreInterface.match_full_device_prefix",
     "sglang.srt.mem_cache.unified_cache.unified_tree_core_interface:UnifiedTreeCoreInterface.collect_path_info",
