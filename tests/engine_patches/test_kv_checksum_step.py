@@ -4,8 +4,13 @@ once, and agrees across tensor-parallel ranks in one all-reduce of its verdict v
 
 from __future__ import annotations
 
+import json
 import random
+import socket
+import subprocess
+import sys
 from array import array
+from pathlib import Path
 
 import pytest
 import torch
@@ -14,8 +19,20 @@ from sglang.srt.mem_cache.radix_cache import RadixKey
 
 from tests.engine_patches.kv_server import Geometry, Server
 
+ROOT = Path(__file__).resolve().parents[2]
 G = Geometry("mha", page_size=16, pages=1024)
 PREFIXES, PREFIX_PAGES = 16, 4
+
+
+def warm_server(seed: int) -> tuple[Server, list[list[int]]]:
+    """A server with PREFIXES cached prefixes of PREFIX_PAGES pages each."""
+    s = Server(G, max_reqs=300)
+    rng = random.Random(seed)
+    prefixes = [[rng.randrange(1, 30000) for _ in range(PREFIX_PAGES * G.page_size)] for _ in range(PREFIXES)]
+    for i, p in enumerate(prefixes):
+        s.submit(f"warm{i}", p + [1], [2])
+    s.run()
+    return s, prefixes
 
 
 @pytest.fixture
@@ -23,13 +40,8 @@ def warm():
     servers = []
 
     def build(seed: int) -> tuple[Server, list[list[int]]]:
-        s = Server(G, max_reqs=300)
+        s, prefixes = warm_server(seed)
         servers.append(s)
-        rng = random.Random(seed)
-        prefixes = [[rng.randrange(1, 30000) for _ in range(PREFIX_PAGES * G.page_size)] for _ in range(PREFIXES)]
-        for i, p in enumerate(prefixes):
-            s.submit(f"warm{i}", p + [1], [2])
-        s.run()
         return s, prefixes
 
     yield build
@@ -102,3 +114,21 @@ def test_ranks_agree_once_per_step_on_the_smallest_cut(warm):
     assert len(calls) == 1 and calls[0].numel() == 32  # one collective, the whole step's verdicts
     for req, k in zip(reqs, owners, strict=True):
         assert req.prefix_len == (other_rank_cut if k == 0 else PREFIX_PAGES * G.page_size)
+
+
+def test_two_gloo_ranks_agree_once_per_step(tmp_path):
+    """Two rank processes (gloo): rank 0's copy of page 2 of prefix 0 is damaged, rank 1's is clean. Each rank's
+    step makes one read-back and one all-reduce of its 32 verdicts, and both cut prefix 0's requests at page 2."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    procs = [subprocess.Popen([sys.executable, "-m", "tests.engine_patches.step_rank_worker", str(rank), str(port),
+                               str(tmp_path / f"rank{rank}.json")], cwd=ROOT, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True) for rank in (0, 1)]
+    for p in procs:
+        out, _ = p.communicate(timeout=600)
+        assert p.returncode == 0, out[-4000:]
+    ranks = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1)]
+    for r in ranks:
+        assert r["all_reduces"] == [32] and r["read_backs"] == 1
+        assert r["prefix_lens"] == [2 * G.page_size if k == 0 else r["full"] for k in r["owners"]]
