@@ -2,7 +2,8 @@
 
 When pages are checked (PageSeals holds the seals):
 - Admission: the match the scheduler makes to admit a request (`Req.init_next_round_input`, marked by the hook
-  in hooks.py) checks every device page of the matched path in one batch. The match is cut before the first bad
+  in hooks.py) checks every device page of the matched path; the admissions of one scheduler step are checked
+  together, with one read-back and one agreement across ranks (step.py). The match is cut before the first bad
   page, so the request recomputes from there (strict mode aborts it instead). The many other matches the
   scheduler makes while it orders its queue check nothing: they only steer scheduling, and skip nodes already
   known bad.
