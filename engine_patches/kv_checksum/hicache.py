@@ -7,8 +7,8 @@ checked against them before it is loaded back to the GPU.
   is caught at load time, because the seals are the ones taken when the pages were filled.
 - Load (host -> device): before the controller queues the copy, the host pages are checksummed on the CPU in the
   device's word order and compared with the carried seals, on a worker thread when the load is asked for inside an
-  admission step (host_worker.py: the load waits for a later step, nothing committed meanwhile). A mismatch refuses the load: SGLang's admission then
-  recomputes those tokens. The bad host copy is never loaded; once the recomputed KV is back in the tree (the
+  admission step (host_worker.py: the load waits for a later step, nothing committed meanwhile). A mismatch
+  refuses the load: SGLang's admission then recomputes those tokens. The bad host copy is never loaded; once the recomputed KV is back in the tree (the
   insert gives the host-only node a device copy again), it is written over the bad host copy, with its seals, by
   the host pool's own device-to-host copy. A clean load hands the carried seals to the new device pages, checked
   again at the next admission like any cached page.
