@@ -8,10 +8,10 @@ checked against them before it is loaded back to the GPU.
 - Load (host -> device): before the controller queues the copy, the host pages are checksummed on the CPU in the
   device's word order and compared with the carried seals, on a worker thread when the load is asked for inside an
   admission step (host_worker.py: the load waits for a later step, nothing committed meanwhile). A mismatch
-  refuses the load: SGLang's admission then recomputes those tokens. The bad host copy is never loaded; once the recomputed KV is back in the tree (the
-  insert gives the host-only node a device copy again), it is written over the bad host copy, with its seals, by
-  the host pool's own device-to-host copy. A clean load hands the carried seals to the new device pages, checked
-  again at the next admission like any cached page.
+  refuses the load: SGLang's admission then recomputes those tokens. The bad host copy is never loaded; once the
+  recomputed KV is back in the tree (the insert gives the host-only node a device copy again), it is written over
+  the bad host copy, with its seals, by the host pool's own device-to-host copy. A clean load hands the carried
+  seals to the new device pages, checked again at the next admission like any cached page.
 
 Not covered: storage backends (L3), refused at construction; host layouts other than layer_first, page_first and
 page_first_direct; HND device pools and FP4 scale buffers (the host pool does not mirror them).
