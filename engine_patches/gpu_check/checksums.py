@@ -3,14 +3,15 @@ make_pool: [slots, heads, dim] per layer, FP8 stored as uint8), page 64:
 
 - seal: `PageSeals.seal_written` over one decode step's out_cache_loc (one slot a request), no host sync: CUDA events;
 - admission: `PageSeals.check` over a request's cached context pages, the host sync that reads the verdict back
-  included: host clock around the whole call;
+  included: host clock around the whole call; and, as kv_checksum/step.py batches a step's admissions, one check of
+  all the batch's requests' pages (`admission_step_batched_ms`, against batch x the single check);
 - insert: the same check over the pages a request read and wrote (context + output), run at the end of its
   prefill (context) and at its release (context + output): the tree re-checks the prefix a request held before
   its KV is cached (kv_checksum/tree.py, derived KV);
 - seal: now records each written row too (partial pages: kv_checksum/seals.py), so its figure includes that;
-- per decode step: seal + batch x (admission + both inserts) / answer tokens, the checks spread over the request's
-  output tokens, for 128- and 1k-token answers; its share of the decode step is taken against each attention
-  backend's step (run.py);
+- per decode step: seal + (the batched admission check + batch x both inserts) / answer tokens, the checks spread
+  over the request's output tokens, for 128- and 1k-token answers; its share of the decode step is taken against
+  each attention backend's step (run.py);
 - HiCache load-back: the host-copy check that runs before a load (kv_checksum/hicache.py HostSeals.partials, torch
   on the scheduler's CPU thread, host clock) over a 4k- and a 32k-token prefix held in host memory, beside the
   device check of the same pages (what a check after the copy would cost on the GPU).
@@ -52,11 +53,14 @@ def costs(pool: PoolShape, dtype, batches: list[int], contexts: list[int], outpu
         seal, mode = device_ms(lambda loc=loc: seals.seal_written(loc), device, sizes["warmup"], sizes["iters"])
         for ctx in contexts:
             admission, insert_prefill = check_ms(ctx), check_ms(ctx)
+            step_batched = check_ms(bs * ctx)  # every request's admission pages in one check (kv_checksum/step.py)
             for out in output_lens:
                 insert_release = check_ms(ctx + out)
-                per_step = seal + bs * (admission + insert_prefill + insert_release) / out
+                per_step = seal + (step_batched + bs * (insert_prefill + insert_release)) / out
                 rows.append({"batch": bs, "context": ctx, "answer_tokens": out, "seal_ms": seal, "seal_timing": mode,
-                             "admission_check_ms": admission, "insert_checks_ms": insert_prefill + insert_release,
+                             "admission_check_ms": admission, "admission_step_batched_ms": step_batched,
+                             "admission_step_one_by_one_ms": bs * admission,
+                             "insert_checks_ms": insert_prefill + insert_release,
                              "checks_timing": "host clock around PageSeals.check (host sync included)",
                              "per_step_ms": per_step, "page_bytes": page_bytes, "pool_pages": pages,
                              "kernel": "capbench triton page checksum (PageChecksummer)" if device.type == "cuda"

@@ -112,7 +112,7 @@ def paged_words(buffer: torch.Tensor, page_size: int) -> torch.Tensor:
 
 
 def page_partials_reference(
-    buffers: list[torch.Tensor], pages: torch.Tensor, page_size: int, chunk_pages: int = 64
+    buffers: list[torch.Tensor], pages: torch.Tensor, page_size: int, chunk_pages: int = 8
 ) -> torch.Tensor:
     """Per-buffer sums [pages, buffers] (int64 bits of uint64 values); a page's checksum is their row sum."""
     pages = pages.to(device=buffers[0].device, dtype=torch.int64)

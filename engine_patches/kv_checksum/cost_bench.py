@@ -6,7 +6,10 @@ the one that runs here; GPU figures come from `capbench gpu-check`'s checksum se
   every request completing a page (the worst step) and none completing one (the common step);
 - check: `PageSeals.check` of a request's cached pages (one read-back of flags, state and fill count together)
   against the bare checksum of the same pages;
-- HiCache load-back: the host-copy check (`HostSeals.partials`) over a 4k-token prefix.
+- admission checks per step: 1/32/256 requests' cached pages checked in one `PageSeals.check` (step.py) against one
+  check per request, medians and ratio;
+- HiCache load-back: the host-copy check (`HostSeals.partials`) over a 4k-token prefix, inline, against what the
+  scheduler thread spends on it now that the worker thread runs it (host_worker.py).
 
     .venv/bin/python bench/benchmarks/kv_checksum_cost.py [--layers 4] [--reps 7]
 """
@@ -14,11 +17,14 @@ the one that runs here; GPU figures come from `capbench gpu-check`'s checksum se
 from __future__ import annotations
 
 import argparse
+import statistics
+import time
 
 import torch
 
 from engine_patches.kv_checksum.benchmark import median_s
 from engine_patches.kv_checksum.hicache import HostSeals
+from engine_patches.kv_checksum.host_worker import HostCheckWorker
 from engine_patches.kv_checksum.seals import PageSeals
 
 
@@ -60,6 +66,7 @@ def main(argv: list[str] | None = None) -> None:
         new = median_ms(lambda chosen=chosen: seals.check(chosen), args.reps)
         bare = median_ms(lambda chosen=chosen: seals.partials(chosen), args.reps)
         print(f"  {'PageSeals.check, one read-back':<42}{n:>6}{new:>17.3f}{bare:>19.3f}{new / bare:8.2f}")
+    step_checks(seals, pages, args.reps, gen)
     host = kimi_like(args.layers, (4096 // P + 1) * P, gen)
     host_seals = HostSeals.of_views(host, P)
     host_pages = torch.arange(1, 4096 // P + 1)
@@ -70,6 +77,36 @@ def main(argv: list[str] | None = None) -> None:
     print(f"HiCache host-copy check of a 4k-token prefix (HostSeals.partials, scheduler thread): {t:.1f} ms, "
           f"{nbytes / t / 1e6:.3f} GB/s; x {full:.2f} for all 61 layers: {t * full:.0f} ms; the same pages' device "
           f"check on this CPU: {dev:.1f} ms (ratio {t / dev:.2f})")
+    worker = HostCheckWorker(host_seals.partials)
+    sums = host_seals.partials(host_pages)
+    on_scheduler = []
+    for rep in range(args.reps):  # what the scheduler thread spends on a load's check now: submit, later collect
+        t0 = time.perf_counter()
+        worker.verdict(("load", rep), host_pages, sums)
+        t1 = time.perf_counter()
+        worker.drain()
+        t2 = time.perf_counter()
+        assert worker.verdict(("load", rep), host_pages, sums) == []
+        on_scheduler.append((t1 - t0) + (time.perf_counter() - t2))
+    print(f"HiCache host-copy check on the worker thread (host_worker.py): scheduler thread "
+          f"{statistics.median(on_scheduler) * 1e3:.3f} ms a load (submit + collect, the load waits one step or "
+          f"more) against {t:.1f} ms inline: ratio {t / (statistics.median(on_scheduler) * 1e3):.0f}")
+
+def step_checks(seals: PageSeals, pool_pages: int, reps: int, gen: torch.Generator, per_req: int = 8) -> None:
+    """A step's admission checks (`per_req` cached pages a request, distinct pages): one `PageSeals.check` per request
+    (one read-back each) against one check of all of them (step.py: one read-back a step)."""
+    print(f"{'admission checks per step':<44}{'checks':>6}{'batched ms':>17}{'one-by-one ms':>19}{'ratio':>8}"
+          f"{'read-backs':>12}")
+    for n in (1, 32, 256):
+        chosen = (torch.randperm(pool_pages - 1, generator=gen)[: n * per_req] % (pool_pages - 1) + 1) \
+            if n * per_req < pool_pages else torch.randint(1, pool_pages, (n * per_req,), generator=gen)
+        seals.seal(chosen)
+        each = list(chosen.view(n, per_req))
+        batched = median_ms(lambda chosen=chosen: seals.check(chosen), reps)
+        alone = median_ms(lambda each=each: [seals.check(p) for p in each], reps)
+        print(f"  {f'{per_req} pages a request':<42}{n:>6}{batched:>17.3f}{alone:>19.3f}{alone / batched:8.2f}"
+              f"{f'1 vs {n}':>12}")
+
 
 if __name__ == "__main__":
     main()

@@ -6,11 +6,12 @@ checked against them before it is loaded back to the GPU.
   page ids the controller allocated. The copy itself runs later; whatever changes the bytes before or during it
   is caught at load time, because the seals are the ones taken when the pages were filled.
 - Load (host -> device): before the controller queues the copy, the host pages are checksummed on the CPU in the
-  device's word order and compared with the carried seals. A mismatch refuses the load: SGLang's admission then
-  recomputes those tokens. The bad host copy is never loaded; once the recomputed KV is back in the tree (the
-  insert gives the host-only node a device copy again), it is written over the bad host copy, with its seals, by
-  the host pool's own device-to-host copy. A clean load hands the carried seals to the new device pages, checked
-  again at the next admission like any cached page.
+  device's word order and compared with the carried seals, on a worker thread when the load is asked for inside an
+  admission step (host_worker.py: the load waits for a later step, nothing committed meanwhile). A mismatch
+  refuses the load: SGLang's admission then recomputes those tokens. The bad host copy is never loaded; once the
+  recomputed KV is back in the tree (the insert gives the host-only node a device copy again), it is written over
+  the bad host copy, with its seals, by the host pool's own device-to-host copy. A clean load hands the carried
+  seals to the new device pages, checked again at the next admission like any cached page.
 
 Not covered: storage backends (L3), refused at construction; host layouts other than layer_first, page_first and
 page_first_direct; HND device pools and FP4 scale buffers (the host pool does not mirror them).
@@ -25,6 +26,7 @@ import time
 import torch
 
 from engine_patches.kv_checksum.checksum import mix64, position_keys
+from engine_patches.kv_checksum.host_worker import HostCheckWorker
 
 HOST_LAYOUTS = ("layer_first", "page_first", "page_first_direct")
 # Opt-in until a lent GPU has timed and checked it (`capbench gpu-check`): the host-copy check as a GPU kernel that
@@ -155,6 +157,8 @@ class HiCacheChecksums:
         self.kv_host_seals = HostSeals(host_pool, self.kv_seals.buffers, self.page_size)
         if os.environ.get(HOST_CHECK_ON_GPU) == "1" and self.kv_seals.device.type == "cuda":
             self.kv_host_seals.read_on_gpu(self.kv_seals.device)
+        self.kv_host_worker = HostCheckWorker(self.kv_host_seals.partials)
+        self._kv_load_deferred = False
         self._kv_loading: dict[int, torch.Tensor] = {}  # load ack node id -> device pages in flight
         self._kv_rewrites: dict[int, tuple[torch.Tensor, int, int]] = {}  # node -> bad host copy (indices, span)
         free, load = host_pool.free, self.cache_controller.load
@@ -168,8 +172,13 @@ class HiCacheChecksums:
             return free(indices)
 
         def checked_load(host_indices: torch.Tensor, *args, node_id: int = -1, **kwargs):
-            if host_indices.numel() and not self._host_copy_clean(host_indices, node_id):
-                return None
+            if host_indices.numel():
+                verdict = self._host_verdict(host_indices, node_id)
+                if verdict is None:
+                    self._kv_load_deferred = True
+                    return None
+                if not self._host_copy_clean(host_indices, node_id, *verdict):
+                    return None
             device_indices = load(host_indices, *args, node_id=node_id, **kwargs)
             if device_indices is not None and host_indices.numel():
                 self._seal_loading(host_indices, device_indices, node_id)
@@ -202,14 +211,41 @@ class HiCacheChecksums:
             self.kv_host_seals.carry(self.kv_host_seals.pages_of(host_indices), sums)
         return host_indices
 
-    def _host_copy_clean(self, host_indices: torch.Tensor, node_id: int) -> bool:
+    def init_load_back(self, params):
+        """SGLang's load-back; None (retry at a later step, nothing committed) while the host-copy check of the load
+        is still running on the worker thread."""
+        self._kv_load_deferred = False
+        result = super().init_load_back(params)
+        return None if self._kv_load_deferred else result
+
+    def _host_verdict(self, host_indices: torch.Tensor, node_id: int) -> tuple[list[int], list[int]] | None:
+        """(bad rows, rows newly found bad) of the host pages a load asks for, or None: deferred. Inside an
+        admission step the check runs on the worker thread (host_worker.py) and the load waits for a later step;
+        elsewhere (no step to retry in: a PD decode server's restore) it runs here, as before."""
+        hs = self.kv_host_seals
+        host_pages = hs.pages_of(host_indices)
+        if self.kv_step_checks is None:
+            t0 = time.perf_counter()
+            verdict = hs.bad_pages(host_pages)
+            self.kv_metrics.seconds.inc(time.perf_counter() - t0)
+            return verdict
+        sums = hs.sums[host_pages]
+        key = (node_id, tuple(host_pages.tolist()), int(sums.sum()))
+        differs = self.kv_host_worker.verdict(key, host_pages, sums)
+        if self._agree_min(0 if differs is None else 1) == 0:  # every rank loads, or none does
+            return None
+        known = hs.bad[host_pages] | ~hs.sealed[host_pages]
+        new = torch.zeros(len(host_pages), dtype=torch.bool)
+        new[differs or []] = True
+        new &= ~known
+        hs.bad[host_pages] |= new
+        return (known | new).nonzero().flatten().tolist(), new.nonzero().flatten().tolist()
+
+    def _host_copy_clean(self, host_indices: torch.Tensor, node_id: int, bad: list[int], new: list[int]) -> bool:
         host_pages = self.kv_host_seals.pages_of(host_indices)
-        t0 = time.perf_counter()
-        bad, new = self.kv_host_seals.bad_pages(host_pages)
         m = self.kv_metrics
         m.verifications.labels(source="load").inc()
         m.pages_verified.inc(len(host_pages))
-        m.seconds.inc(time.perf_counter() - t0)
         if new:
             m.mismatches.labels(source="load").inc(len(new))
         for row in new[:64]:

@@ -87,3 +87,29 @@ def install_admission_mark() -> None:
 
     init_marked._capbench_admission = True
     Req.init_next_round_input = init_marked
+
+
+def install_step_batching() -> None:
+    """Batch the admission checks of each scheduler step (step.py): the step's admission pass runs inside the tree's
+    `kv_step`, whose candidates are the waiting queue's first requests, as many as the step can admit."""
+    from sglang.srt.managers.scheduler import Scheduler
+
+    raw = Scheduler._get_new_batch_prefill_raw
+    if getattr(raw, "_capbench_step", False):
+        return
+
+    @functools.wraps(raw)
+    def prefill_in_step(self, prefill_delayer_single_pass, running_batch):
+        step = getattr(self.tree_cache, "kv_step", None)
+        if step is None:
+            return raw(self, prefill_delayer_single_pass, running_batch)
+
+        def candidates():
+            room = self.get_num_allocatable_reqs(len(running_batch.reqs), running_batch=running_batch)
+            return self.waiting_queue[: max(1, room)]
+
+        with step(candidates):
+            return raw(self, prefill_delayer_single_pass, running_batch)
+
+    prefill_in_step._capbench_step = True
+    Scheduler._get_new_batch_prefill_raw = prefill_in_step

@@ -190,6 +190,10 @@ class PageSeals:
         completed, never anything queued behind the forward in flight."""
         return torch.cuda.stream(self._stream) if self._stream is not None else nullcontext()
 
+    def read_back(self, flags: torch.Tensor) -> torch.Tensor:
+        """The one device-to-host copy of a check (a GPU->CPU sync on CUDA): every verdict comes back through here."""
+        return flags.cpu()
+
     def _check(self, pages: torch.Tensor, known_only: torch.Tensor | None, seal_missing: bool) -> Check:
         n = pages.numel()
         P = self.page_size
@@ -224,7 +228,8 @@ class PageSeals:
         flags = torch.stack([new, known, late, compare, seal_bad, rows_bad, flag_bad, kept, at_fill,
                              flag_bad & ~kept])
         # the one host read-back: flags, state bytes and the fill count together
-        back = torch.cat([flags.to(torch.int64).flatten(), state.to(torch.int64), self._filled.view(1)]).cpu()
+        back = self.read_back(torch.cat([flags.to(torch.int64).flatten(), state.to(torch.int64),
+                                         self._filled.view(1)]))
         filled, self._filled_seen = int(back[-1]) - self._filled_seen, int(back[-1])
         f = back[: flags.numel()].view(flags.shape).bool()
         found_state = back[flags.numel(): flags.numel() + n]

@@ -2,7 +2,8 @@
 
 When pages are checked (PageSeals holds the seals):
 - Admission: the match the scheduler makes to admit a request (`Req.init_next_round_input`, marked by the hook
-  in hooks.py) checks every device page of the matched path in one batch. The match is cut before the first bad
+  in hooks.py) checks every device page of the matched path; the admissions of one scheduler step are checked
+  together, with one read-back and one agreement across ranks (step.py). The match is cut before the first bad
   page, so the request recomputes from there (strict mode aborts it instead). The many other matches the
   scheduler makes while it orders its queue check nothing: they only steer scheduling, and skip nodes already
   known bad.
@@ -48,6 +49,7 @@ from engine_patches.kv_checksum.hicache import HiCacheChecksums
 from engine_patches.kv_checksum.hooks import register_seals
 from engine_patches.kv_checksum.metrics import kv_checksum_metrics
 from engine_patches.kv_checksum.seals import Check, PageSeals, forget_on_free
+from engine_patches.kv_checksum.step import StepChecks
 
 logger = logging.getLogger(__name__)
 
@@ -65,6 +67,7 @@ class ChecksummedUnifiedRadixCache(HiCacheChecksums, UnifiedRadixCache):
         scrub_pages_per_s: float = 0.0,
         integrity_log: str | None = None,
         clock: Callable[[], float] = time.monotonic,
+        step_batch: int = 256,
     ):
         if mode not in MODES:
             raise ValueError(f"kv checksum mode must be one of {MODES}, got {mode!r}")
@@ -82,6 +85,8 @@ class ChecksummedUnifiedRadixCache(HiCacheChecksums, UnifiedRadixCache):
         self.kv_anchors: Counter[int] = Counter()  # lock anchors: a lock holds its node's whole root path
         self._kv_unlocked = False  # a lock went away since bad nodes were last dropped
         self.kv_admitting = None
+        self.kv_step_checks: StepChecks | None = None
+        self.step_batch = step_batch
         self.scrub_pages_per_s = scrub_pages_per_s
         self._clock = clock
         self._scrub_last = clock()
@@ -104,6 +109,16 @@ class ChecksummedUnifiedRadixCache(HiCacheChecksums, UnifiedRadixCache):
             yield
         finally:
             self.kv_admitting = None
+
+    @contextmanager
+    def kv_step(self, candidates: Callable[[], list]):
+        """One scheduler step's admissions: `candidates()` lists the waiting queue in admission order; the pages of
+        the first `step_batch` of them are checked together at the step's first admission match (step.py)."""
+        self.kv_step_checks = StepChecks(self, candidates, self.step_batch)
+        try:
+            yield self.kv_step_checks
+        finally:
+            self.kv_step_checks = None
 
     # ---- match ----
 
@@ -128,13 +143,18 @@ class ChecksummedUnifiedRadixCache(HiCacheChecksums, UnifiedRadixCache):
         matched, node_id, _ = self.tree_core.match_full_device_prefix(params.key)  # read-only walk
         path = [n for n in self.tree_core.collect_path_info([node_id])[0] if n.path_start < matched] if matched else []
         cut = min((n.path_start for n in path if n.node_id in self.kv_bad_nodes), default=NO_CUT)
-        if admission:
-            with self.kv_seals.side():
-                slots = self.path_device_indices(node_id)[: min(matched, cut)]
-                check = self._check(self.kv_seals.pages_of(slots), source="admission")
-            if check.bad_rows:
-                cut = min(cut, check.bad_rows[0] * self.page_size)
-        cut = self._agree_min(cut)
+        step = self.kv_step_checks if admission and matched else None
+        agreed = step.verdict(params.req, matched) if step is not None else None
+        if agreed is not None:
+            cut = min(cut, agreed)  # both agreed already: the bad nodes are the same on every rank
+        else:
+            if admission:
+                with self.kv_seals.side():
+                    slots = self.path_device_indices(node_id)[: min(matched, cut)]
+                    check = self._check(self.kv_seals.pages_of(slots), source="admission")
+                if check.bad_rows:
+                    cut = min(cut, check.bad_rows[0] * self.page_size)
+            cut = self._agree_min(cut)
         if cut >= matched:
             return None
         self._condemn([n for n in path if n.path_end > cut])
@@ -307,6 +327,14 @@ class ChecksummedUnifiedRadixCache(HiCacheChecksums, UnifiedRadixCache):
         t = torch.tensor(value, dtype=torch.int64, device="cpu")
         self._all_reduce(t, torch.distributed.ReduceOp.MIN)
         return int(t.item())
+
+    def _agree_all(self, values: list[int]) -> list[int]:
+        """Each value's minimum over the ranks, in one collective for the whole vector."""
+        if (self.tp_world_size <= 1 and self.pp_size <= 1) or not values:
+            return values
+        t = torch.tensor(values, dtype=torch.int64, device="cpu")
+        self._all_reduce(t, torch.distributed.ReduceOp.MIN)
+        return t.tolist()
 
     def _log_action(self, action: str, **detail) -> None:
         self.kv_log.write("kv_checksum_action", None, None, {"action": action, "mode": self.kv_mode, **detail})

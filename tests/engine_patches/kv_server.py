@@ -227,11 +227,12 @@ class Server:
         if self.chunked is not None:
             self.chunked.init_next_round_input()
             self.chunked = adder.add_chunked_req(self.chunked)
-        for req in list(self.waiting):
-            req.init_next_round_input(self.tree)
-            if adder.add_one_req(req, has_chunked_req=self.chunked is not None,
-                                 truncation_align_size=None) != AddReqResult.CONTINUE:
-                break
+        with self.tree.kv_step(lambda: self.waiting):  # as hooks.install_step_batching wraps the scheduler's pass
+            for req in list(self.waiting):
+                req.init_next_round_input(self.tree)
+                if adder.add_one_req(req, has_chunked_req=self.chunked is not None,
+                                     truncation_align_size=None) != AddReqResult.CONTINUE:
+                    break
         admitted = adder.can_run_list
         if not admitted:
             return False

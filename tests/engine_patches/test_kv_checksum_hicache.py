@@ -164,3 +164,33 @@ def test_storage_backends_are_refused_with_checksums_on(tmp_path):
     with pytest.raises(ValueError, match="storage backends"):
         Server(Geometry("mha"), hicache=True, server_args={**hicache(), "hicache_storage_backend": "file",
                                                            "file_storage_path": str(tmp_path)})
+
+
+@pytest.mark.parametrize("g", [GEOMETRIES[0], GEOMETRIES[2]], ids=lambda g: g.name)
+def test_the_host_copy_check_runs_off_the_scheduler_thread_and_the_load_waits_for_it(g, make):
+    """Inside an admission step the load's host-copy check runs on the worker thread; the load is deferred to a
+    later step until its verdict is in, so a damaged host copy is refused before anything loads it."""
+    import threading
+
+    s = make(g)
+    rng = random.Random(g.name)
+    prompt = [rng.randrange(1, 40_000) for _ in range(64)]
+    s.submit("a", prompt + [1], [2])
+    run_checked(s)
+    hs = s.tree.kv_host_seals
+    ran_on, partials = [], hs._partials_cpu
+    hs._partials_cpu = lambda pages: ran_on.append(threading.get_ident()) or partials(pages)
+    for damaged in (False, True):
+        offload_all(s)
+        if damaged:
+            flip_host(s, host_pages(s)[0], buffer=0)
+        r = s.submit(f"r{damaged}", prompt + [3], [9])
+        deferred = 0
+        while r in s.waiting:
+            s.step()
+            deferred += 1
+            s.tree.kv_host_worker.drain()
+        run_checked(s)
+        assert deferred >= 2  # the first step submitted the check and kept the request queued
+        assert r.admitted_prefix == (0 if damaged else 64) and s.served.corrupt == 0
+    assert ran_on and threading.get_ident() not in ran_on  # the scheduler thread never ran a host-copy check
