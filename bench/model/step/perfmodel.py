@@ -33,8 +33,9 @@ of chunked prefills, T = D*v + P tokens in all, spread over the dp DP-attention 
   (a long prompt prefills on one group at attn_tp speed while the others wait at the gather), else an even share.
 - CUDA graphs: decode batches up to SGLang's graph size replay a graph; prefill and bigger batches launch every
   kernel from the CPU, which the GPU may outrun.
-- MTP (EAGLE on the model's NextN layer): each step drafts `steps` tokens with one layer, verifies steps + 1 per
-  request, and keeps accept_length = 1 + p + ... + p^steps of them on average.
+- MTP (EAGLE on the model's NextN layer): each step drafts `steps` tokens with one layer (steps - 1 draft decodes
+  and a draft extend over the verified tokens, each with the full lm_head), verifies steps + 1 per request as one
+  step of D * (steps + 1) tokens, and keeps accept_length = 1 + p + ... + p^steps of them on average.
 A request also spends request_overhead outside the GPU (HTTP, tokenizing, queueing, the first chunk): the
 scheduler adds it before the request reaches the queue. And the serving processes spend stream_token_us of CPU on
 each streamed token beside the GPU: a decode step of D requests lasts at least D * accept_length * stream_token_us.
@@ -229,14 +230,17 @@ class PerfModel:
         rank_prefill, rank_pairs = prefill_tokens / self.dp, prefill_attn / self.dp
         if busiest and self.dp > 1:  # DP attention: the largest chunk's group sets the pace
             rank_prefill, rank_pairs = max(rank_prefill, busiest[0]), max(rank_pairs, busiest[1])
-        group = decode_batch * v / self.dp + rank_prefill
+        # DP attention: each request decodes on one group (round robin), so the busiest holds ceil(D / dp) of them
+        rank_decode = math.ceil(decode_batch / self.dp) if self.dp > 1 else decode_batch
+        rank_ctx = decode_ctx * rank_decode / decode_batch if decode_batch else 0.0
+        group = rank_decode * v + rank_prefill
         samples = decode_batch * v + (1 if prefill_tokens else 0)
         eager = prefill_tokens > 0 or decode_batch > self.graph_bs
         gather = 0.0
         if self.dp > 1:  # gather before the MoE, scatter after it, and the attention group's all-reduce
             gather = 2 * (self.eff.dp_gather_latency_us * 1e-6 + tokens * self.hidden * 2 / self.link_bytes_per_s)
         if self.kstep is not None:  # the roofline's terms below are not computed: a cold plan prices ~1M steps
-            k = self.kstep.step(decode_batch / self.dp, decode_ctx / self.dp, v, group, tokens, samples,
+            k = self.kstep.step(rank_decode, rank_ctx, v, group, tokens, samples,
                                 rank_prefill, rank_pairs, not eager)
             work = (k["attention"] + k["gemm"] + k["moe"]) * self.eff.kernel_scale
             return {"memory": 0.0, "compute": work * layers_share, "fixed": self.fixed_s * layers_share,
@@ -245,12 +249,12 @@ class PerfModel:
         comm = gather + self._allreduce_s(group, self.attn_tp) if self.dp > 1 else 2 * self._allreduce_s(tokens,
                                                                                                           self.tp)
         expert_bytes, expert_s = self._moe(tokens)
-        kv = self.cell * (decode_ctx + prefill_ctx) / self.dp
+        kv = self.cell * (rank_ctx + prefill_ctx / self.dp)
         mem = (expert_bytes + self.dense_bytes + self.lm_bytes + kv) / self.bytes_per_s
         compute = (expert_s + self._gemm_s(group * self.attn_proj_flops, group, self.rest_fmt)
                    + self._gemm_s(tokens * self.mlp_flops, tokens, self.rest_fmt)
                    + self._gemm_s(samples * self.lm_flops, samples, "bf16")
-                   + self.decode_attn * decode_ctx * v / self.dp / self.peak["bf16"]
+                   + self.decode_attn * rank_ctx * v / self.peak["bf16"]
                    + self.prefill_attn * rank_pairs / self.attn_peak)
         return {"memory": mem * layers_share, "compute": compute * layers_share, "fixed": self.fixed_s * layers_share,
                 "comm": self.layers * comm * layers_share, "launch": self.launch_s * layers_share if eager else 0.0,
@@ -267,11 +271,22 @@ class PerfModel:
             return 0.0
         t = self._time(self.parts(decode_batch, decode_ctx, prefill_tokens, prefill_attn, prefill_ctx,
                                   busiest=busiest))
-        if self.steps and decode_batch:  # the draft layer runs `steps` times over the decode batch
-            draft = self.parts(decode_batch, decode_ctx, 0, 0.0, 0, verify=1, layers_share=1 / self.layers)
-            t += self.steps * (self._time(draft) - self.overhead_s)
+        if self.steps and decode_batch:
+            t += self.draft_time(decode_batch, decode_ctx)
         # the serving processes stream every token on the CPU beside the GPU: with many streams they set the pace
         return max(t, decode_batch * self.accept_length * self.stream_s)
+
+    def draft_time(self, decode_batch: int, decode_ctx: int) -> float:
+        """MTP's draft work in one decode step, as SGLang 0.5.23's EAGLE worker runs it (eagle_worker_v2.py): steps - 1
+        draft decodes of the one NextN layer over the batch, then the draft extend over every verified token
+        (batch x draft tokens: `_draft_extend_for_decode`), each pass with the full lm_head over the batch."""
+        one = 1 / self.layers
+        decode = self._time(self.parts(decode_batch, decode_ctx, verify=1, layers_share=one)) - self.overhead_s
+        extend = self._time(self.parts(decode_batch, decode_ctx, verify=self.verify, layers_share=one)) \
+            - self.overhead_s
+        head = self._roofline_op("lm_head", {"rows": decode_batch, "n": self.dep.model.vocab_size // self.tp,
+                                             "k": self.hidden, "fmt": "bf16"})
+        return (self.steps - 1) * decode + extend + self.steps * head
 
     def decode_step_time(self, ctx_lens: list[int]) -> float:
         """One decode step of a batch whose sequences have these context lengths."""
