@@ -21,6 +21,7 @@ from bench.model import launch as sglang_cmd
 from bench.model.answer import Headline, make_headline
 from bench.model.pd import versus as pd_versus
 from bench.report import charts, load, plancharts, run_extras, wording
+from bench.report.formats_table import formats_section
 from bench.report.predicted import STEADY_REQUESTS, measured_vs_predicted
 from bench.store import Store, identity, runinfo
 
@@ -292,22 +293,6 @@ def tables(r: Report) -> dict[str, tuple[list[str], list[list[str]]]]:
                                 _num(m.integrity["checksum_share"] and m.integrity["checksum_share"] * 100, ".2f",
                                      " %")] for m in checked])
     return t
-
-
-def formats_section(rows: list) -> tuple[list[str], list[list[str]]]:
-    """The `capbench formats` table as a report section (the same rows, bench/model/format_table.py)."""
-    head = ["expert format", "bytes per weight", "weights per GPU", "KV pool tokens", "sequences at context",
-            "output tok/s per GPU", "$ per 1M output", "SGLang kernel", "checkpoint", "planner", "accuracy evidence"]
-    body = []
-    for x in rows:
-        p = x.priced
-        body.append([x.name, f"{x.bytes_per_weight:.4f}", _num(x.weight_gb_per_gpu, ",.1f", " GB"),
-                     _num(x.kv_pool_tokens) if x.fits else "does not fit", _num(x.seqs_at_context) if x.fits else "-",
-                     _num(p.output_tps_per_gpu if p and p.rate_rps > 0 else None, none="-"),
-                     wording.money(p.usd_per_m_output if p else None, ",.2f", "-"),
-                     f"{x.kernel} ({x.kernel_file})" if x.kernel_file else x.kernel, x.checkpoint,
-                     x.status if x.served else f"{x.status}: {x.why_not}", x.accuracy])
-    return head, body
 
 
 def _on_question_gpu(plan: Plan) -> Option:

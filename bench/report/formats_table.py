@@ -1,5 +1,6 @@
-"""The expert-formats table (bench/model/format_table.py) for the terminal: one row per format, then the why of
-every format the planner does not search, then the kernels' source files and the accuracy evidence."""
+"""The expert-formats table (bench/model/format_table.py) for the terminal and as a report section: one row per
+format, then the why of every format the planner does not search, then the kernels' source files and the accuracy
+evidence."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from rich import box
 from rich.table import Table
 
 from bench.model import format_table
+from bench.report import wording
 
 
 def _num(v: float | None, fmt: str) -> str:
@@ -44,3 +46,19 @@ def notes(rows: list[format_table.FormatRow]) -> list[str]:
     out.append("Accuracy evidence:")
     out += [f"- {r.format}: {r.accuracy}" for r in rows]
     return out
+
+
+def formats_section(rows: list) -> tuple[list[str], list[list[str]]]:
+    """The `capbench formats` table as a report section (the same rows, bench/model/format_table.py)."""
+    head = ["expert format", "bytes per weight", "weights per GPU", "KV pool tokens", "sequences at context",
+            "output tok/s per GPU", "$ per 1M output", "SGLang kernel", "checkpoint", "planner", "accuracy evidence"]
+    body = []
+    for x in rows:
+        p = x.priced
+        body.append([x.name, f"{x.bytes_per_weight:.4f}", f"{x.weight_gb_per_gpu:,.1f} GB",
+                     f"{x.kv_pool_tokens:,}" if x.fits else "does not fit", f"{x.seqs_at_context:,}" if x.fits else "-",
+                     _num(p.output_tps_per_gpu if p and p.rate_rps > 0 else None, ",.0f"),
+                     wording.money(p.usd_per_m_output if p else None, ",.2f", "-"),
+                     f"{x.kernel} ({x.kernel_file})" if x.kernel_file else x.kernel, x.checkpoint,
+                     x.status if x.served else f"{x.status}: {x.why_not}", x.accuracy])
+    return head, body
