@@ -48,19 +48,24 @@ def test_dcgm_rows_land_per_gpu_and_a_garbage_endpoint_does_not_break_the_run(tm
     assert n == 80  # every request stored: the garbage endpoint took nothing from the load test
     rows = con.execute("SELECT node, gpu, name, gpu_util_pct, mem_used_mib, mem_total_mib, power_w, sm_clock_mhz "
                        "FROM gpu_samples WHERE run_id = ?", [run_id]).fetchall()
+    times = [t for (t,) in con.execute("SELECT t FROM gpu_samples WHERE run_id = ? AND gpu = 0 ORDER BY t",
+                                       [run_id]).fetchall()]
     prof = con.execute("SELECT count(*) FROM server_samples WHERE run_id = ? AND metric LIKE 'DCGM_FI_PROF_%'",
                        [run_id]).fetchone()[0]
     config = con.execute("SELECT config->>'$.gpu_metrics' FROM runs").fetchone()[0]
     con.close()
     assert {(r[0], r[1], r[2]) for r in rows} == {("gpu-node-1", 0, "NVIDIA H200"), ("gpu-node-1", 1, "NVIDIA H200")}
-    assert len(rows) >= 2 * 6  # a 4 s run (and its drain) scraped every 0.5 s
+    # a 4 s run scraped every 0.5 s: 6 or more scrapes on a calm host, 5 seen with four test workers beside it;
+    # the gaps stay near the interval asked for (a scrape takes its own time, a loaded host adds some)
+    assert len(times) >= 4 and len(rows) == 2 * len(times), (len(rows), len(times))
+    assert (times[-1] - times[0]) / (len(times) - 1) < 1.5, times
     for node, gpu, _, util, used, total, power, sm in rows:
         assert any(util == s[gpu]["DCGM_FI_DEV_GPU_UTIL"] and used == s[gpu]["DCGM_FI_DEV_FB_USED"]
                    and power == s[gpu]["DCGM_FI_DEV_POWER_USAGE"] and sm == s[gpu]["DCGM_FI_DEV_SM_CLOCK"]
                    for s in exporter.served), (node, gpu, util, used)
         assert abs(total - TOTAL_MIB) < 1e-6
     assert len({r[3] for r in rows if r[1] == 0}) >= 3  # the values moved, scrape by scrape
-    assert prof >= 2 * 3 * 6
+    assert prof >= 2 * 3 * len(times)
     assert exporter.url in config and garbage.url in config
     assert "GPUs during the run" in out.stdout and "gpu-node-1" in out.stdout
     assert out.stderr.count("GPU node telemetry") == 1, out.stderr  # the garbage one, said once
