@@ -42,8 +42,8 @@ def quality(drift: pd.DataFrame | None, model: str, what: str) -> str:
         drift.apply(lambda r: any(key in str(t) and family in str(t).lower() for t in (r.target_a, r.target_b)),
                     axis=1)]
     if rows.empty:
-        return (f"quality not yet checked: run `capbench drift --target <BF16 server> --target <{what} server>` "
-                "before rollout")
+        return (f"quality not yet checked: run `capbench eval --suite humaneval,bfcl --target <BF16 server> --target "
+                f"<{what} server>` (task suites with checkers, B against A with a 90 % interval) before rollout")
     r = rows.iloc[0]
     return (f"quality checked by capbench drift (run {r.run_id}, {r.prompts:.0f} prompts): "
             f"{r.token_agreement:.1%} of tokens agree, {r.exact_match_rate:.0%} of answers identical")
