@@ -125,7 +125,7 @@ def _summary_run(doc: dict, source: str, digest: str, path: Path) -> ToolRun:
                                     ("total_osl", "tokens", "output", "tokens")):
         m = metrics.get(tag)
         f.add(metric, stat, m.get("avg") if isinstance(m, dict) else None, unit, name=f"{tag}.avg")
-    if not f.has("requests") or not (f.has("ttft") or f.has("e2e")):
+    if not f.has("requests", "ok") or not (f.has("ttft") or f.has("e2e")):
         raise BadInput(f"{source}: an AIPerf summary without request_count and time_to_first_token or request_latency")
     load = _load(doc)
     when = [_epoch(doc.get(k)) for k in ("start_time", "end_time")]

@@ -68,8 +68,8 @@ class Figures:
             raise BadInput(f"{self.where}: {name or metric + ' ' + stat}: a finite number >= 0, got {value!r}")
         self.rows.append((metric, stat, float(value) * scale, unit))
 
-    def has(self, metric: str) -> bool:
-        return any(row[0] == metric for row in self.rows)
+    def has(self, metric: str, stat: str | None = None) -> bool:
+        return any(row[0] == metric and stat in (None, row[1]) for row in self.rows)
 
 
 def read_bytes(path: str | Path, what: str) -> tuple[bytes, str]:

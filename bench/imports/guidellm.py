@@ -158,7 +158,7 @@ def _summary(bench: Benchmark, where: str) -> list[tuple[str, str, float, str]]:
     f.add("tokens", "output", ok("output_token_count").get("total_sum"), "tokens", name="output_token_count")
     if bench.start_time and bench.end_time and bench.end_time >= bench.start_time:
         f.add("duration", "total", bench.end_time - bench.start_time, "s")
-    if not f.has("requests") or not f.has("ttft"):
+    if not f.has("requests", "ok") or not f.has("ttft"):
         raise BadInput(f"{where}: no requests and no metrics summary (request_totals, time_to_first_token_ms): "
                        "guidellm saved nothing to import for this benchmark")
     return f.rows

@@ -298,8 +298,9 @@ def write_imported_runs(store: Store, runs: list[dict]) -> list[tuple[str, bool]
                             [run_id, run["label"], run["target"], run["profile"],
                              json.dumps(_redact(run["config"]), sort_keys=True, default=str), run["started_at"],
                              run["finished_at"], __version__, os.getpid()])
-                con.executemany("INSERT INTO run_summaries VALUES (?, ?, ?, ?, ?)",
-                                [[run_id, *row] for row in run.get("summary") or []])
+                if run.get("summary"):
+                    con.executemany("INSERT INTO run_summaries VALUES (?, ?, ?, ?, ?)",
+                                    [[run_id, *row] for row in run["summary"]])
                 if run["requests"]:
                     batch = _derive(_conform(pa.table(run["requests"]), REQUESTS_SCHEMA, run_id))
                     for name, table in (("requests", batch), ("latency_hist", _histograms(run_id, batch))):
