@@ -259,4 +259,5 @@ def test_a_summary_only_run_goes_through_the_report(tmp_path):
     [row] = [line for line in measured.splitlines() if "imported (bench-serving)" in line]
     assert "| 480 |" in row and "| 2,030 |" in row and "110 ms / 311 ms" in row and "7 ms / 9 ms" in row
     versus = out.read_text().split("## Predicted vs measured")[1].split("\n## ")[0]
-    assert "2,030 /" in versus  # the tool's output tokens/s beside the model's replay at the rate it served
+    # the tool's output tokens/s and TTFT p50 beside the model's replay at the rate it served
+    assert "| 2,030.4 / " in versus and "| 110.2 / " in versus
