@@ -212,11 +212,11 @@ def runs_table(runs: pd.DataFrame):
         table.caption = "no runs yet"
     for r, (_, row) in zip(runs.itertuples(), shown.iterrows(), strict=True):
         duration = "" if pd.isna(r.finished_at) else f"{r.finished_at - r.started_at:,.0f} s"
-        k = float(getattr(r, "time_scale", 1) or 1) if getattr(r, "twin", False) is True else 1.0
+        k = float(getattr(r, "time_scale", 1) or 1) if bool(getattr(r, "twin", False)) else 1.0
         rps, ttft = getattr(r, "throughput_rps", None), getattr(r, "ttft_p99_s", None)
         table.add_row(r.run_id, *(str(row[c]) for c in identity.IDENTITY_COLUMNS), r.label or "", r.status,
-                      duration, f"{r.requests:,}", f"{r.errors:,}", "" if pd.isna(rps) else f"{rps / k:,.2f}",
-                      "" if pd.isna(ttft) else f"{ttft * k * 1000:,.0f} ms")
+                      duration, f"{int(r.requests):,}", "" if pd.isna(r.errors) else f"{int(r.errors):,}",
+                      "" if pd.isna(rps) else f"{rps / k:,.2f}", "" if pd.isna(ttft) else f"{ttft * k * 1000:,.0f} ms")
     return table
 
 

@@ -172,14 +172,16 @@ class Store:
 
     def runs(self) -> pd.DataFrame:
         """All runs, newest first, with their request counts, throughput (successful measured requests per second)
-        and TTFT p99 (seconds, from the latency histograms; a summary-only import's: the tool's own figures)."""
+        and TTFT p99 (seconds, from the latency histograms; a summary-only import's: the tool's own figures, errors
+        NULL where the tool counted successes only)."""
         with self.connect() as con:
             runs = con.execute("""
                 WITH t AS (SELECT run_id, bucket, sum(n) AS n FROM latency_hist WHERE metric = 'ttft' GROUP BY ALL),
                 c AS (SELECT run_id, bucket, sum(n) OVER (PARTITION BY run_id ORDER BY bucket) AS cum,
                              sum(n) OVER (PARTITION BY run_id) AS total FROM t)
                 SELECT r.run_id, r.label, r.target, r.profile, r.status, r.started_at, r.finished_at,
-                       coalesce(q.n, s.n, 0) AS requests, coalesce(q.errors, s.errors, 0) AS errors,
+                       coalesce(q.n, s.n, 0) AS requests,
+                       CASE WHEN q.n IS NULL AND s.n IS NOT NULL THEN s.errors ELSE coalesce(q.errors, 0) END AS errors,
                        r.capbench_version, r.config, coalesce(q.ok / nullif(q.span, 0), s.rps) AS throughput_rps,
                        h.bucket AS ttft_p99_bucket, s.ttft_p99
                 FROM runs r LEFT JOIN (

@@ -12,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from bench.store import Store, queries
@@ -149,6 +150,7 @@ def test_bench_serving_summaries_import_as_runs_with_the_tools_figures(tmp_path)
     assert runs.loc[ids[0], "throughput_rps"] == SGLANG["request_throughput"]
     assert runs.loc[ids[0], "ttft_p99_s"] == pytest.approx(SGLANG["p99_ttft_ms"] / 1e3)
     assert (runs.loc[ids[1], "requests"], runs.loc[ids[1], "errors"]) == (400, 10)
+    assert pd.isna(runs.loc[ids[0], "errors"])  # SGLang's summary does not count failures: unknown, not 0
     with store.connect() as con:  # the Compare page's table
         table = queries.compare(con, ids)
     assert table.loc["ttft_p99", ids[0]] == pytest.approx(0.3107)
@@ -261,3 +263,19 @@ def test_a_summary_only_run_goes_through_the_report(tmp_path):
     versus = out.read_text().split("## Predicted vs measured")[1].split("\n## ")[0]
     # the tool's output tokens/s and TTFT p50 beside the model's replay at the rate it served
     assert "| 2,030.4 / " in versus and "| 110.2 / " in versus
+
+
+def test_runs_lists_a_measured_runs_throughput_and_ttft_p99_as_its_summary(tmp_path):
+    """The same two columns for runs with their requests: the summary's figures (histogram p99, ok per second)."""
+    from tests.rundb import fill
+
+    db = tmp_path / "c.duckdb"
+    ids = fill(db)
+    out = capbench(tmp_path, "runs", "--db", str(db))
+    assert out.returncode == 0, out.stderr
+    runs = Store(db, read_only=True).runs().set_index("run_id")
+    for run_id, s in zip(ids, summaries(db, ids), strict=True):
+        assert runs.loc[run_id, "throughput_rps"] == pytest.approx(s["throughput_rps"])
+        assert runs.loc[run_id, "ttft_p99_s"] == pytest.approx(s["ttft_p99"])
+        row = next(line for line in out.stdout.splitlines() if run_id in line)
+        assert f"{s['throughput_rps']:,.2f}" in row and f"{s['ttft_p99'] * 1000:,.0f} ms" in row
