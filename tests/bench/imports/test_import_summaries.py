@@ -239,14 +239,20 @@ def test_the_runs_page_says_summary_only_instead_of_empty_charts(tmp_path, monke
     from tests.dashboard.apptest import metric, no_exception, page
 
     path = tmp_path / "results.jsonl"
-    path.write_text(json.dumps(SGLANG) + "\n")
-    imported(capbench(tmp_path, "import", "bench-serving", str(path), "--deployment", DEPLOYMENT))
+    path.write_text(json.dumps(SGLANG) + "\n" + json.dumps(VLLM) + "\n")
+    sglang, _ = imported(capbench(tmp_path, "import", "bench-serving", str(path), "--deployment", DEPLOYMENT))
     monkeypatch.setenv("CAPBENCH_DB", str(tmp_path / "data" / "capbench.duckdb"))
     at = page("runs")
+    at.selectbox(key="run").set_value(sglang).run()
     no_exception(at)
     assert any(i.value.startswith("Summary only: 480 requests, percentiles from the tool") for i in at.info)
     assert metric(at, "TTFT p99 (ms)") == pytest.approx(310.7)
     assert metric(at, "Output tokens/s") == pytest.approx(2030)
+    assert not at.get("vega_lite_chart")[1:]  # the percentiles chart only: no empty distribution or time series
+    at = page("compare")
+    no_exception(at)
+    said = [c.value for c in at.caption if "summary only" in c.value]
+    assert len(said) == 2 and any("480 requests" in c for c in said) and any("400 requests" in c for c in said)
 
 
 @pytest.mark.slow  # the report plans the whole question (about a minute on 2 busy cores)
