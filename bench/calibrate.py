@@ -71,6 +71,9 @@ def _deployment(config: dict, fallback: str | None) -> tuple[Deployment, float]:
 def load_run(store: Store, run_id: str, deployment: str | None = None) -> MeasuredRun:
     run = store.run(run_id)
     config = run["config"] if isinstance(run["config"], dict) else json.loads(run["config"] or "{}")
+    if (config.get("import") or {}).get("summary_only"):
+        raise BadInput(f"run {run_id}: summary-only import: no per-request times (calibration replays each "
+                       "request's arrival; import the tool's per-request file instead)")
     dep, scale = _deployment(config, deployment)
     with store.connect() as con:
         rows = con.execute("""

@@ -155,7 +155,7 @@ def runs(db: str = DB_READ) -> None:
     from bench.report import terminal
     from bench.store import Store, runinfo
 
-    Console(width=max(Console().width, 250)).print(terminal.runs_table(runinfo.list_runs(Store(db, read_only=True))))
+    Console(width=max(Console().width, 300)).print(terminal.runs_table(runinfo.list_runs(Store(db, read_only=True))))
 
 
 def export(

@@ -1,9 +1,11 @@
 """Results made by other load generators, into the store as runs with their provenance (`capbench import`).
 
 common         the file read once (bench.files), its digest, one-line problems, provenance
-aiperf         NVIDIA AIPerf's profile_export.jsonl (per request)
-bench_serving  SGLang's bench_serving --output-file JSONL (per-request lists, no wall clock)
-guidellm       guidellm's benchmarks JSON (per request, one run per benchmark)
+aiperf         NVIDIA AIPerf's profile_export.jsonl (per request); profile_export_aiperf.json alone (summary)
+bench_serving  SGLang's bench_serving --output-file JSONL (per-request lists, no wall clock; or the summary only)
+guidellm       guidellm's benchmarks JSON (per request, one run per benchmark; or its metrics only)
+
+A file with only the tool's summary becomes a summary-only run: its figures in run_summaries, no requests.
 """
 
 from __future__ import annotations

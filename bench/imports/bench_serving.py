@@ -2,7 +2,10 @@
 (backend, dataset_name, request_rate, max_concurrency, duration, completed, request_throughput, ...) and, with
 --output-details, per-request lists of one entry per request: input_lens, output_lens, ttfts, itls (a list of
 gaps per request), generated_texts, errors (and cached_tokens with --cache-report). It records no per-request wall
-clock: send, first-token and finish times stay NULL, e2e and TPOT are rebuilt from TTFT and the gaps."""
+clock: send, first-token and finish times stay NULL, e2e and TPOT are rebuilt from TTFT and the gaps. A line
+without the lists (saved without --output-details; vLLM's --save-result without --save-detailed) is imported as
+a summary-only run: its mean/median/std/pN _ttft_ms, _tpot_ms, _itl_ms, _e2e_latency_ms (vLLM: _e2el_ms) and its
+counts and throughputs into run_summaries (sgl-project/sglang python/sglang/bench_serving.py, benchmark())."""
 
 from __future__ import annotations
 
@@ -15,7 +18,7 @@ from typing import Annotated
 from pydantic import Field, model_validator
 
 from bench.errors import BadInput
-from bench.imports.common import Export, Seconds, Tokens, ToolRun, check, parse
+from bench.imports.common import Export, Figures, Seconds, Tokens, ToolRun, check, parse
 
 NAME = "bench-serving"
 WHAT = "output file (bench_serving)"
@@ -23,6 +26,7 @@ LISTS = ("input_lens", "output_lens", "ttfts", "itls", "errors")
 Gap = Annotated[float, Field(ge=0, le=1e6, allow_inf_nan=False)]
 # bench_serving writes its default rate, float('inf'), as the bare JSON word Infinity: read as the text "inf"
 _INF_RATE = re.compile(rb'("request_rate"\s*:\s*)Infinity')
+_LATENCY_KEY = re.compile(r"(?P<stat>mean|median|std|p\d+(?:\.\d+)?)_(?P<metric>ttft|tpot|itl|e2el|e2e_latency)_ms")
 
 
 class Run(Export):
@@ -69,21 +73,49 @@ def runs(doc: object, source: str, digest: str, path: Path, data: bytes) -> list
     for i, line in enumerate(lines, 1):
         where = f"{source}: line {i}" if len(lines) > 1 else source
         run = check(Run, line, where)
-        if any(getattr(run, k) is None for k in LISTS):
-            raise BadInput(f"{where}: a summary only, without the per-request lists ({', '.join(LISTS)}): run "
-                           "bench_serving with --output-details (percentiles cannot be rebuilt from a summary)")
+        given = [k for k in LISTS if getattr(run, k) is not None]
+        if given and len(given) < len(LISTS):
+            raise BadInput(f"{where}: some per-request lists but not all: {', '.join(sorted(set(LISTS) - set(given)))}"
+                           " missing (bench_serving --output-details writes all of them)")
         rate = run.request_rate if isinstance(run.request_rate, float) and run.request_rate > 0 else None
+        summary = [] if given else _summary(line, run, where)
         out.append(ToolRun(
             digest=hashlib.sha256(texts[i - 1]).hexdigest() if len(texts) == len(lines) else digest,
-            requests=_columns(run), index=i if len(lines) > 1 else None, rate=rate, users=run.max_concurrency,
+            requests={} if summary else _columns(run), index=i if len(lines) > 1 else None, rate=rate,
+            users=run.max_concurrency,
             profile="bench_serving" + (" max-concurrency" if run.max_concurrency and not rate else ""),
             workload=run.dataset_name, target=run.backend or "",
-            started_at=mtime - run.duration, finished_at=mtime,
-            derived=["e2e_s: ttft + sum(itls)", "tpot_s: sum(itls) / (output_len - 1)",
-                     "run start/finish: the file's modification time less duration (no wall clock in the file)"],
-            missing=["scheduled_at", "sent_at", "first_token_at", "finished_at", "dispatch_lag_s"],
+            started_at=mtime - run.duration, finished_at=mtime, summary=summary,
+            derived=["run start/finish: the file's modification time less duration (no wall clock in the file)"]
+            + ([] if summary else ["e2e_s: ttft + sum(itls)", "tpot_s: sum(itls) / (output_len - 1)"]),
+            missing=(["every request (a summary only: saved without --output-details)"]
+                     + ([] if "failed" in line else ["errors (SGLang's summary counts successes only)"])) if summary
+            else ["scheduled_at", "sent_at", "first_token_at", "finished_at", "dispatch_lag_s"],
             figures={k: getattr(run, k) for k in ("completed", "duration", "request_throughput", "request_rate")}))
     return out
+
+
+def _summary(line: dict, run: Run, where: str) -> list[tuple[str, str, float, str]]:
+    """A line without per-request lists: its own figures (SGLang: mean/median/std/p99 _ttft_ms, _tpot_ms, _itl_ms,
+    _e2e_latency_ms; vLLM: the same with _e2el_ms and p<N>_ for each --metric-percentiles) as run_summaries rows."""
+    f = Figures(where)
+    f.add("requests", "ok", run.completed, "requests")
+    f.add("requests", "errors", line.get("failed"), "requests", name="failed")  # vLLM counts them, SGLang does not
+    f.add("duration", "total", run.duration, "s")
+    for key, stat, unit in (("request_throughput", "requests", "req/s"), ("input_throughput", "input_tokens", "tok/s"),
+                            ("output_throughput", "output_tokens", "tok/s")):
+        f.add("throughput", stat, line.get(key), unit, name=key)
+    f.add("tokens", "input", line.get("total_input_tokens"), "tokens", name="total_input_tokens")
+    f.add("tokens", "output", line.get("total_output_tokens"), "tokens", name="total_output_tokens")
+    for key, value in line.items():
+        m = _LATENCY_KEY.fullmatch(key)
+        if m:
+            stat = {"median": "p50"}.get(m["stat"], m["stat"])
+            f.add({"e2el": "e2e", "e2e_latency": "e2e"}.get(m["metric"], m["metric"]), stat, value, "s", 1e-3, key)
+    if not f.has("ttft") and not f.has("e2e"):
+        raise BadInput(f"{where}: neither per-request lists ({', '.join(LISTS)}) nor latency figures "
+                       "(median_ttft_ms, p99_ttft_ms, ...): not a bench_serving result")
+    return f.rows
 
 
 def _columns(run: Run) -> dict[str, list]:

@@ -46,6 +46,30 @@ class ToolRun:
     derived: list[str] = field(default_factory=list)  # how columns the tool did not write were rebuilt
     missing: list[str] = field(default_factory=list)  # columns left NULL: the tool does not record them
     figures: dict = field(default_factory=dict)  # the tool's own headline figures, kept beside the rows
+    summary: list[tuple[str, str, float, str]] = field(default_factory=list)  # run_summaries rows: no requests
+
+
+LATENCIES = ("ttft", "tpot", "itl", "e2e")  # run_summaries' latency metrics, in seconds
+
+
+class Figures:
+    """A summary-only file's figures as run_summaries rows (metric, stat, value, unit): latencies (LATENCIES, stat
+    mean/p50/p90/p99/std/min/max) in seconds; requests ok/errors; duration total (s); throughput requests (req/s),
+    input_tokens / output_tokens (tok/s); tokens input / output. A value that is not a finite number >= 0 is a
+    bad file (one line)."""
+
+    def __init__(self, where: str):
+        self.where, self.rows = where, []
+
+    def add(self, metric: str, stat: str, value: object, unit: str, scale: float = 1.0, name: str = "") -> None:
+        if value is None:
+            return
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
+            raise BadInput(f"{self.where}: {name or metric + ' ' + stat}: a finite number >= 0, got {value!r}")
+        self.rows.append((metric, stat, float(value) * scale, unit))
+
+    def has(self, metric: str, stat: str | None = None) -> bool:
+        return any(row[0] == metric and stat in (None, row[1]) for row in self.rows)
 
 
 def read_bytes(path: str | Path, what: str) -> tuple[bytes, str]:
@@ -103,9 +127,11 @@ def store_runs(tool: str, path: Path, file_sha256: str, runs: list[ToolRun], dep
             "profile": {"name": r.profile, "params": params},
             "import": {"tool": tool, "tool_version": r.tool_version, "file": path.name, "path": str(path),
                        "sha256": file_sha256, "record": r.index, "record_sha256": r.digest, "imported_at": now,
-                       "requests": len(next(iter(r.requests.values()), [])), "derived": r.derived,
-                       "null": r.missing, "figures": r.figures},
+                       "requests": len(next(iter(r.requests.values()), [])) if not r.summary else
+                       int(sum(row[2] for row in r.summary if row[0] == "requests")),
+                       "summary_only": bool(r.summary), "derived": r.derived, "null": r.missing,
+                       "figures": r.figures},
         }
         out.append({"label": label, "target": r.target, "profile": r.profile, "config": config,
-                    "started_at": started, "finished_at": finished, "requests": r.requests})
+                    "started_at": started, "finished_at": finished, "requests": r.requests, "summary": r.summary})
     return out

@@ -3,7 +3,8 @@
 Each request: request_id, info: {timings: {request_start, first_token_iteration, last_token_iteration,
 request_end}, error, conversation_id, turn_index}, input_metrics / output_metrics: {total_tokens}, or the computed
 prompt_tokens / output_tokens; guidellm 0.2-0.3 reports put start_time, first_token_time, last_token_time,
-end_time on the request itself."""
+end_time on the request itself. A benchmark that kept no requests is a summary-only run from its metrics
+(request_totals, time_to_first_token_ms, inter_token_latency_ms, request_latency, ...: successful distributions)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from pathlib import Path
 from pydantic import Field, model_validator
 
 from bench.errors import BadInput
-from bench.imports.common import Epoch, Export, Tokens, ToolRun, check
+from bench.imports.common import Epoch, Export, Figures, Tokens, ToolRun, check
 
 NAME = "guidellm"
 WHAT = "benchmarks report (guidellm)"
@@ -74,7 +75,9 @@ class Breakdown(Export):
 
 
 class Benchmark(Export):
-    requests: Breakdown
+    requests: Breakdown = Breakdown()
+    metrics: dict = {}
+    request_totals: dict = {}  # {successful, incomplete, errored, total}: here, or in metrics (guidellm >= 0.4)
     config: dict = {}
     args: dict = {}
     start_time: Epoch | None = None
@@ -104,21 +107,61 @@ def runs(doc: object, source: str, digest: str, path: Path, data: bytes = b"") -
         kind = str(strategy.get("type_") or strategy.get("type") or "")
         rate, streams = strategy.get("rate"), strategy.get("streams")
         cols = _columns(bench)
-        if not cols["request_id"]:
-            raise BadInput(f"{source}: benchmarks.{i - 1}.requests: no requests (guidellm saved none for this "
-                           "benchmark)")
+        summary = [] if cols["request_id"] else _summary(bench, f"{source}: benchmarks.{i - 1}")
         out.append(ToolRun(
-            digest=digest if len(report.benchmarks) == 1 else f"{digest}:{i}", requests=cols,
+            digest=digest if len(report.benchmarks) == 1 else f"{digest}:{i}", requests={} if summary else cols,
             index=i if len(report.benchmarks) > 1 else None, tool_version=str(version) if version else None,
             target=str(target or ""), profile=f"guidellm {kind}".strip(),
             rate=float(rate) if isinstance(rate, int | float) and not isinstance(rate, bool) and rate > 0 else None,
             users=int(streams) if isinstance(streams, int) and streams > 0 else None,
-            started_at=bench.start_time, finished_at=bench.end_time,
-            derived=["ttft_s: first token - request start", "e2e_s: request end - request start",
-                     "tpot_s: (last token - first token) / (output tokens - 1)"],
-            missing=["scheduled_at", "dispatch_lag_s", "itl_s (guidellm keeps no per-token times)"],
+            started_at=bench.start_time, finished_at=bench.end_time, summary=summary,
+            derived=["tpot: inter_token_latency_ms ((latency - TTFT) / (output tokens - 1))"] if summary else
+            ["ttft_s: first token - request start", "e2e_s: request end - request start",
+             "tpot_s: (last token - first token) / (output tokens - 1)"],
+            missing=["every request (the report kept only metric summaries)"] if summary else
+            ["scheduled_at", "dispatch_lag_s", "itl_s (guidellm keeps no per-token times)"],
             figures={status: len(getattr(bench.requests, status)) for status in STATUSES}))
     return out
+
+
+# guidellm's GenerativeMetrics (src/guidellm/benchmark/schemas): each a StatusDistributionSummary whose
+# `successful` is {mean, median, std_dev, min, max, count, total_sum, percentiles: {p50, p90, p95, p99, ...}}
+SUMMARY_LATENCIES = {"time_to_first_token_ms": ("ttft", 1e-3), "inter_token_latency_ms": ("tpot", 1e-3),
+                     "request_latency": ("e2e", 1.0)}
+
+
+def _summary(bench: Benchmark, where: str) -> list[tuple[str, str, float, str]]:
+    """A benchmark that kept no requests: its metrics' successful distributions as run_summaries rows."""
+    m = bench.metrics
+
+    def ok(name: str) -> dict:
+        dist = m.get(name) if isinstance(m.get(name), dict) else {}
+        return dist.get("successful") if isinstance(dist.get("successful"), dict) else {}
+
+    f = Figures(where)
+    for name, (metric, scale) in SUMMARY_LATENCIES.items():
+        dist = ok(name)
+        pct = dist.get("percentiles") if isinstance(dist.get("percentiles"), dict) else {}
+        for stat, value in (("mean", dist.get("mean")), ("p50", dist.get("median")), ("std", dist.get("std_dev")),
+                            ("min", dist.get("min")), ("max", dist.get("max")),
+                            *((q, pct.get(q)) for q in ("p90", "p95", "p99"))):
+            f.add(metric, stat, value, "s", scale, f"metrics.{name}.successful.{stat}")
+    totals = m.get("request_totals") if isinstance(m.get("request_totals"), dict) else bench.request_totals
+    f.add("requests", "ok", totals.get("successful"), "requests", name="metrics.request_totals.successful")
+    if "errored" in totals or "incomplete" in totals:
+        f.add("requests", "errors", (totals.get("errored") or 0) + (totals.get("incomplete") or 0), "requests",
+              name="metrics.request_totals.errored")
+    f.add("throughput", "requests", ok("requests_per_second").get("mean"), "req/s", name="requests_per_second")
+    f.add("throughput", "output_tokens", ok("output_tokens_per_second").get("mean"), "tok/s",
+          name="output_tokens_per_second")
+    f.add("tokens", "input", ok("prompt_token_count").get("total_sum"), "tokens", name="prompt_token_count")
+    f.add("tokens", "output", ok("output_token_count").get("total_sum"), "tokens", name="output_token_count")
+    if bench.start_time and bench.end_time and bench.end_time >= bench.start_time:
+        f.add("duration", "total", bench.end_time - bench.start_time, "s")
+    if not f.has("requests", "ok") or not f.has("ttft"):
+        raise BadInput(f"{where}: no requests and no metrics summary (request_totals, time_to_first_token_ms): "
+                       "guidellm saved nothing to import for this benchmark")
+    return f.rows
 
 
 def _columns(bench: Benchmark) -> dict[str, list]:

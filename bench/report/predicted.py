@@ -30,7 +30,9 @@ def measured_vs_predicted(con: duckdb.DuckDBPyConnection, run_id: str, slo: Slo 
     if not (cfg["model"] and cfg["gpu"] and cfg["tp"] and s["ok"]):
         out["why_not"] = "the run does not say its model, GPU or tp, or it has no successful requests"
         return out
-    rate = cfg["rate"] or s["achieved_rate_rps"]
+    # a summary-only import (its tool's figures, no send times): the rate it served stands for the rate sent
+    served = s["throughput_rps"] if s.get("summary_only") else None
+    rate = cfg["rate"] or s["achieved_rate_rps"] or served
     try:
         dep = cap.Deployment(catalog.model(cfg["model"]), catalog.gpu(cfg["gpu"]), cfg["tp"],
                              kv_dtype=cfg["kv_dtype"] or "bf16", weights=cfg["weights"] or "native")
@@ -45,12 +47,13 @@ def measured_vs_predicted(con: duckdb.DuckDBPyConnection, run_id: str, slo: Slo 
         wl = fixed_workload(max(1, round((s["input_tokens"] or 0) / s["ok"])),
                             max(1, round((s["output_tokens"] or 0) / s["ok"])))
     scale = s["time_scale"]  # a twin at time_scale k runs k times faster than the modelled GPUs
-    rate = cfg["rate"] / scale if cfg["rate"] else s["achieved_rate_rps"]
+    rate = cfg["rate"] / scale if cfg["rate"] else s["achieved_rate_rps"] or served
     p = simulate.run(dep, wl, rate, max(1, s["measured"]), min_seconds=0)
     out["predicted"], out["workload"], out["steady"] = p, wl.name, s["measured"] >= STEADY_REQUESTS
     at_capacity = not cfg["rate"] or p.achieved_rps < CAPACITY * rate
     for name, figure, measured, predicted in (
-        ("output tokens/s", "output_tok_s", _per(runinfo.window_output_tps(con, run_id), scale), p.output_tok_s),
+        ("output tokens/s", "output_tok_s", s["output_tps"] if served else
+         _per(runinfo.window_output_tps(con, run_id), scale), p.output_tok_s),
         ("TPOT p50 (ms)", "tpot_ms", _ms(s["tpot_p50"]), p.tpot_p50 * 1e3),
         ("TTFT p50 (ms)", "ttft_ms", _ms(s["ttft_p50"]), p.ttft_p50 * 1e3),
     ):

@@ -198,20 +198,25 @@ def print_points(points: list[tuple[str, Point]], slo: Slo, dep: Deployment, wl:
 
 def runs_table(runs: pd.DataFrame):
     """`capbench runs` as a rich table, newest first: each run's identity (identity.runs_display: the columns every
-    run table shows), its status, duration and request counts."""
+    run table shows), its status, duration, request counts, throughput (successful requests/s) and TTFT p99 (a
+    twin's in the modelled GPUs' time; a summary-only import's as its tool reported them)."""
     from bench.store import identity
 
     shown = identity.runs_display(runs)
     left = ["run id", *identity.IDENTITY_COLUMNS, "label", "status"]
     table = Table(*(Column(c, no_wrap=True) for c in left),
-                  *(Column(c, justify="right", no_wrap=True) for c in ("duration", "requests", "errors")),
+                  *(Column(c, justify="right", no_wrap=True) for c in ("duration", "requests", "errors", "req/s",
+                                                                       "TTFT p99")),
                   box=box.SIMPLE_HEAD, pad_edge=False)
     if runs.empty:
         table.caption = "no runs yet"
     for r, (_, row) in zip(runs.itertuples(), shown.iterrows(), strict=True):
         duration = "" if pd.isna(r.finished_at) else f"{r.finished_at - r.started_at:,.0f} s"
+        k = float(getattr(r, "time_scale", 1) or 1) if bool(getattr(r, "twin", False)) else 1.0
+        rps, ttft = getattr(r, "throughput_rps", None), getattr(r, "ttft_p99_s", None)
         table.add_row(r.run_id, *(str(row[c]) for c in identity.IDENTITY_COLUMNS), r.label or "", r.status,
-                      duration, f"{r.requests:,}", f"{r.errors:,}")
+                      duration, f"{int(r.requests):,}", "" if pd.isna(r.errors) else f"{int(r.errors):,}",
+                      "" if pd.isna(rps) else f"{rps / k:,.2f}", "" if pd.isna(ttft) else f"{ttft * k * 1000:,.0f} ms")
     return table
 
 

@@ -42,6 +42,7 @@ import pyarrow as pa
 
 from bench import __version__
 from bench.errors import BadInput
+from bench.store.histogram import bucket_value
 from bench.store.schema import INTEGRITY_SCHEMA, MIGRATIONS, SCHEMA_VERSION
 
 log = logging.getLogger(__name__)
@@ -170,15 +171,38 @@ class Store:
             con.execute("COMMIT")
 
     def runs(self) -> pd.DataFrame:
-        """All runs, newest first, with their request counts."""
+        """All runs, newest first, with their request counts, throughput (successful measured requests per second)
+        and TTFT p99 (seconds, from the latency histograms; a summary-only import's: the tool's own figures, errors
+        NULL where the tool counted successes only)."""
         with self.connect() as con:
-            return con.execute("""
+            runs = con.execute("""
+                WITH t AS (SELECT run_id, bucket, sum(n) AS n FROM latency_hist WHERE metric = 'ttft' GROUP BY ALL),
+                c AS (SELECT run_id, bucket, sum(n) OVER (PARTITION BY run_id ORDER BY bucket) AS cum,
+                             sum(n) OVER (PARTITION BY run_id) AS total FROM t)
                 SELECT r.run_id, r.label, r.target, r.profile, r.status, r.started_at, r.finished_at,
-                       coalesce(q.n, 0) AS requests, coalesce(q.errors, 0) AS errors, r.capbench_version, r.config
+                       coalesce(q.n, s.n, 0) AS requests,
+                       CASE WHEN q.n IS NULL AND s.n IS NOT NULL THEN s.errors ELSE coalesce(q.errors, 0) END AS errors,
+                       r.capbench_version, r.config, coalesce(q.ok / nullif(q.span, 0), s.rps) AS throughput_rps,
+                       h.bucket AS ttft_p99_bucket, s.ttft_p99
                 FROM runs r LEFT JOIN (
-                    SELECT run_id, sum(n)::BIGINT AS n, (sum(n) FILTER (WHERE status <> 'ok'))::BIGINT AS errors
+                    SELECT run_id, sum(n)::BIGINT AS n, (sum(n) FILTER (WHERE status <> 'ok'))::BIGINT AS errors,
+                           sum(n) FILTER (WHERE phase = 'measured' AND status = 'ok') AS ok,
+                           max(last_finished) FILTER (WHERE phase = 'measured')
+                           - min(first_due) FILTER (WHERE phase = 'measured') AS span
                     FROM request_stats GROUP BY run_id) q USING (run_id)
+                LEFT JOIN (
+                    SELECT run_id, (sum(value) FILTER (WHERE metric = 'requests'))::BIGINT AS n,
+                           (sum(value) FILTER (WHERE metric = 'requests' AND stat = 'errors'))::BIGINT AS errors,
+                           any_value(value) FILTER (WHERE metric = 'throughput' AND stat = 'requests') AS rps,
+                           any_value(value) FILTER (WHERE metric = 'ttft' AND stat = 'p99') AS ttft_p99
+                    FROM run_summaries GROUP BY run_id) s USING (run_id)
+                LEFT JOIN (SELECT run_id, min(bucket) AS bucket FROM c WHERE cum >= 0.99 * total GROUP BY run_id) h
+                    USING (run_id)
                 ORDER BY r.started_at DESC""").df()
+        bucket = runs.pop("ttft_p99_bucket")
+        hist = pd.Series(bucket_value(bucket.fillna(0).astype("int64").to_numpy()), index=runs.index)
+        runs["ttft_p99_s"] = runs.pop("ttft_p99").fillna(hist.where(bucket.notna()))
+        return runs
 
     def add_drift(self, rows: list[dict]) -> None:
         """Quality-drift rows (bench/drift.py rows_for_store): a few per prompt, written in one transaction."""

@@ -128,6 +128,31 @@ def summary(con: duckdb.DuckDBPyConnection, run_id: str, slo: Slo | None = None)
     turns = by_turn(con, run_id)
     if turns:
         out["by_turn"] = turns
+    out.update(tool_summary(con, run_id) or {})
+    return out
+
+
+def tool_summary(con: duckdb.DuckDBPyConnection, run_id: str) -> dict | None:
+    """A summary-only import's figures as summary() names them (run_summaries: the tool's own counts, rates and
+    percentiles), summary_only the line per-request views show instead of empty charts; None for a run with its
+    requests. What the tool did not report stays None: errors where it
+    counted successes only, send rate, goodput and SLO attainment (they need each request)."""
+    rows = con.execute("SELECT metric, stat, value FROM run_summaries WHERE run_id = ?", [run_id]).fetchall()
+    if not rows:
+        return None
+    f = {(metric, stat): value for metric, stat, value in rows}
+    ok, errors = f.get(("requests", "ok")), f.get(("requests", "errors"))
+    answered = None if ok is None else ok + (errors or 0)
+    out = {"summary_only": f"summary only: {int(answered or 0):,} requests, percentiles from the tool",
+           "requests": int(answered or 0), "measured": int(answered or 0),
+           "ok": int(ok or 0), "errors": None if errors is None else int(errors),
+           "success_rate": ok / answered if errors is not None and answered else None,
+           "duration_s": f.get(("duration", "total")), "achieved_rate_rps": None, "goodput_rps": None,
+           "slo_attainment": None, "throughput_rps": f.get(("throughput", "requests")),
+           "input_tps": f.get(("throughput", "input_tokens")), "output_tps": f.get(("throughput", "output_tokens")),
+           "input_tokens": f.get(("tokens", "input")), "output_tokens": f.get(("tokens", "output"))}
+    out.update({f"{m}_p{q}": f.get((m, f"p{q}")) for m in ("ttft", "tpot", "itl", "e2e") for q in QUANTILES})
+    out.update({f"{m}_mean": f[(m, "mean")] for m in ("ttft", "tpot", "itl", "e2e") if (m, "mean") in f})
     return out
 
 

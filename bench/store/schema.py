@@ -86,6 +86,11 @@ MIGRATIONS: list[tuple[int, str, list[str]]] = [
         "ALTER TABLE requests ADD COLUMN target VARCHAR",
         "ALTER TABLE gpu_samples ADD COLUMN node VARCHAR",
     ]),
+    (10, "run_summaries: a run imported from a file that holds only the tool's summary (capbench import): its "
+         "figures as the tool computed them, one row per metric and statistic, times in seconds", [
+        """CREATE TABLE run_summaries (
+            run_id VARCHAR NOT NULL, metric VARCHAR NOT NULL, stat VARCHAR NOT NULL, value DOUBLE, unit VARCHAR)""",
+    ]),
 ]
 # What the writer appends to request_stats for each flushed batch (the batch is registered as capbench_batch).
 STATS_FROM_BATCH = """INSERT INTO request_stats
@@ -96,7 +101,7 @@ STATS_FROM_BATCH = """INSERT INTO request_stats
 
 SCHEMA_VERSION = MIGRATIONS[-1][0]
 RUN_TABLES = ("runs", "requests", "gpu_samples", "server_samples", "integrity_events", "drift", "eval_answers",
-              "eval_positions")
+              "eval_positions", "run_summaries")
 
 # Arrow schemas of what the writer appends; tests check they match the tables column for column.
 REQUESTS_SCHEMA = pa.schema([

@@ -277,7 +277,8 @@ def _histograms(run_id: str, requests: pa.Table) -> pa.Table:
 def write_imported_runs(store: Store, runs: list[dict]) -> list[tuple[str, bool]]:
     """Finished runs made by another tool (capbench import), each with all its requests, in ONE transaction: if any
     part fails nothing of any of them is stored. Each dict: label, target, profile, config (its import.record_sha256
-    the record's digest), started_at, finished_at, requests (columns of the requests table). A record already
+    the record's digest), started_at, finished_at, requests (columns of the requests table; empty where the file
+    holds only a summary) and summary ((metric, stat, value, unit) rows of run_summaries, or none). A record already
     imported (the same digest) is left alone. Returns (run id, True if stored now / False if it was there)."""
     out: list[tuple[str, bool]] = []
     with store.connect() as con:
@@ -297,14 +298,18 @@ def write_imported_runs(store: Store, runs: list[dict]) -> list[tuple[str, bool]
                             [run_id, run["label"], run["target"], run["profile"],
                              json.dumps(_redact(run["config"]), sort_keys=True, default=str), run["started_at"],
                              run["finished_at"], __version__, os.getpid()])
-                batch = _derive(_conform(pa.table(run["requests"]), REQUESTS_SCHEMA, run_id))
-                for name, table in (("requests", batch), ("latency_hist", _histograms(run_id, batch))):
-                    con.register("capbench_batch", table)
-                    con.execute(f"INSERT INTO {name} BY NAME SELECT * FROM capbench_batch")
-                    if name == "requests":
-                        con.execute(STATS_FROM_BATCH)
-                    con.unregister("capbench_batch")
-                _compact(con, run_id)
+                if run.get("summary"):
+                    con.executemany("INSERT INTO run_summaries VALUES (?, ?, ?, ?, ?)",
+                                    [[run_id, *row] for row in run["summary"]])
+                if run["requests"]:
+                    batch = _derive(_conform(pa.table(run["requests"]), REQUESTS_SCHEMA, run_id))
+                    for name, table in (("requests", batch), ("latency_hist", _histograms(run_id, batch))):
+                        con.register("capbench_batch", table)
+                        con.execute(f"INSERT INTO {name} BY NAME SELECT * FROM capbench_batch")
+                        if name == "requests":
+                            con.execute(STATS_FROM_BATCH)
+                        con.unregister("capbench_batch")
+                    _compact(con, run_id)
                 out.append((run_id, True))
         except BaseException:
             con.execute("ROLLBACK")

@@ -46,6 +46,9 @@ sums = {r: common.read(runinfo.summary, r, slo) for r in chosen}
 if any(sums[r]["time_scale"] != 1 for r in chosen):
     st.caption("Twin runs are shown in the modelled GPUs' time (a twin at time_scale k ran k times faster: its rates "
                "/ k, its latencies x k, the SLO judged on that time).")
+for r in (r for r in chosen if sums[r].get("summary_only")):  # capbench import of a file without requests
+    st.caption(common.md_text(f"{shorts[r]}: {sums[r]['summary_only']} (no send rate, goodput or SLO attainment: "
+                              "they judge each request)."))
 
 
 POOL = "KV pool tokens (model)"

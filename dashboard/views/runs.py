@@ -94,6 +94,10 @@ if len(curve) > 1:  # a sweep, or other runs of this deployment and workload at 
 pct = runinfo.percentile_rows(s)
 if not pct.empty:
     common.chart(st, charts.latency_percentiles(pct))
+if s.get("summary_only"):  # imported from a tool's summary: no request to chart
+    st.info(s["summary_only"].capitalize() + ": the file held no per-request times, so there are no distributions "
+            "or time series to show.")
+    st.stop()
 dists = {m: common.read(runinfo.distribution, run_id, m) for m in ("ttft", "itl", "e2e")}
 c1, c2 = st.columns(2)
 for col, metric, title, unit in ((c1, "ttft", "Time to first token", "requests"),
