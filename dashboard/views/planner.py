@@ -18,8 +18,8 @@ from dashboard import common
 from dashboard.common import fmt
 
 st.title("Planner")
-st.caption("SGLang 0.5.23's memory arithmetic and capbench simulate's scheduler on the roofline performance model: "
-           "no GPU, no runs needed.")
+st.caption("SGLang 0.5.23's memory arithmetic and capbench simulate's scheduler, each step priced from published "
+           "per-kernel SGLang measurements (the roofline where none exist, said per answer): no GPU, no runs needed.")
 
 models, gpus = catalog.models(), catalog.gpus()
 c1, c2, c3, c4 = st.columns(4)
