@@ -33,7 +33,8 @@ def option_bars(df: pd.DataFrame, field: str, title: str, fmt: str = ",.0f", gai
     top = float(df[field].max()) or 1.0
     bars = _base(df).mark_bar().encode(
         y=alt.Y("config:N", title=None, sort=None, axis=alt.Axis(labelLimit=260)),
-        x=alt.X(f"{field}:Q", title=title, scale=alt.Scale(domain=[0, top * 1.5], nice=False)),
+        x=alt.X(f"{field}:Q", title=title, scale=alt.Scale(domain=[0, top * 1.5], nice=False),
+                axis=alt.Axis(format=",.0f" if top >= 1e3 else ",.4~g", tickCount=6, labelOverlap=True)),
         color=alt.condition(f"datum.{highlight}", alt.value("#e45756"), alt.value("#4c78a8"))
         if highlight in df else alt.value("#4c78a8"),
         tooltip=["config", alt.Tooltip(f"{field}:Q", format=fmt)],

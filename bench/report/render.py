@@ -35,7 +35,8 @@ SECTIONS = {
     "load": "Latency against load (the recommended configuration)",
     "pareto": "Every configuration that meets the SLO: throughput, speed and cost",
     "gpus": "Each other GPU's cheapest configuration (catalog prices)",
-    "formats": "Expert weight formats on this GPU (tok/s and $ per 1M: roofline model)",
+    "formats": ("Expert weight formats on this GPU (tok/s and $ per 1M: the performance model, kernel tables where "
+                "measured, else the roofline)"),
     "measured": "Measured results",
     "vs": "Predicted vs measured",
     "repeats": "Repeated runs: 90 % intervals across each repeat group",

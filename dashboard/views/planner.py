@@ -147,7 +147,7 @@ st.caption(f"At {four[0].config.gpu.upper()} {four[0].config.parallelism()} (the
            f"against {four[0].short_label}. Red: your choice." if four else "No configuration was simulated.")
 df = pd.DataFrame(rows)
 if four:
-    left, right = st.columns(2)
+    left = right = st.container()  # one chart a row: in two columns the value labels and titles were cut off
     common.chart(left, charts.option_bars(df, "kv_pool_tokens", "KV pool tokens", gain_field="kv_pool_tokens_gain"))
     common.chart(right, charts.option_bars(df, "concurrent_seqs_at_context", f"Sequences at {int(context):,} tokens",
                                            gain_field="concurrent_seqs_at_context_gain"))
@@ -168,8 +168,9 @@ def formats_for(q: Question) -> tuple[list[str], list[list[str]]]:
 
 st.subheader(f"Expert weight formats on {gpus[gpu_id].name}")
 st.caption("Each format at your TP and KV dtype: memory, KV room, and output tokens/s and $ per 1M at your SLO from "
-           "the roofline model; the planner searches only formats this GPU runs with a real SGLang kernel and that "
-           "ship or capbench makes (`capbench formats`).")
+           "the performance model (kernel tables where measured, else the roofline: `capbench formats` says which); "
+           "the planner searches only formats this GPU runs with a real SGLang kernel and that ship or capbench "
+           "makes.")
 head, body = formats_for(q)
 st.dataframe(pd.DataFrame(body, columns=head), hide_index=True, key="formats_table")
 for note in plan.notes:
