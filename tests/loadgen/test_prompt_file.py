@@ -81,9 +81,11 @@ def test_seconds_timestamps_from_a_workload_yaml_and_speedup(tmp_path):
     with duckdb.connect(str(tmp_path / "c.duckdb"), read_only=True) as con:
         due = [r[0] for r in con.execute("SELECT scheduled_at FROM requests ORDER BY scheduled_at").fetchall()]
     assert [round(d - due[0], 6) for d in due] == [0.0, 0.25, 0.75, 0.8]
-    assert [e["body"]["messages"][0]["content"] for e in sorted(log, key=lambda e: e["arrived"])] == \
-        ["q0", "q1", "q2", "q3"]
-    assert all(e["arrived"] >= d for e, d in zip(sorted(log, key=lambda e: e["arrived"]), due, strict=True))
+    # each row not sent before its own timestamp (arrival order is not asserted: on a loaded host the first request's
+    # connection can take longer than the 0.25 s to the second's)
+    arrived = {e["body"]["messages"][0]["content"]: e["arrived"] for e in log}
+    assert sorted(arrived) == ["q0", "q1", "q2", "q3"]
+    assert all(arrived[f"q{k}"] >= d for k, d in enumerate(due)), (arrived, due)
 
 
 BAD = [
