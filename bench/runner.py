@@ -249,6 +249,8 @@ def _drive(opts: RunOptions, prof: profiles.Profile, config: dict, run_id: str, 
     finally:
         for r, _ in pipes:
             os.close(r)
+    if opts.gpu_metrics:  # the GPU nodes' telemetry from the first request on, not from when the recorder got going
+        recorder.wait_ready(60.0)
     collector = Collector(recorder)
     collector.inflight = (lambda: [r for recs in collector.inflight_by_worker.values() for r in recs]) if distributed \
         else (lambda: list(getattr(getattr(env, "capbench_plan", None), "inflight", {}).values()))

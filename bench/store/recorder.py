@@ -39,6 +39,7 @@ from bench.store.writer import BatchedWriter
 
 HELD_DB_WAIT_S = 3600.0  # how long the run's rows wait for a reader that holds the file (saying so every few s)
 FEEDS_ENV = "CAPBENCH_RECORDER_FEEDS"  # the read ends of the local workers' pipes, comma-separated fds
+READY = b'{"ready": true}'  # the recorder's first line when it scrapes GPU nodes (Recorder.wait_ready)
 GPU_METRICS_ENV = "CAPBENCH_RECORDER_GPU_METRICS"  # {"urls": [...], "interval_s": s}: nodes.NodeSampler's
 FEED_AFTER_CLOSE_S = 30.0  # after the runner's close, how long a worker's pipe may stay open (the runner reaps
 # its workers before it closes: this bounds only a worker that hangs)
@@ -66,6 +67,16 @@ class Recorder:
         from gevent.lock import BoundedSemaphore
 
         self.writing = BoundedSemaphore()  # users announce requests from many greenlets: one frame at a time
+        self._early = b""
+
+    def wait_ready(self, timeout_s: float) -> bool:
+        """Until the recorder's node samplers run (it says so when given --gpu-metrics), so that their scrapes
+        cover the load from its first request; False after timeout_s (a recorder waiting for a held DB file)."""
+        from gevent import Timeout
+
+        with Timeout(timeout_s, False):
+            self._early = self.proc.stdout.readline()
+        return self._early.strip() == READY
 
     def send(self, rows: list[dict], inflight: list[dict] | None = None) -> None:
         msg = {"rows": rows} if inflight is None else {"rows": rows, "inflight": inflight}
@@ -105,10 +116,10 @@ class Recorder:
             self.proc.stdin.close()
         except OSError:
             pass
-        out = self.proc.stdout.read()
+        lines = [ln for ln in (self._early + self.proc.stdout.read()).splitlines() if ln.strip() not in (b"", READY)]
         said: dict = {}
         try:
-            said = json.loads(out)
+            said = json.loads(lines[-1]) if lines else {}
         except ValueError:
             pass
         self.said = said  # the recorder's last word: rows written, and why it stopped if it did
@@ -189,6 +200,7 @@ def main() -> None:
     if nodes.get("urls"):
         samplers.append(NodeSampler(nodes["urls"], writer.add_gpu_sample, writer.add_server_sample,
                                     nodes.get("interval_s", 1.0)).start())
+        print(READY.decode(), flush=True)  # the runner waits for it: the nodes' scrapes cover the whole load
     inputs = _inputs()
     open_inputs: int = inputs.open  # type: ignore[attr-defined]
     inflight: dict[str, dict] = {}
