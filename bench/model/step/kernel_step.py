@@ -129,6 +129,12 @@ class KernelStep:
     def allreduce(self, tokens: float, graph: bool) -> float:
         if self.attn_tp <= 1 or tokens <= 0:
             return 0.0
+        key = ("all-reduce", tokens, graph)  # exact: decode steps of one batch size repeat it
+        if key not in self._memo:
+            self._memo[key] = self._allreduce(tokens, graph)
+        return self._memo[key]
+
+    def _allreduce(self, tokens: float, graph: bool) -> float:
         nbytes = tokens * self.dep.model.hidden_size * 2
         got = kernels.allreduce_time(self.gpu, self.attn_tp, nbytes, graph, self.version)
         return self._op("all-reduce", got, f"all-reduce over {self.attn_tp} on {self.gpu}",

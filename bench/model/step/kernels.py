@@ -44,6 +44,12 @@ def _table(name: str):
     return pq.read_table(path) if path.is_file() else None
 
 
+def load_tables() -> None:
+    """Read every kernel table now: a search reads them before it forks its workers, which then share them."""
+    for name in ("attention", "moe", "gemm", "comm"):
+        _table(name)
+
+
 @cache
 def versions(gpu: str, name: str) -> tuple[str, ...]:
     t = _table(name)
@@ -119,10 +125,21 @@ class Surface:
         return math.exp(math.log(y0) + w * (math.log(y1) - math.log(y0))), o0 or o1 or t < la[0] or t > la[-1]
 
 
+@cache
+def _measured(name: str, gpu: str, sglang: str):
+    """One GPU's rows of one SGLang version: a search asks the table hundreds of times, each for one of these."""
+    t = _table(name)
+    return t.filter(pc.and_(pc.equal(t["gpu"], gpu), pc.equal(t["sglang"], sglang)))
+
+
 def _rows(name: str, **eq) -> dict[str, list]:
     t = _table(name)
     if t is None:
         return {}
+    if "gpu" in eq and "sglang" in eq:
+        t = _measured(name, eq.pop("gpu"), eq.pop("sglang"))
+        if not eq:
+            return t.to_pydict()
     mask = None
     for col, val in eq.items():
         m = pc.equal(t[col], val)
