@@ -94,6 +94,14 @@ class KernelStep:
             self._memo[key] = self._gemm(g, rows)
         return self._memo[key]
 
+    def gemms(self, part: str, rows: float) -> float:
+        """The sum of one part's GEMMs (attn, shared, dense) at `rows`: each GEMM is memoised by its rounded rows
+        and called from this part only, so the sum is too (one lookup a step instead of one a GEMM)."""
+        key = ("sum", part, round(rows, 1))
+        if key not in self._memo:
+            self._memo[key] = sum(self.gemm(g, rows) for g in getattr(self, part))
+        return self._memo[key]
+
     def _gemm(self, g: Gemm, rows: float) -> float:
         if not TABLE_GEMMS:
             return self.fallback(g.name, {"rows": rows, "n": g.n, "k": g.k, "fmt": g.fmt})
@@ -154,9 +162,7 @@ class KernelStep:
         if rank_prefill > 0:
             equal = max(rank_prefill, (2 * rank_pairs) ** 0.5)  # one prompt of as many causal pairs
             attn += self.attention("prefill", 1, equal, {"pairs": rank_pairs}) * rank_pairs / (equal * equal / 2)
-        proj = sum(self.gemm(g, group) for g in self.attn)
-        shared = sum(self.gemm(g, tokens) for g in self.shared)
-        dense = sum(self.gemm(g, tokens) for g in self.dense)
+        proj, shared, dense = self.gemms("attn", group), self.gemms("shared", tokens), self.gemms("dense", tokens)
         comm = 2 * self.allreduce(group, graph)
         return {"attention": self.layers * attn, "gemm": self.layers * proj + self.moe_layers * shared
                 + self.dense_layers * dense + self.gemm(self.lm_head, samples),
