@@ -12,7 +12,7 @@ process with an empty cache of its own and the shipped answers switched off: wha
 nobody asked before.
 
     python -m bench.benchmarks.plan_bench [--rate 20] [--previous 1638ddf] [--skip-previous] [--planner]
-    python -m bench.benchmarks.plan_bench --cold-questions
+    python -m bench.benchmarks.plan_bench --cold-questions [--against main]
 """
 
 from __future__ import annotations
@@ -60,12 +60,13 @@ def main() -> None:
     ap.add_argument("--planner", action="store_true", help="time the Planner page too (Streamlit AppTest)")
     ap.add_argument("--cold-questions", action="store_true",
                     help="time three questions outside the shipped answers, each cold (empty cache, none shipped)")
+    ap.add_argument("--against", help="with --cold-questions: time each question on this git revision's tree too")
     a = ap.parse_args()
     load = os.getloadavg()
     print(f"machine: {os.cpu_count()} CPUs, load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} (other work "
           f"running makes every figure slower)")
     if a.cold_questions:
-        _cold_questions()
+        _cold_questions(a.against)
         return
     print(f"capbench plan --model kimi-k2-thinking --workload chat --rate {a.rate:g} --slo ttft=2s,tpot=50ms,p=90")
     rows = []
@@ -89,14 +90,23 @@ def main() -> None:
         _planner()
 
 
-def _cold_questions() -> None:
-    """Each question of COLD_QUESTIONS in its own process, with an empty cache and no shipped answers."""
-    print(f"{'capbench plan (cold: empty cache, CAPBENCH_SHIPPED_CACHE=0)':<64} {'wall':>8} {'CPU':>8}   recommended")
-    for model, wl, rate, slo in COLD_QUESTIONS:
-        with tempfile.TemporaryDirectory(prefix="capbench-plan-bench-") as tmp:
-            wall, cpu, rec = _plan(rate, tmp, False, model=model, workload=wl, slo=slo)
-        print(f"{f'--model {model} --workload {wl} --rate {rate:g} --slo {slo}':<64} {wall:7.1f}s {cpu:7.1f}s   {rec}",
-              flush=True)
+def _cold_questions(against: str | None) -> None:
+    """Each question of COLD_QUESTIONS in its own process, with an empty cache and no shipped answers; with
+    `against`, on that revision's tree first (the same question, the same load, back to back)."""
+    print(f"{'capbench plan (cold: empty cache, CAPBENCH_SHIPPED_CACHE=0)':<72} {'wall':>8} {'CPU':>8}   recommended")
+    with tempfile.TemporaryDirectory(prefix="capbench-plan-bench-") as tmp:
+        trees: list[tuple[str, Path | None]] = [("today", None)]
+        if against:
+            tree = Path(tmp) / "against"
+            tree.mkdir()
+            archive = subprocess.run(["git", "archive", against], cwd=ROOT, capture_output=True, check=True)
+            subprocess.run(["tar", "-x", "-C", str(tree)], input=archive.stdout, check=True)
+            trees.insert(0, (against, tree))
+        for i, (model, wl, rate, slo) in enumerate(COLD_QUESTIONS):
+            for name, tree in trees:
+                wall, cpu, rec = _plan(rate, f"{tmp}/c{i}{name}", False, tree, model, wl, slo)
+                what = f"{name}: --model {model} --workload {wl} --rate {rate:g} --slo {slo}"
+                print(f"{what:<72} {wall:7.1f}s {cpu:7.1f}s   {rec}", flush=True)
 
 
 def _planner() -> None:
