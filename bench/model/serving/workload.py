@@ -156,7 +156,7 @@ def _prompt(wl: Workload, i: int, rng: random.Random, sessions: _Sessions | None
 
 
 _bursts: dict[tuple, list[tuple]] = {}  # the screen's bursts: every configuration of a plan gets the same requests
-BURST_CACHE = 1000  # bursts of up to this many requests are kept
+BURST_CACHE, BURSTS_KEPT = 1000, 8  # bursts of up to this many requests are kept, the last used ones (~20 MB each)
 
 
 def make_requests(wl: Workload, rate: float, n: int, seed: int, block: int, context: int) -> list[Request]:
@@ -164,9 +164,10 @@ def make_requests(wl: Workload, rate: float, n: int, seed: int, block: int, cont
     if 0 < rate < math.inf or n > BURST_CACHE:
         return [Request(*r) for r in _drawn(wl, rate, n, seed, block, context)]
     key = (json.dumps(wl.to_dict(), sort_keys=True, default=str), n, seed, block, context)
-    if key not in _bursts:
-        _bursts[key] = _drawn(wl, rate, n, seed, block, context)
-    return [Request(*r) for r in _bursts[key]]  # fresh requests: the scheduler changes them
+    burst = _bursts[key] = _bursts.pop(key, None) or _drawn(wl, rate, n, seed, block, context)
+    while len(_bursts) > BURSTS_KEPT:
+        del _bursts[next(iter(_bursts))]  # the least recently used
+    return [Request(*r) for r in burst]  # fresh requests: the scheduler changes them
 
 
 def _drawn(wl: Workload, rate: float, n: int, seed: int, block: int, context: int) -> list[tuple]:

@@ -110,6 +110,9 @@ def test_a_burst_is_drawn_once_and_each_run_gets_fresh_requests(monkeypatch):
     assert any(r.prompt_keys for r in drawn)  # sessions share blocks: the keys are compared, not empty lists
     paced = make_requests(wl, 2.0, 80, 0, 32, 200_000)
     assert paced[-1].arrival > 0 and len(workload._bursts) == 1  # Poisson arrivals are drawn every time
+    for context in range(100_000, 100_000 + 2 * workload.BURSTS_KEPT):  # a Planner asks on and on: memory bounded
+        make_requests(wl, math.inf, 80, 0, 32, context)
+    assert len(workload._bursts) == workload.BURSTS_KEPT
 
 
 @pytest.mark.slow
