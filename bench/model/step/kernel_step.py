@@ -77,6 +77,7 @@ class KernelStep:
         self.layers, self.dense_layers = m.layers, m.first_dense_layers
         self.moe_layers = m.layers - m.first_dense_layers
         self._memo: dict[tuple, float] = {}  # a GEMM's or the MoE's seconds by rows: decode steps repeat them
+        self._surfaces: dict[str, tuple | None] = {}  # attention's measured surface by phase
 
     # ---- one operator: the table, else the roofline (said once per operator)
     def _op(self, name: str, got: tuple[float, str] | None, what: str, args: dict) -> float:
@@ -111,7 +112,13 @@ class KernelStep:
     def attention(self, phase: str, batch: float, length: float, args: dict) -> float:
         if batch <= 0 or length <= 0:
             return 0.0
-        m = self.dep.model
+        m, name = self.dep.model, f"attention {phase}"
+        if phase not in self._surfaces:  # looked up once: a step asks for it every time
+            self._surfaces[phase] = kernels.attention_surface(m, self.gpu, self.backend, self.dep.kv_dtype, phase,
+                                                              self.attn_tp, self.version)
+        surface = self._surfaces[phase]
+        if surface is not None and name in self.sources:  # said already: only the time is new
+            return surface[0](max(batch, 1), max(length, 1))[0]
         got = kernels.attention_time(m, self.gpu, self.backend, self.dep.kv_dtype, phase, batch, length, self.attn_tp,
                                      self.version)
         what = f"{self.backend} {m.attention.upper()} {phase} with {self.dep.kv_dtype} KV on {self.gpu}"

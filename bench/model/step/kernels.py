@@ -174,15 +174,21 @@ def attention_time(model: Model, gpu: str, backend: str, kv_dtype: str, phase: s
                    attn_tp: int, version: str | None = None) -> tuple[float, str] | None:
     """One layer's attention of `batch` sequences of `length` tokens (decode: KV tokens each; prefill: new tokens
     each, no cached prefix) on one GPU of an attention-TP group of attn_tp. None: no table for it."""
-    heads = model.attention_heads // attn_tp
-    kv_heads = 1 if model.attention == "mla" else max(1, model.kv_heads // attn_tp)
-    kv = "fp8_e4m3" if kv_dtype.startswith("fp8") else "bf16"
-    series = _attention_series(gpu, model.attention, phase, backend, kv, heads, kv_heads, version)
+    series = attention_surface(model, gpu, backend, kv_dtype, phase, attn_tp, version)
     if series is None:
         return None
     s, label = series
     y, out = s(max(batch, 1), max(length, 1))
     return y, label + ("; extrapolated beyond the table" if out else "")
+
+
+def attention_surface(model: Model, gpu: str, backend: str, kv_dtype: str, phase: str, attn_tp: int,
+                      version: str | None = None) -> tuple[Surface, str] | None:
+    """attention_time's measured surface over (batch, length) and where it comes from; None: no table for it."""
+    heads = model.attention_heads // attn_tp
+    kv_heads = 1 if model.attention == "mla" else max(1, model.kv_heads // attn_tp)
+    kv = "fp8_e4m3" if kv_dtype.startswith("fp8") else "bf16"
+    return _attention_series(gpu, model.attention, phase, backend, kv, heads, kv_heads, version)
 
 
 @cache
