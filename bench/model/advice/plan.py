@@ -209,7 +209,7 @@ def _backends(q: Question, b: Config) -> list[Config]:
     for kv in ("fp8_e4m3",):
         default = backend.launch_backend(model, gpu, kv, b.tp)
         searched = set(formats.searched(model, gpu))  # the asked-for weights too, when the search offers them
-        for w in {b.weights} | ({q.weights} & searched):
+        for w in sorted({b.weights} | ({q.weights} & searched)):  # a set's order changes with the process
             base = replace(b, kv_dtype=kv, weights=w, attention=None)
             out += [replace(base, attention=name) for name in backend.candidates(model, gpu, kv) if name != default]
     return out
