@@ -7,7 +7,12 @@
 
 Each run's recommendation is printed too: they must be the same line.
 
+--cold-questions times instead three questions outside the shipped answers (COLD_QUESTIONS), each a fresh
+process with an empty cache of its own and the shipped answers switched off: what a user waits for a question
+nobody asked before.
+
     python -m bench.benchmarks.plan_bench [--rate 20] [--previous 1638ddf] [--skip-previous] [--planner]
+    python -m bench.benchmarks.plan_bench --cold-questions [--against main]
 """
 
 from __future__ import annotations
@@ -24,14 +29,19 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 PREVIOUS = "1638ddf"  # main before issue 22's caches
+# (model, workload, target req/s, SLO): none of them is in data/plan-cache
+COLD_QUESTIONS = (("glm-4.6", "chat", 13.0, "ttft=2s,tpot=50ms,p=90"),
+                  ("kimi-k2-thinking", "chat", 20.0, "ttft=2s,tpot=50ms,p=90"),
+                  ("kimi-k2-thinking", "agentic-coding", 5.0, "ttft=5s,tpot=60ms"))
 
 
-def _plan(rate: float, cache: str, shipped: bool, tree: Path | None = None) -> tuple[float, float, str]:
+def _plan(rate: float, cache: str, shipped: bool, tree: Path | None = None, model: str = "kimi-k2-thinking",
+          workload: str = "chat", slo: str = "ttft=2s,tpot=50ms,p=90") -> tuple[float, float, str]:
     env = {**os.environ, "CAPBENCH_CACHE": cache, "CAPBENCH_SHIPPED_CACHE": "1" if shipped else "0"}
     if tree is not None:
         env["PYTHONPATH"] = str(tree)
-    cmd = [sys.executable, "-c", "from bench.cli import main; main()", "plan", "--model", "kimi-k2-thinking",
-           "--workload", "chat", "--rate", f"{rate:g}", "--slo", "ttft=2s,tpot=50ms,p=90", "--json"]
+    cmd = [sys.executable, "-c", "from bench.cli import main; main()", "plan", "--model", model,
+           "--workload", workload, "--rate", f"{rate:g}", "--slo", slo, "--json"]
     t, before = time.perf_counter(), resource.getrusage(resource.RUSAGE_CHILDREN)
     out = subprocess.run(cmd, capture_output=True, text=True, cwd=tree or ROOT, env=env, timeout=1800)
     wall, after = time.perf_counter() - t, resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -48,10 +58,16 @@ def main() -> None:
     ap.add_argument("--previous", default=PREVIOUS, help="git revision whose full search is the baseline")
     ap.add_argument("--skip-previous", action="store_true")
     ap.add_argument("--planner", action="store_true", help="time the Planner page too (Streamlit AppTest)")
+    ap.add_argument("--cold-questions", action="store_true",
+                    help="time three questions outside the shipped answers, each cold (empty cache, none shipped)")
+    ap.add_argument("--against", help="with --cold-questions: time each question on this git revision's tree too")
     a = ap.parse_args()
     load = os.getloadavg()
     print(f"machine: {os.cpu_count()} CPUs, load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} (other work "
           f"running makes every figure slower)")
+    if a.cold_questions:
+        _cold_questions(a.against)
+        return
     print(f"capbench plan --model kimi-k2-thinking --workload chat --rate {a.rate:g} --slo ttft=2s,tpot=50ms,p=90")
     rows = []
     with tempfile.TemporaryDirectory(prefix="capbench-plan-bench-") as tmp:
@@ -72,6 +88,25 @@ def main() -> None:
         sys.exit("the recommendations differ")
     if a.planner:
         _planner()
+
+
+def _cold_questions(against: str | None) -> None:
+    """Each question of COLD_QUESTIONS in its own process, with an empty cache and no shipped answers; with
+    `against`, on that revision's tree first (the same question, the same load, back to back)."""
+    print(f"{'capbench plan (cold: empty cache, CAPBENCH_SHIPPED_CACHE=0)':<72} {'wall':>8} {'CPU':>8}   recommended")
+    with tempfile.TemporaryDirectory(prefix="capbench-plan-bench-") as tmp:
+        trees: list[tuple[str, Path | None]] = [("today", None)]
+        if against:
+            tree = Path(tmp) / "against"
+            tree.mkdir()
+            archive = subprocess.run(["git", "archive", against], cwd=ROOT, capture_output=True, check=True)
+            subprocess.run(["tar", "-x", "-C", str(tree)], input=archive.stdout, check=True)
+            trees.insert(0, (against, tree))
+        for i, (model, wl, rate, slo) in enumerate(COLD_QUESTIONS):
+            for name, tree in trees:
+                wall, cpu, rec = _plan(rate, f"{tmp}/c{i}{name}", False, tree, model, wl, slo)
+                what = f"{name}: --model {model} --workload {wl} --rate {rate:g} --slo {slo}"
+                print(f"{what:<72} {wall:7.1f}s {cpu:7.1f}s   {rec}", flush=True)
 
 
 def _planner() -> None:

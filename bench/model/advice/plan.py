@@ -30,6 +30,7 @@ from bench.model.serving import workload
 from bench.model.serving.rate import Prediction, saturation_tps, search_rate
 from bench.model.serving.slo import SYNTAX, Slo
 from bench.model.serving.workload import Workload, fixed_workload, load_workload
+from bench.model.step import kernels
 
 __all__ = ["HOURS_PER_MONTH", "Config", "Option", "Plan", "Prediction", "Question", "make_plan", "workload_names"]
 FINALISTS = 6  # cheapest configurations by the screen that are simulated, besides the asked-for one and each GPU's best
@@ -208,7 +209,7 @@ def _backends(q: Question, b: Config) -> list[Config]:
     for kv in ("fp8_e4m3",):
         default = backend.launch_backend(model, gpu, kv, b.tp)
         searched = set(formats.searched(model, gpu))  # the asked-for weights too, when the search offers them
-        for w in {b.weights} | ({q.weights} & searched):
+        for w in sorted({b.weights} | ({q.weights} & searched)):  # a set's order changes with the process
             base = replace(b, kv_dtype=kv, weights=w, attention=None)
             out += [replace(base, attention=name) for name in backend.candidates(model, gpu, kv) if name != default]
     return out
@@ -250,19 +251,12 @@ def _simulate(args: tuple) -> Prediction | None:
     return search_rate(cfg.deployment(q.model, q.context), wl, q.slo, cap=q.max_concurrency)
 
 
-def _map(fn, jobs: list, workers: int, tick: Callable[[], None]) -> list:
-    if workers <= 1 or len(jobs) <= 1:
-        out = []
-        for j in jobs:
-            out.append(fn(j))
-            tick()
-        return out
-    with ProcessPoolExecutor(min(workers, len(jobs))) as pool:
-        out = []
-        for r in pool.map(fn, jobs):
-            out.append(r)
-            tick()
-        return out
+def _map(fn, jobs: list, pool: ProcessPoolExecutor | None, tick: Callable[[], None]) -> list:
+    out = []
+    for r in pool.map(fn, jobs) if pool and len(jobs) > 1 else map(fn, jobs):
+        out.append(r)
+        tick()
+    return out
 
 
 def _front(opts: list[Option], better: Callable[[Option, Option], bool]) -> set[int]:
@@ -270,8 +264,16 @@ def _front(opts: list[Option], better: Callable[[Option, Option], bool]) -> set[
 
 
 def make_plan(q: Question, progress: Callable[[str, int, int], None] | None = None, workers: int = 1) -> Plan:
-    """progress(stage, done, total) as the search advances; workers: processes for the screen and the finalists."""
+    """progress(stage, done, total) as the search advances; workers: processes, forked after reading the tables."""
     q.check()
+    if workers <= 1:
+        return _make_plan(q, progress, None)
+    kernels.load_tables()
+    with ProcessPoolExecutor(workers) as pool:
+        return _make_plan(q, progress, pool)
+
+
+def _make_plan(q: Question, progress: Callable[[str, int, int], None] | None, pool: ProcessPoolExecutor | None) -> Plan:
     wl = q.request_mix()
     say = progress or (lambda *_: None)
     longest = _longest(wl)
@@ -285,7 +287,7 @@ def make_plan(q: Question, progress: Callable[[str, int, int], None] | None = No
             say(stage, done[0], total)
         return f
 
-    for o, tps in zip(alive, _map(_screen, [(q, o.config, wl) for o in alive], workers,
+    for o, tps in zip(alive, _map(_screen, [(q, o.config, wl) for o in alive], pool,
                                   tick("screening", len(alive))), strict=True):
         o.saturation_tps = tps
 
@@ -304,7 +306,7 @@ def make_plan(q: Question, progress: Callable[[str, int, int], None] | None = No
 
     def simulate_all(opts: list[Option]) -> None:
         done[0] = 0
-        for o, pred in zip(opts, _map(_simulate, [(q, o.config, wl) for o in opts], workers,
+        for o, pred in zip(opts, _map(_simulate, [(q, o.config, wl) for o in opts], pool,
                                       tick("simulating finalists", len(opts))), strict=True):
             o.prediction = pred
             if pred is not None and pred.rate_rps == 0:

@@ -5,8 +5,16 @@ first (SGLang's radix cache, at block granularity)."""
 from __future__ import annotations
 
 import math
-from collections import OrderedDict
-from collections.abc import Hashable
+from collections import Counter, OrderedDict, deque
+from collections.abc import Hashable, Iterator
+from itertools import compress, filterfalse, repeat, takewhile
+from operator import eq, sub
+
+
+def _consume(it: Iterator) -> None:
+    """Run an iterator to its end in C (itertools' consume recipe): a request holds thousands of blocks, and a
+    Python loop over them was most of a long-context simulation."""
+    deque(it, maxlen=0)
 
 
 class PrefixCache:
@@ -14,7 +22,7 @@ class PrefixCache:
 
     def __init__(self, block_size: int) -> None:
         self.block_size = block_size
-        self.ref: dict[Hashable, int] = {}
+        self.ref: Counter[Hashable] = Counter()  # a missing key is never read as 0: callers test `in` first
         self.lru: OrderedDict[Hashable, None] = OrderedDict()
         self.version = 0  # bumped on every change, so a blocked queue head's match is computed once
 
@@ -27,40 +35,34 @@ class PrefixCache:
         return len(self.lru) * self.block_size
 
     def match(self, keys: list[Hashable]) -> int:
-        ref, n = self.ref, 0
-        for key in keys:
-            if key not in ref:
-                break
-            n += 1
-        return n
+        """Leading keys cached."""
+        return len(list(takewhile(self.ref.__contains__, keys)))
+
+    def unheld(self, keys: list[Hashable]) -> int:
+        """How many of these cached keys no request holds (evictable)."""
+        return sum(map(self.lru.__contains__, keys))
 
     def hold(self, keys: list[Hashable]) -> None:
-        """Take a reference on each key, adding the ones not cached yet."""
-        ref, lru = self.ref, self.lru
+        """Take a reference on each key, adding the ones not cached yet. The evictable ones (in the LRU, refcount 0)
+        stop being evictable."""
         self.version += 1
-        for key in keys:
-            count = ref.get(key, 0)
-            if count == 0 and key in lru:
-                del lru[key]
-            ref[key] = count + 1
+        _consume(map(self.lru.pop, keys, repeat(None)))
+        self.ref.update(keys)
 
     def add_free(self, keys: list[Hashable]) -> None:
         """Add unheld blocks (a finished request's output); keys already cached are left as they are."""
-        ref, lru = self.ref, self.lru
         self.version += 1
-        for key in keys:
-            if key not in ref:
-                ref[key] = 0
-                lru[key] = None
+        new = dict.fromkeys(filterfalse(self.ref.__contains__, keys))
+        dict.update(self.ref, dict.fromkeys(new, 0))
+        self.lru.update(new)
 
     def unlock(self, keys: list[Hashable]) -> None:
-        ref, lru = self.ref, self.lru
+        ref = self.ref
         self.version += 1
-        for key in reversed(keys):  # deepest first, so a chain's root is the most recently used
-            count = ref[key] - 1
-            ref[key] = count
-            if count == 0:
-                lru[key] = None
+        deepest = keys[::-1]  # deepest first, so a chain's root is the most recently used
+        counts = list(map(ref.__getitem__, deepest))
+        dict.update(ref, zip(deepest, map(sub, counts, repeat(1)), strict=False))  # sets (Counter.update adds)
+        self.lru.update(dict.fromkeys(compress(deepest, map(eq, counts, repeat(1)))))
 
     def evict(self, tokens: int) -> int:
         n = min(len(self.lru), math.ceil(tokens / self.block_size))

@@ -95,7 +95,7 @@ class Scheduler:
         self.stats = {"prompt_tokens": 0, "cached_tokens": 0, "generation_tokens": 0, "retractions": 0,
                       "finished": 0, "aborted": 0}
         self._tie = 0
-        self._head_match: tuple = (None, -1, 0, 0)
+        self._head_match: tuple = (None, -1, 0, 0)  # (queue head, cache version, blocks hit, hit unheld)
 
     # ---- figures
     @property
@@ -200,9 +200,9 @@ class Scheduler:
             req = self.waiting[0]
             length = req.prompt_len + req.gen_base  # a retracted request recomputes its output too
             if self._head_match[0] is not req or self._head_match[1] != self.cache.version:
-                self._head_match = (req, self.cache.version, min(self.cache.match(req.prompt_keys),
-                                                                 (length - 1) // bs))
-            matched = self._head_match[2]
+                hit = min(self.cache.match(req.prompt_keys), (length - 1) // bs)
+                self._head_match = (req, self.cache.version, hit, self.cache.unheld(req.prompt_keys[:hit]))
+            matched, unheld = self._head_match[2], self._head_match[3]
             extend = length - matched * bs
             need = extend + min(req.max_new - req.gen_base, CLIP_MAX_NEW_TOKENS) * self.new_token_ratio
             room = self.free_tokens + self.cache.evictable_tokens
@@ -210,7 +210,7 @@ class Scheduler:
             if extend > room or self.num_running and need > room - reserve:
                 break  # FCFS: everyone behind waits too
             # the hit blocks nobody holds stop being evictable once this request holds them
-            room -= bs * sum(1 for key in req.prompt_keys[:matched] if not self.cache.ref[key])
+            room -= bs * unheld
             if extend > room or self.num_running and need > room - reserve:
                 break
             self.waiting.popleft()

@@ -18,6 +18,7 @@ needs. The answers a server generates are not resent by the load generator, so t
 
 from __future__ import annotations
 
+import json
 import math
 import random
 from collections.abc import Callable
@@ -154,8 +155,23 @@ def _prompt(wl: Workload, i: int, rng: random.Random, sessions: _Sessions | None
     return [(system, 1), (prompt, owner)], prompt, draw(wl.output, rng)
 
 
+_bursts: dict[tuple, list[tuple]] = {}  # the screen's bursts: every configuration of a plan gets the same requests
+BURST_CACHE, BURSTS_KEPT = 1000, 8  # bursts of up to this many requests are kept, the last used ones (~20 MB each)
+
+
 def make_requests(wl: Workload, rate: float, n: int, seed: int, block: int, context: int) -> list[Request]:
     """n requests arriving as a Poisson process of `rate` per second (rate <= 0 or inf: all at time 0)."""
+    if 0 < rate < math.inf or n > BURST_CACHE:
+        return [Request(*r) for r in _drawn(wl, rate, n, seed, block, context)]
+    key = (json.dumps(wl.to_dict(), sort_keys=True, default=str), n, seed, block, context)
+    burst = _bursts[key] = _bursts.pop(key, None) or _drawn(wl, rate, n, seed, block, context)
+    while len(_bursts) > BURSTS_KEPT:
+        del _bursts[next(iter(_bursts))]  # the least recently used
+    return [Request(*r) for r in burst]  # fresh requests: the scheduler changes them
+
+
+def _drawn(wl: Workload, rate: float, n: int, seed: int, block: int, context: int) -> list[tuple]:
+    """(rid, prompt tokens, answer tokens, arrival, prompt's block keys, keys of the first n tokens) of each."""
     rng = random.Random(seed)
     groups = int(wl.options.get("groups", 8)) * (1 + int(wl.options.get("questions", 0) or 0))
     sessions = _Sessions(wl, 2 + groups) if wl.type in ("multi_turn", "agentic_coding") else None
@@ -168,8 +184,7 @@ def make_requests(wl: Workload, rate: float, n: int, seed: int, block: int, cont
         prompt = min(prompt, context - 1)
         answer = max(1, min(answer, context - prompt))
         keys = _keys(runs + [(prompt + answer, None)], block)
-        out.append(Request(rid=str(i), prompt_len=prompt, max_new=answer, arrival=t,
-                           prompt_keys=keys(prompt), seq_keys=keys))
+        out.append((str(i), prompt, answer, t, keys(prompt), keys))
     return out
 
 

@@ -77,6 +77,7 @@ class KernelStep:
         self.layers, self.dense_layers = m.layers, m.first_dense_layers
         self.moe_layers = m.layers - m.first_dense_layers
         self._memo: dict[tuple, float] = {}  # a GEMM's or the MoE's seconds by rows: decode steps repeat them
+        self._surfaces: dict[str, tuple | None] = {}  # attention's measured surface by phase
 
     # ---- one operator: the table, else the roofline (said once per operator)
     def _op(self, name: str, got: tuple[float, str] | None, what: str, args: dict) -> float:
@@ -94,6 +95,14 @@ class KernelStep:
             self._memo[key] = self._gemm(g, rows)
         return self._memo[key]
 
+    def gemms(self, part: str, rows: float) -> float:
+        """The sum of one part's GEMMs (attn, shared, dense) at `rows`: each GEMM is memoised by its rounded rows
+        and called from this part only, so the sum is too (one lookup a step instead of one a GEMM)."""
+        key = ("sum", part, round(rows, 1))
+        if key not in self._memo:
+            self._memo[key] = sum(self.gemm(g, rows) for g in getattr(self, part))
+        return self._memo[key]
+
     def _gemm(self, g: Gemm, rows: float) -> float:
         if not TABLE_GEMMS:
             return self.fallback(g.name, {"rows": rows, "n": g.n, "k": g.k, "fmt": g.fmt})
@@ -103,7 +112,13 @@ class KernelStep:
     def attention(self, phase: str, batch: float, length: float, args: dict) -> float:
         if batch <= 0 or length <= 0:
             return 0.0
-        m = self.dep.model
+        m, name = self.dep.model, f"attention {phase}"
+        if phase not in self._surfaces:  # looked up once: a step asks for it every time
+            self._surfaces[phase] = kernels.attention_surface(m, self.gpu, self.backend, self.dep.kv_dtype, phase,
+                                                              self.attn_tp, self.version)
+        surface = self._surfaces[phase]
+        if surface is not None and name in self.sources:  # said already: only the time is new
+            return surface[0](max(batch, 1), max(length, 1))[0]
         got = kernels.attention_time(m, self.gpu, self.backend, self.dep.kv_dtype, phase, batch, length, self.attn_tp,
                                      self.version)
         what = f"{self.backend} {m.attention.upper()} {phase} with {self.dep.kv_dtype} KV on {self.gpu}"
@@ -129,6 +144,12 @@ class KernelStep:
     def allreduce(self, tokens: float, graph: bool) -> float:
         if self.attn_tp <= 1 or tokens <= 0:
             return 0.0
+        key = ("all-reduce", tokens, graph)  # exact: decode steps of one batch size repeat it
+        if key not in self._memo:
+            self._memo[key] = self._allreduce(tokens, graph)
+        return self._memo[key]
+
+    def _allreduce(self, tokens: float, graph: bool) -> float:
         nbytes = tokens * self.dep.model.hidden_size * 2
         got = kernels.allreduce_time(self.gpu, self.attn_tp, nbytes, graph, self.version)
         return self._op("all-reduce", got, f"all-reduce over {self.attn_tp} on {self.gpu}",
@@ -148,9 +169,7 @@ class KernelStep:
         if rank_prefill > 0:
             equal = max(rank_prefill, (2 * rank_pairs) ** 0.5)  # one prompt of as many causal pairs
             attn += self.attention("prefill", 1, equal, {"pairs": rank_pairs}) * rank_pairs / (equal * equal / 2)
-        proj = sum(self.gemm(g, group) for g in self.attn)
-        shared = sum(self.gemm(g, tokens) for g in self.shared)
-        dense = sum(self.gemm(g, tokens) for g in self.dense)
+        proj, shared, dense = self.gemms("attn", group), self.gemms("shared", tokens), self.gemms("dense", tokens)
         comm = 2 * self.allreduce(group, graph)
         return {"attention": self.layers * attn, "gemm": self.layers * proj + self.moe_layers * shared
                 + self.dense_layers * dense + self.gemm(self.lm_head, samples),

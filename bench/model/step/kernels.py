@@ -44,6 +44,12 @@ def _table(name: str):
     return pq.read_table(path) if path.is_file() else None
 
 
+def load_tables() -> None:
+    """Read every kernel table now: a search reads them before it forks its workers, which then share them."""
+    for name in ("attention", "moe", "gemm", "comm"):
+        _table(name)
+
+
 @cache
 def versions(gpu: str, name: str) -> tuple[str, ...]:
     t = _table(name)
@@ -119,10 +125,21 @@ class Surface:
         return math.exp(math.log(y0) + w * (math.log(y1) - math.log(y0))), o0 or o1 or t < la[0] or t > la[-1]
 
 
+@cache
+def _measured(name: str, gpu: str, sglang: str):
+    """One GPU's rows of one SGLang version: a search asks the table hundreds of times, each for one of these."""
+    t = _table(name)
+    return t.filter(pc.and_(pc.equal(t["gpu"], gpu), pc.equal(t["sglang"], sglang)))
+
+
 def _rows(name: str, **eq) -> dict[str, list]:
     t = _table(name)
     if t is None:
         return {}
+    if "gpu" in eq and "sglang" in eq:
+        t = _measured(name, eq.pop("gpu"), eq.pop("sglang"))
+        if not eq:
+            return t.to_pydict()
     mask = None
     for col, val in eq.items():
         m = pc.equal(t[col], val)
@@ -157,15 +174,21 @@ def attention_time(model: Model, gpu: str, backend: str, kv_dtype: str, phase: s
                    attn_tp: int, version: str | None = None) -> tuple[float, str] | None:
     """One layer's attention of `batch` sequences of `length` tokens (decode: KV tokens each; prefill: new tokens
     each, no cached prefix) on one GPU of an attention-TP group of attn_tp. None: no table for it."""
-    heads = model.attention_heads // attn_tp
-    kv_heads = 1 if model.attention == "mla" else max(1, model.kv_heads // attn_tp)
-    kv = "fp8_e4m3" if kv_dtype.startswith("fp8") else "bf16"
-    series = _attention_series(gpu, model.attention, phase, backend, kv, heads, kv_heads, version)
+    series = attention_surface(model, gpu, backend, kv_dtype, phase, attn_tp, version)
     if series is None:
         return None
     s, label = series
     y, out = s(max(batch, 1), max(length, 1))
     return y, label + ("; extrapolated beyond the table" if out else "")
+
+
+def attention_surface(model: Model, gpu: str, backend: str, kv_dtype: str, phase: str, attn_tp: int,
+                      version: str | None = None) -> tuple[Surface, str] | None:
+    """attention_time's measured surface over (batch, length) and where it comes from; None: no table for it."""
+    heads = model.attention_heads // attn_tp
+    kv_heads = 1 if model.attention == "mla" else max(1, model.kv_heads // attn_tp)
+    kv = "fp8_e4m3" if kv_dtype.startswith("fp8") else "bf16"
+    return _attention_series(gpu, model.attention, phase, backend, kv, heads, kv_heads, version)
 
 
 @cache

@@ -124,6 +124,7 @@ class PerfModel:
         # FP4 tensor cores at FP8's efficiency (uncalibrated: no FP4 measurement in the corpus yet)
         self.peak["fp4"] = g.fp4_tflops * 1e12 * e.fp8_eff if g.fp4_tflops else self.peak["fp8"]
         self.arch = g.arch
+        self._compute: dict[str, str] = {}  # formats.compute by format, on this arch: asked on every GEMM
         self.attn_peak = g.bf16_tflops * 1e12 * e.prefill_attn_eff
         link_gbps = g.interconnect_gbps / 2 if dep.tp <= g.gpus_per_node else g.internode_gbps
         self.link_bytes_per_s = link_gbps * 1e9 * e.allreduce_eff
@@ -188,7 +189,7 @@ class PerfModel:
         ramp = rows / (rows + self.eff.gemm_m_half)
         if width:
             flops *= (width + self.eff.gemm_n_half) / width
-        kind = formats.compute(fmt, self.arch)
+        kind = self._compute.get(fmt) or self._compute.setdefault(fmt, formats.compute(fmt, self.arch))
         if kind in ("wna16", "w4a8"):  # unpacked in the kernel onto BF16 (FP8) cores, dearer as the GEMM fills up
             peak = self.peak["fp8" if kind == "w4a8" else "bf16"]
             return flops / (peak * ramp) * (1 + (self.eff.int4_dequant - 1) * ramp)

@@ -1,0 +1,135 @@
+"""What makes a cold plan faster must not move a figure: the prefix cache's C-level block loops keep the per-block
+bookkeeping they replaced (refcounts, LRU order, hits), the screen's bursts drawn once are the same requests as a
+fresh draw, and a plan searched by a pool of workers has the figures of the serial search."""
+
+from __future__ import annotations
+
+import math
+import random
+from collections import OrderedDict
+from dataclasses import asdict, fields
+
+import pytest
+
+from bench.model import Question, make_plan, parse_slo, rate
+from bench.model.serving import workload
+from bench.model.serving.prefix_cache import PrefixCache
+from bench.model.serving.workload import load_workload, make_requests
+
+
+class _PerBlock:
+    """The prefix cache as it was written before, one Python step per block: the specification."""
+
+    def __init__(self) -> None:
+        self.ref: dict[int, int] = {}
+        self.lru: OrderedDict[int, None] = OrderedDict()
+
+    def match(self, keys: list[int]) -> int:
+        n = 0
+        for key in keys:
+            if key not in self.ref:
+                break
+            n += 1
+        return n
+
+    def unheld(self, keys: list[int]) -> int:
+        return sum(1 for key in keys if not self.ref[key])
+
+    def hold(self, keys: list[int]) -> None:
+        for key in keys:
+            count = self.ref.get(key, 0)
+            if count == 0 and key in self.lru:
+                del self.lru[key]
+            self.ref[key] = count + 1
+
+    def add_free(self, keys: list[int]) -> None:
+        for key in keys:
+            if key not in self.ref:
+                self.ref[key] = 0
+                self.lru[key] = None
+
+    def unlock(self, keys: list[int]) -> None:
+        for key in reversed(keys):
+            self.ref[key] -= 1
+            if self.ref[key] == 0:
+                self.lru[key] = None
+
+    def evict(self, blocks: int) -> None:
+        for _ in range(min(blocks, len(self.lru))):
+            del self.ref[self.lru.popitem(last=False)[0]]
+
+
+def test_the_prefix_cache_keeps_the_per_block_bookkeeping():
+    rng = random.Random(7)
+    fast, slow = PrefixCache(16), _PerBlock()
+    held: list[list[int]] = []
+    most_evictable = 0
+    for _ in range(3000):
+        owner = rng.randrange(12) << 24
+        keys = list(range(owner, owner + rng.randrange(1, 60)))
+        op = rng.random()
+        if op < 0.3:
+            hit = fast.match(keys)
+            assert hit == slow.match(keys)
+            assert fast.unheld(keys[:hit]) == slow.unheld(keys[:hit])
+            keys = keys[:hit] + [k for k in keys[hit:] if k not in slow.ref]  # a prompt: its hits, then new blocks
+            fast.hold(keys)
+            slow.hold(keys)
+            held.append(keys)
+        elif op < 0.65 and held:
+            keys = held.pop(rng.randrange(len(held)))
+            fast.unlock(keys)
+            slow.unlock(keys)
+        elif op < 0.85:
+            fast.add_free(keys + keys[:3])  # repeated keys are added once
+            slow.add_free(keys + keys[:3])
+        else:
+            n = rng.randrange(40)
+            assert fast.evict(n * 16) == min(n, len(slow.lru)) * 16
+            slow.evict(n)
+        assert dict(fast.ref) == slow.ref
+        assert list(fast.lru) == list(slow.lru)  # the eviction order too
+        most_evictable = max(most_evictable, len(slow.lru))
+    assert most_evictable > 100 and any(v > 1 for v in slow.ref.values())  # shared and evictable blocks were met
+
+
+def test_a_burst_is_drawn_once_and_each_run_gets_fresh_requests(monkeypatch):
+    monkeypatch.setattr(workload, "_bursts", {})
+    wl = load_workload("agentic-coding")
+    first = make_requests(wl, math.inf, 80, 0, 32, 200_000)
+    first[0].state, first[0].arrival = "done", 9.0  # what a simulation does to its requests
+    second = make_requests(wl, math.inf, 80, 0, 32, 200_000)
+    assert len(workload._bursts) == 1 and second[0] is not first[0]
+    assert second[0].state == "new" and second[0].arrival == 0.0
+    monkeypatch.setattr(workload, "_bursts", {})
+    drawn = make_requests(wl, math.inf, 80, 0, 32, 200_000)
+    names = [f.name for f in fields(drawn[0]) if f.name != "seq_keys"]
+    assert [[getattr(r, n) for n in names] for r in second] == [[getattr(r, n) for n in names] for r in drawn]
+    assert [r.seq_keys(r.prompt_len + r.max_new) for r in second] == \
+           [r.seq_keys(r.prompt_len + r.max_new) for r in drawn]
+    assert any(r.prompt_keys for r in drawn)  # sessions share blocks: the keys are compared, not empty lists
+    paced = make_requests(wl, 2.0, 80, 0, 32, 200_000)
+    assert paced[-1].arrival > 0 and len(workload._bursts) == 1  # Poisson arrivals are drawn every time
+    for context in range(100_000, 100_000 + 2 * workload.BURSTS_KEPT):  # a Planner asks on and on: memory bounded
+        make_requests(wl, math.inf, 80, 0, 32, context)
+    assert len(workload._bursts) == workload.BURSTS_KEPT
+
+
+@pytest.mark.slow
+def test_a_plan_searched_by_a_pool_has_the_serial_figures(tmp_path, monkeypatch):
+    q = Question(model="glm-4.6", gpu="h200", tp=8, workload="chat", target_rate_rps=6.0,
+                 slo=parse_slo("ttft=2s,tpot=50ms,p=90"), search_gpus=("h200",))
+    plans = []
+    for workers in (1, 2):
+        monkeypatch.setenv("CAPBENCH_CACHE", str(tmp_path / str(workers)))
+        monkeypatch.setenv("CAPBENCH_SHIPPED_CACHE", "0")
+        monkeypatch.setattr(rate, "_memory", {})
+        plans.append(make_plan(q, workers=workers))
+
+    def figures(plan):
+        return [(str(o.config), o.saturation_tps, o.prediction and asdict(o.prediction), o.rejected_because,
+                 o.recommended) for o in plan.options]
+
+    serial, pooled = map(figures, plans)
+    assert serial == pooled
+    assert plans[0].recommended is not None and sum(o.simulated for o in plans[0].options) >= 3
