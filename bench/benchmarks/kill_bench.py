@@ -37,7 +37,8 @@ def _served(url: str) -> int:
         return json.loads(r.read())["requests"]
 
 
-def _settled(db: Path, timeout_s: float = 90.0) -> tuple[str, int]:
+def settled(db: Path, timeout_s: float = 90.0) -> tuple[str, int]:
+    """The run's status and its rows once the recorder has marked the run (it may still hold the file)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         try:
@@ -70,7 +71,7 @@ def trial(url: str, folder: Path, workers: int, kill, rng: random.Random, tree: 
         kill(proc)
         proc.wait(timeout=90)
         time.sleep(1.0)  # workers and the recorder of a SIGKILLed master finish on their own
-        status, rows = _settled(db)
+        status, rows = settled(db)
         return _served(url) - before, rows, status
     finally:
         try:

@@ -11,12 +11,10 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
 import time
-from collections import Counter
 from urllib.parse import urlsplit
 
-from bench.store.telemetry import Sink, _every
+from bench.store.telemetry import Scraper, Sink
 
 log = logging.getLogger(__name__)
 
@@ -74,48 +72,21 @@ def parse_dcgm(text: str, node: str, t: float) -> tuple[list[dict], list[dict]]:
     return list(gpus.values()), prof
 
 
-class NodeSampler:
+class NodeSampler(Scraper):
     """Scrapes each endpoint every interval_s; rows to gpu_sink (gpu_samples) and prof_sink (server_samples)."""
+
+    what = "GPU node telemetry"
+    log = log
 
     def __init__(self, urls: list[str], gpu_sink: Sink, prof_sink: Sink, interval_s: float = 1.0,
                  timeout_s: float | None = None):
         if not interval_s > 0:
             raise ValueError(f"interval_s must be positive, not {interval_s}")
+        # a slow node must not hold the others' scrapes past the next tick
+        super().__init__(interval_s, timeout_s if timeout_s is not None
+                         else max(0.2, min(2.0, interval_s / max(1, len(urls)))))
         self.urls = list(urls)
         self.gpu_sink, self.prof_sink, self.interval_s = gpu_sink, prof_sink, interval_s
-        # a slow node must not hold the others' scrapes past the next tick
-        self.timeout_s = timeout_s if timeout_s is not None else max(0.2, min(2.0, interval_s / max(1, len(urls))))
-        self.failures: Counter[str] = Counter()
-        self.scrapes = 0
-        self.samples = 0
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._client = None
-
-    def start(self) -> NodeSampler:
-        import httpx
-
-        self._client = httpx.Client(timeout=self.timeout_s)
-        self._thread = threading.Thread(target=_every, args=(self.interval_s, self._stop, self._tick),
-                                        name="capbench-node-sampler", daemon=True)
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
-        if self._client is not None:
-            self._client.close()
-            self._client = None
-
-    def _fail(self, url: str, kind: str, detail: str) -> None:
-        key = f"{endpoint_node(url)}:{kind}"
-        self.failures[key] += 1
-        n = self.failures[key]
-        if n == 1 or n % 100 == 0:
-            log.warning("GPU node telemetry: %s %s (%d so far): %s", endpoint_node(url), kind, n, detail[:200])
 
     def _tick(self) -> None:
         self.scrapes += 1
@@ -123,7 +94,7 @@ class NodeSampler:
             try:
                 self._scrape(url)
             except Exception as e:  # whatever else goes wrong, the sampler and the load test live on
-                self._fail(url, "error", repr(e))
+                self._fail(endpoint_node(url), "error", repr(e))
 
     def _scrape(self, url: str) -> None:
         import httpx
@@ -132,21 +103,21 @@ class NodeSampler:
         try:
             r = self._client.get(url)
         except httpx.TimeoutException as e:
-            self._fail(url, "timeout", repr(e))
+            self._fail(endpoint_node(url), "timeout", repr(e))
             return
         except httpx.HTTPError as e:
-            self._fail(url, "down", repr(e))
+            self._fail(endpoint_node(url), "down", repr(e))
             return
         if r.status_code != 200:
-            self._fail(url, f"http_{r.status_code}", r.text)
+            self._fail(endpoint_node(url), f"http_{r.status_code}", r.text)
             return
         try:
             gpu_rows, prof_rows = parse_dcgm(r.text, endpoint_node(url), t)
         except Exception as e:  # the parser raises ValueError and friends on garbage
-            self._fail(url, "garbage", repr(e))
+            self._fail(endpoint_node(url), "garbage", repr(e))
             return
         if not gpu_rows and not prof_rows:
-            self._fail(url, "no_dcgm", "the endpoint answers, but with no DCGM_FI_* sample per GPU")
+            self._fail(endpoint_node(url), "no_dcgm", "the endpoint answers, but with no DCGM_FI_* sample per GPU")
             return
         for row in gpu_rows:
             self.gpu_sink(row)

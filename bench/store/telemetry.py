@@ -139,36 +139,28 @@ class GpuSampler:
             self.available = None
 
 
-class ServerSampler:
-    """Scrapes <base_url>/metrics (Prometheus text) and /server_info (or the older /get_server_info) every
-    interval_ms. Keeps SGLANG_METRICS and capbench_kv_* samples; from server_info, the numbers in
-    internal_states[i] (labelled by i) every time, and its top-level numbers when first seen or changed. Failures
-    are counted by kind in `failures`, never raised."""
+class Scraper:
+    """An HTTP poller on a thread of its own: `_tick` every period_s with one httpx client. A failure is counted by
+    kind in `failures` and logged the first time, then every 100th (a dead endpoint must not flood the log)."""
 
-    def __init__(self, base_url: str, sink: Sink, interval_ms: float = 500, timeout_s: float | None = None,
-                 headers: dict | None = None):
-        if not interval_ms > 0:
-            raise ValueError(f"interval_ms must be positive, not {interval_ms}")
-        self.base_url = base_url.rstrip("/")
-        self.sink, self.interval_ms = sink, interval_ms
-        self.timeout_s = timeout_s if timeout_s is not None else max(0.2, min(2.0, interval_ms / 1000))
-        self.headers = headers or {}
+    what = "scraper"  # how the log names it
+    log = log  # the module's logger of the subclass, where it has its own
+
+    def __init__(self, period_s: float, timeout_s: float, headers: dict | None = None):
+        self.period_s, self.timeout_s, self.headers = period_s, timeout_s, headers or {}
         self.failures: Counter[str] = Counter()
         self.scrapes = 0
         self.samples = 0
-        self.last_server_info: dict | None = None
-        self._top_level: dict[str, float] = {}
-        self._info_path = "/server_info"
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._client = None
 
-    def start(self) -> ServerSampler:
+    def start(self) -> Scraper:
         import httpx
 
         self._client = httpx.Client(timeout=self.timeout_s, headers=self.headers)
-        self._thread = threading.Thread(target=_every, args=(self.interval_ms / 1000, self._stop, self._tick),
-                                        name="capbench-server-sampler", daemon=True)
+        self._thread = threading.Thread(target=_every, args=(self.period_s, self._stop, self._tick),
+                                        name=f"capbench-{self.what.replace(' ', '-')}", daemon=True)
         self._thread.start()
         return self
 
@@ -181,12 +173,36 @@ class ServerSampler:
             self._client.close()
             self._client = None
 
-    def _fail(self, endpoint: str, kind: str, detail: str) -> None:
-        key = f"{endpoint}:{kind}"
+    def _fail(self, where: str, kind: str, detail: str) -> None:
+        key = f"{where}:{kind}"
         self.failures[key] += 1
         n = self.failures[key]
-        if n == 1 or n % 100 == 0:  # first time, then now and then: a dead server must not flood the log
-            log.warning("server sampler: %s %s (%d so far): %s", endpoint, kind, n, detail[:200])
+        if n == 1 or n % 100 == 0:
+            self.log.warning("%s: %s %s (%d so far): %s", self.what, where, kind, n, detail[:200])
+
+    def _tick(self) -> None:
+        raise NotImplementedError
+
+
+class ServerSampler(Scraper):
+    """Scrapes <base_url>/metrics (Prometheus text) and /server_info (or the older /get_server_info) every
+    interval_ms. Keeps SGLANG_METRICS and capbench_kv_* samples; from server_info, the numbers in
+    internal_states[i] (labelled by i) every time, and its top-level numbers when first seen or changed. Failures
+    are counted by kind in `failures`, never raised."""
+
+    what = "server sampler"
+
+    def __init__(self, base_url: str, sink: Sink, interval_ms: float = 500, timeout_s: float | None = None,
+                 headers: dict | None = None):
+        if not interval_ms > 0:
+            raise ValueError(f"interval_ms must be positive, not {interval_ms}")
+        super().__init__(interval_ms / 1000,
+                         timeout_s if timeout_s is not None else max(0.2, min(2.0, interval_ms / 1000)), headers)
+        self.base_url = base_url.rstrip("/")
+        self.sink, self.interval_ms = sink, interval_ms
+        self.last_server_info: dict | None = None
+        self._top_level: dict[str, float] = {}
+        self._info_path = "/server_info"
 
     def _get(self, endpoint: str, path: str) -> str | None:
         import httpx

@@ -10,10 +10,10 @@ import sys
 import time
 from pathlib import Path
 
-import duckdb
 import psutil
 import pytest
 
+from bench.benchmarks.kill_bench import settled
 from tests.loadgen.conftest import StubServer
 
 CAPBENCH = str(Path(sys.executable).parent / "capbench")
@@ -24,22 +24,6 @@ def server():
     srv = StubServer("--token-delay", "0.05", "--max-tokens", "20")  # ~1 s answers: many in flight at any kill
     yield srv
     srv.kill()
-
-
-def _settled(db: Path, timeout_s: float = 90.0) -> tuple[str, int]:
-    """The run's status and its rows once the recorder has marked the run (it may still hold the file)."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            with duckdb.connect(str(db), read_only=True) as con:
-                status = con.execute("SELECT status FROM runs").fetchone()[0]
-                n = con.execute("SELECT count(*) FROM requests").fetchone()[0]
-            if status != "running":
-                return status, n
-        except (duckdb.IOException, TypeError):
-            pass
-        time.sleep(0.5)
-    raise AssertionError("the run was never marked")
 
 
 def _kill_at_random(server: StubServer, tmp_path: Path, workers: int, kill, seed: int) -> tuple[int, int, str]:
@@ -56,7 +40,7 @@ def _kill_at_random(server: StubServer, tmp_path: Path, workers: int, kill, seed
         children = psutil.Process(proc.pid).children(recursive=True)
         kill(proc)
         proc.wait(timeout=60)
-        status, rows = _settled(db)
+        status, rows = settled(db)
         return server.count() - before, rows, status
     finally:
         if proc.poll() is None:
