@@ -6,8 +6,10 @@ checked against them before it is loaded back to the GPU.
   page ids the controller allocated. The copy itself runs later; whatever changes the bytes before or during it
   is caught at load time, because the seals are the ones taken when the pages were filled.
 - Load (host -> device): before the controller queues the copy, the host pages are checksummed on the CPU in the
-  device's word order and compared with the carried seals, on a worker thread when the load is asked for inside an
-  admission step (host_worker.py: the load waits for a later step, nothing committed meanwhile). A mismatch
+  device's word order and compared with the carried seals, in the same call (or, with
+  CAPBENCH_KV_HOST_CHECK_WORKER=1, on a worker thread when the load is asked for inside an admission step,
+  host_worker.py: the load waits for a later step, nothing committed meanwhile, and damage in those steps reaches
+  the loading request's forward). A mismatch
   refuses the load: SGLang's admission then recomputes those tokens. The bad host copy is never loaded; once the
   recomputed KV is back in the tree (the insert gives the host-only node a device copy again), it is written over
   the bad host copy, with its seals, by the host pool's own device-to-host copy. A clean load hands the carried
@@ -32,6 +34,7 @@ HOST_LAYOUTS = ("layer_first", "page_first", "page_first_direct")
 # Opt-in until a lent GPU has timed and checked it (`capbench gpu-check`): the host-copy check as a GPU kernel that
 # reads SGLang's registered host pool over PCIe, instead of torch on the scheduler's CPU thread.
 HOST_CHECK_ON_GPU = "CAPBENCH_KV_HOST_CHECK_ON_GPU"
+HOST_CHECK_ON_WORKER = "CAPBENCH_KV_HOST_CHECK_WORKER"  # 1: the host-copy check on a worker thread (host_worker.py)
 logger = logging.getLogger(__name__)
 
 
@@ -157,7 +160,10 @@ class HiCacheChecksums:
         self.kv_host_seals = HostSeals(host_pool, self.kv_seals.buffers, self.page_size)
         if os.environ.get(HOST_CHECK_ON_GPU) == "1" and self.kv_seals.device.type == "cuda":
             self.kv_host_seals.read_on_gpu(self.kv_seals.device)
-        self.kv_host_worker = HostCheckWorker(self.kv_host_seals.partials)
+        # opt-in: the worker thread leaves a window of the steps it takes in which damage to the host copy reaches
+        # the loading request's own forward (the fuzz found one); inline, the check and the load are one call
+        self.kv_host_worker = HostCheckWorker(self.kv_host_seals.partials) \
+            if os.environ.get(HOST_CHECK_ON_WORKER) == "1" else None
         self._kv_load_deferred = False
         self._kv_loading: dict[int, torch.Tensor] = {}  # load ack node id -> device pages in flight
         self._kv_rewrites: dict[int, tuple[torch.Tensor, int, int]] = {}  # node -> bad host copy (indices, span)
@@ -224,7 +230,7 @@ class HiCacheChecksums:
         elsewhere (no step to retry in: a PD decode server's restore) it runs here, as before."""
         hs = self.kv_host_seals
         host_pages = hs.pages_of(host_indices)
-        if self.kv_step_checks is None:
+        if self.kv_step_checks is None or self.kv_host_worker is None:
             t0 = time.perf_counter()
             verdict = hs.bad_pages(host_pages)
             self.kv_metrics.seconds.inc(time.perf_counter() - t0)

@@ -167,11 +167,13 @@ def test_storage_backends_are_refused_with_checksums_on(tmp_path):
 
 
 @pytest.mark.parametrize("g", [GEOMETRIES[0], GEOMETRIES[2]], ids=lambda g: g.name)
-def test_the_host_copy_check_runs_off_the_scheduler_thread_and_the_load_waits_for_it(g, make):
-    """Inside an admission step the load's host-copy check runs on the worker thread; the load is deferred to a
-    later step until its verdict is in, so a damaged host copy is refused before anything loads it."""
+def test_the_host_copy_check_runs_off_the_scheduler_thread_and_the_load_waits_for_it(g, make, monkeypatch):
+    """With CAPBENCH_KV_HOST_CHECK_WORKER=1, inside an admission step the load's host-copy check runs on the worker
+    thread; the load is deferred to a later step until its verdict is in, so a damaged host copy is refused before
+    anything loads it."""
     import threading
 
+    monkeypatch.setenv("CAPBENCH_KV_HOST_CHECK_WORKER", "1")
     s = make(g)
     rng = random.Random(g.name)
     prompt = [rng.randrange(1, 40_000) for _ in range(64)]
