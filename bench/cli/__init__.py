@@ -1,8 +1,8 @@
 """The `capbench` command: one typer app, one thin function per command, grouped by area in this package
-(plan: capacity, simulate; formats; runs: run, worker, runs, export, calibrate; imports: import; twin: twin, demo;
-report: report, dashboard, drift, eval; campaign: campaign, serve; patches: sglang-launch, calibrate-kv-scales,
-quantize-int4, quantize-experts; gpu: gpu-check, gpu-check-merge). Bad input ends in one line on stderr and exit
-code 2, numbers and paths checked first (checks.py)."""
+(plan: capacity, simulate, plan; validate; formats; runs: run, worker, runs, export, calibrate; imports: import;
+twin: twin, demo; report: report, dashboard, drift, eval; campaign: campaign, serve; patches: sglang-launch,
+calibrate-kv-scales, quantize-int4, quantize-experts; gpu: gpu-check, gpu-check-merge). Bad input ends in one line
+on stderr and exit code 2, numbers and paths checked first (checks.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import sys
 
 import typer
 
-from bench.cli import campaign, formats, gpu, imports, patches, plan, report, runs, twin
+from bench.cli import campaign, formats, gpu, imports, patches, plan, report, runs, twin, validate
 from bench.cli.checks import checked
 from bench.errors import BadInput
 
@@ -23,7 +23,7 @@ def _root() -> None:
     """capbench: how many GPUs a large MoE model needs on SGLang, and what FP8 KV and INT4 experts buy."""
 
 
-for command in (plan.capacity, plan.simulate, plan.validate, plan.plan, formats.formats, runs.run, runs.worker,
+for command in (plan.capacity, plan.simulate, validate.validate, plan.plan, formats.formats, runs.run, runs.worker,
                 runs.runs, runs.export, runs.calibrate, twin.twin, twin.demo, report.report, report.dashboard,
                 report.drift, report.eval, patches.calibrate_kv_scales, patches.quantize_int4, patches.quantize_experts,
                 campaign.campaign, campaign.serve, gpu.gpu_check, gpu.gpu_check_merge):

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-import textwrap
 from dataclasses import replace
 
 import typer
@@ -85,14 +84,17 @@ def simulate(
                                         "arrivals wait for a free slot, as bench_serving --max-concurrency)."),
     calibration: str = typer.Option(None, help="Efficiency factors file (JSON/YAML) over data/calibration."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
+    details: bool = typer.Option(False, "--details", help="Also each rate's achieved req/s, TTFT and TPOT p50, "
+                                 "running requests, cache hit rate and retractions."),
 ) -> None:
-    """The twin's scheduler and performance model offline (no HTTP): latency, throughput, cost at a rate or a sweep."""
+    """The twin's scheduler and performance model offline (no HTTP): latency, throughput, cost at a rate or a sweep
+    (first the answer; --details: every figure of each rate)."""
     from rich.progress import Progress
 
     from bench.model import Deployment, catalog, fixed_workload, load_efficiency, load_workload, parse_slo
     from bench.model import simulate as sim
     from bench.model.serving import sweep as rate_sweep
-    from bench.report import terminal
+    from bench.report import simulated
 
     dep = Deployment(catalog.model(model), catalog.gpu(gpu), tp, dp, kv_dtype, weights, context)
     if workload and (input_len or output_len):
@@ -120,11 +122,11 @@ def simulate(
                   for kv in kvs]
         if as_json:
             print(json.dumps(_json_safe([
-                {"kv_dtype": kv, **p.to_dict(), "interval": terminal.point_intervals(
+                {"kv_dtype": kv, **p.to_dict(), "interval": simulated.point_intervals(
                     replace(dep, kv_dtype=kv), p, target.percentile, math.isinf(p.rate))}
                 for kv, p in zip(kvs, points, strict=True)]), indent=2))
         else:
-            terminal.print_points(list(zip(kvs, points, strict=True)), target, dep, wl, num_requests)
+            simulated.print_points(list(zip(kvs, points, strict=True)), target, dep, wl, num_requests, details)
             _own_factors(calibration)
         return
     if max_concurrency is not None:
@@ -138,112 +140,20 @@ def simulate(
         sweeps = (rate_sweep.compare_kv(dep, wl, target, num_requests, seed, eff, tick, min_seconds) if compare_kv
                   else [rate_sweep.sweep(dep, wl, target, num_requests, seed, eff, tick, min_seconds=min_seconds)])
     if as_json:
-        print(json.dumps(_json_safe([{**s.to_dict(), "intervals": terminal.sweep_intervals(dep, s)} for s in sweeps]),
+        print(json.dumps(_json_safe([{**s.to_dict(), "intervals": simulated.sweep_intervals(dep, s)} for s in sweeps]),
                          indent=2))
     else:
-        terminal.print_sweeps(sweeps, dep, wl, num_requests, min_seconds)
+        simulated.print_sweeps(sweeps, dep, wl, num_requests, min_seconds, details)
         _own_factors(calibration)
 
 
 def _own_factors(calibration: str | None) -> None:
+    from bench.report import screen
+
     if calibration:
-        print(f"The intervals measure the shipped factors' errors on the published corpus, not those of {calibration}: "
-              "factors fitted to your own runs have no interval until their runs are scored like the corpus.")
-
-
-def validate(
-    fit: bool = typer.Option(False, "--fit", help="Fit the model's factors to the corpus first (writes "
-                             "data/calibration/corpus.json and validation.json, with leave-one-source-out error)."),
-    case: str = typer.Option(None, help="Only the cases whose 'source/case' id contains this text."),
-    rounds: int = typer.Option(6, help="Rounds of the fit's coordinate search (with --fit)."),
-    rescore: bool = typer.Option(False, "--rescore", help="Replay validation.json's cases with today's model and "
-                                 "the last fit's factors, without fitting again (after a change that adds no "
-                                 "fitted factor)."),
-    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
-) -> None:
-    """Replay every published SGLang measurement (data/measurements) through the scheduler and performance model,
-    the way its benchmark ran it; predicted vs published per case, and the error summary."""
-    from rich.console import Console
-    from rich.progress import Progress
-
-    from bench.model import corpus, interval, load_efficiency
-    from bench.model import fit as fitting
-    from bench.model import validate as val
-    from bench.report import terminal
-
-    matching = [c for c in corpus.load() if not case or case in c.key]
-    if not matching:
-        raise BadInput(f"no published case matches {case!r}")
-    cases = [c for c in matching if c.kind != "disaggregated"]  # replayed apart, by validate_pd
-    goal = [c for c in cases if fitting.in_goal(c) is None]
-    with Progress(transient=True, disable=as_json) as bar:
-        if fit:
-            if case:
-                raise BadInput("--fit fits the whole corpus; leave out --case")
-            task = bar.add_task("fitting on every source", total=None)
-            say = lambda msg: bar.update(task, description=msg)  # noqa: E731
-            replayer = fitting.Replayer()
-            try:
-                scale, _ = fitting.fit(goal, replayer, say, rounds)
-                out_of_sample, by_org = fitting.leave_one_source_out(goal, replayer, say, rounds)
-                in_sample = replayer(goal, scale)
-                excluded = replayer([c for c in cases if fitting.in_goal(c) is not None], scale)
-            finally:
-                replayer.close()
-            fitting.write(scale, in_sample, out_of_sample, by_org, excluded)
-        elif rescore:
-            if case:
-                raise BadInput("--rescore replays the whole corpus; leave out --case")
-            bar.add_task("replaying every case with the last fit's factors", total=None)
-            replayer = fitting.Replayer()
-            try:
-                fitting.rescore(goal, [c for c in cases if fitting.in_goal(c) is not None], replayer)
-            finally:
-                replayer.close()
-        task = bar.add_task("replaying the published cases", total=len(cases))
-        replays = []
-        for c in cases:
-            replays.append(val.replay(c, load_efficiency(c.gpu, fitted=False)))
-            bar.advance(task)
-    validation = fitting.stored_validation()
-    report = val.report(replays, goal, validation)
-    report["interval_coverage"] = interval.coverage()
-    pd_replays = _pd_replays(matching)
-    if as_json:
-        print(json.dumps(report | {"disaggregated": [_pd_json(r) for r in pd_replays]}, indent=1, default=str))
-        return
-    console = Console(width=max(Console().width, 200))
-    why = {c.key: fitting.in_goal(c) or "" for c in cases}
-    console.print(terminal.validation_table(replays, "Published SGLang measurements: published vs predicted", why))
-    console.print(terminal.error_summary_table(report["summaries"], "Error summary (|predicted / published - 1|, "
-                                               "cases in brackets)"))
-    for row in report["gpu_ranking"]:
-        console.print(f"GPUs ranked for {row['config']}: published {' > '.join(row['published_order'])}; predicted "
-                      f"{' > '.join(row['predicted_order'])}{'' if row['agrees'] else '  (DISAGREES)'}")
-    console.print(report["verdict"])
-    console.print(terminal.coverage_table(report["interval_coverage"]))
-    if pd_replays:
-        _print_pd_replays(console, pd_replays)
-
-
-def _pd_replays(cases) -> list:
-    from bench.model.pd import validate as validate_pd
-
-    return validate_pd.replay_all(cases)
-
-
-def _pd_json(r) -> dict:
-    return {"case": r.case.key, "phase": r.case.pd.get("phase"), "gpu": r.case.gpu, "gpus": r.case.gpus,
-            "model": r.case.model, "predicted": r.predicted, "errors": r.errors, "why_not": r.why_not,
-            "uncertain": list(r.case.uncertain)}
-
-
-def _print_pd_replays(console, replays) -> None:
-    from bench.report import pd as pd_report
-
-    console.print(pd_report.validation_table(replays))
-    console.print("These prefill/decode-disaggregated, wide-EP cases are few (two posts, neither states its SGLang "
-                  "version) and not in the goal above: the disaggregated plan rests on little evidence.")
+        screen.show([f"The intervals measure the shipped factors' errors on the published corpus, not those of "
+                     f"{calibration}: factors fitted to your own runs have no interval until their runs are scored "
+                     "like the corpus."])
 
 
 def plan(
@@ -282,12 +192,11 @@ def plan(
     with --pd, the cheapest prefill/decode disaggregated answer beside it, why one wins, and its launch commands."""
     import os
 
-    from rich.console import Console
     from rich.progress import Progress
 
     from bench.model import Question, make_plan, parse_slo
     from bench.model.answer import make_headline
-    from bench.report import terminal, wording
+    from bench.report import screen, terminal, wording
 
     if workload and (input_len or output_len):
         raise BadInput("give --workload or --input-len/--output-len, not both")
@@ -322,16 +231,15 @@ def plan(
                           "notes": result.notes}
                          | ({"disaggregated": _finite(versus.to_json())} if versus else {}), indent=1, default=str))
         return
-    width = Console().width
-    print("\n".join(wording.headline_lines(head, min(width, 100))))
-    print("\n".join(textwrap.wrap(wording.prices(q), min(width, 100), subsequent_indent="  ")))  # given or catalog
+    print("\n".join(wording.headline_lines(head, min(screen.width(), screen.SCREEN))))
+    screen.show([wording.prices(q)])  # given or catalog
     you = result.chosen
     if not details:
         if you is not result.recommended and you.serves:  # the deployment asked about (--gpu, --tp, ...)
             print(f"Yours: {you.label}: {you.gpus_needed} GPUs, {wording.money(you.monthly_cost)} a month")
-        print("More: --details (the tables, why the rest lost, every launch line) or --json.")
+        print(screen.more("the tables, why the rest lost, every launch line"))
         return
-    console = Console(width=max(width, 120))
+    console = screen.tables_console()
     rec = result.recommended
     if rec:
         console.print(wording.interval(rec, q.slo.percentile))

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from rich.table import Table
+from rich.table import Column, Table
 
 from bench.model.pd import launch as disagg_launch
 from bench.model.pd import versus as pd_versus
+from bench.report import screen
 
 
 def _money(x: float | None) -> str:
@@ -88,19 +89,23 @@ def launch_lines(v: pd_versus.Versus) -> list[str]:
 
 
 def validation_table(replays: list) -> Table:
-    """The disaggregated cases: phase, published figure, predicted, error (bench/model/pd/validate.py)."""
-    t = Table(title="Prefill/decode disaggregated, wide-EP published runs: published vs predicted (apart from the "
-              "colocated corpus)")
-    for col in ("case", "phase", "GPUs", "figure", "published", "predicted", "error", "note"):
-        t.add_column(col)
+    """The disaggregated cases: each case, its phase and GPUs below it; published figure, predicted, error
+    (bench/model/pd/validate.py)."""
+    room = max((len(r.case.key) for r in replays), default=20)
+    t = screen.table(Column("case\n  phase, GPUs; note", width=room), screen.name("figure"),
+                     screen.figure("published"), screen.figure("predicted"), screen.figure("error"),
+                     title="Prefill/decode disaggregated, wide-EP published runs: published vs predicted (apart from "
+                           "the colocated corpus)")
     for r in replays:
         published = r.case.pd.get("published", {})
+        where = f"{r.case.pd.get('phase')} on {r.case.gpus} x {r.case.gpu}"
         if not r.errors:
-            t.add_row(r.case.key, str(r.case.pd.get("phase")), f"{r.case.gpus} x {r.case.gpu}", "-", "-", "-", "-",
-                      r.why_not or "")
+            below = screen.wrapped(f"  {where}; {r.why_not or ''}", room)
+            t.add_row("\n".join([r.case.key, *below]), "-", "-", "-", "-")
             continue
+        case = "\n".join([r.case.key, *screen.wrapped(f"  {where}; {len(r.case.uncertain)} uncertain point(s) in "
+                                                       "the case", room)])
         for figure, err in r.errors.items():
-            t.add_row(r.case.key, str(r.case.pd.get("phase")), f"{r.case.gpus} x {r.case.gpu}", figure,
-                      f"{float(published[figure]):,.0f}", f"{r.predicted[figure]:,.0f}", f"{err:+.0%}",
-                      f"{len(r.case.uncertain)} uncertain point(s) in the case")
+            t.add_row(case, figure, f"{float(published[figure]):,.0f}", f"{r.predicted[figure]:,.0f}", f"{err:+.0%}")
+            case = ""
     return t

@@ -5,13 +5,13 @@ figures written with their units, or plainly when there is none ("no rate meets 
 from __future__ import annotations
 
 import math
-import textwrap
 
 import pandas as pd
 
 from bench.model import HOURS_PER_MONTH, Option, Plan, Question, capacity, catalog, formats
 from bench.model import prices as gpu_prices
 from bench.model.answer import Headline, Saving
+from bench.report.screen import wrapped
 
 NONE_MEETS = "no rate meets the SLO"
 
@@ -263,7 +263,7 @@ def headline_lines(h: Headline, width: int = 100, launch: bool = True) -> list[s
     the report's first section: the deployment, its figures and range, what FP8 KV and the expert format buy, the
     risks, the runner-up of the other kind, and the first launch line."""
     def wrap(text: str) -> list[str]:
-        return textwrap.wrap(text, width, subsequent_indent="  ", break_long_words=False, break_on_hyphens=False)
+        return wrapped(text, width)
 
     out = wrap(h.question)
     if h.kind == "none":
