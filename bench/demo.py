@@ -18,7 +18,7 @@ from rich.console import Console
 from bench.campaign import load_campaign, run_campaign
 from bench.model import Question, catalog
 from bench.model import capacity as cap
-from bench.report import terminal
+from bench.report import gain_line, terminal
 
 MODELS = ("kimi-k2-thinking", "glm-4.6")
 
@@ -70,19 +70,3 @@ def report_question(model: str) -> Question:
                     search_gpus=("h200",))
 
 
-def _x(v: float | None) -> str:
-    return "-" if v is None else f"{v:.2f}x"
-
-
-def gain_line(g: dict) -> str:
-    """One gain as the demo and its benchmark print it: measured with its 90 % interval, what that says and how the
-    interval was found."""
-    from bench.report import gain_said
-
-    if g.get("busy"):  # bench/report/campaign.py: a twin that fell further behind than the gain's interval is wide
-        return f"{g['deployment']} vs {g['baseline']}, {g['load']}: {gain_said(g)}; predicted {_x(g['predicted_gain'])}"
-    lo, hi = g.get("gain_interval") or [None, None]
-    interval = f" [{lo:.2f}-{hi:.2f}]" if lo is not None and hi is not None else ""
-    return (f"{g['deployment']} vs {g['baseline']}, {g['load']}: measured {_x(g['measured_gain'])}{interval} at "
-            f"saturation, {gain_said(g)}; predicted {_x(g['predicted_gain'])}"
-            + (f" ({g['error']:+.0%})" if g["error"] is not None else ""))

@@ -18,8 +18,12 @@ def campaign(
     stop_orphans: bool = typer.Option(False, "--stop-orphans", help="Only stop what campaigns whose runner is gone "
                                       "left running in --db: their templates' stop commands (remote servers), "
                                       "then their processes on this host."),
+    details: bool = typer.Option(False, "--details", help="After the gains and each cell's rates: each cell's "
+                                 "predicted $/1M, repeats, bracket, stages and where the SLO broke; what each gain's "
+                                 "interval says."),
 ) -> None:
-    """Run a benchmark matrix: deployments (SGLang launches, twins, URLs) x loads, sweeps to saturation."""
+    """Run a benchmark matrix: deployments (SGLang launches, twins, URLs) x loads, sweeps to saturation; at the end
+    the gains against each baseline, then each cell's highest rate within the SLO (--details: the rest)."""
     from pathlib import Path
 
     from bench.campaign import load_campaign, operator_templates, run_campaign
@@ -42,7 +46,7 @@ def campaign(
         cid = run_campaign(spec, Path(db), source=file, resume=resume)
     except KeyboardInterrupt:
         raise typer.Exit(130) from None
-    if _report(cid, Path(db), report) != "completed":
+    if _report(cid, Path(db), report, details) != "completed":
         raise typer.Exit(1)  # some cell failed: the tables above say which and why
 
 
@@ -53,14 +57,15 @@ def _stop_orphans(db) -> None:  # noqa: ANN001
     print(f"{db}: {n} leftover server(s) stopped" if n else f"{db}: nothing a campaign left is running")
 
 
-def _report(cid: str, db, out: str | None) -> str:
-    """Prints the campaign's tables (and writes its HTML); returns its status."""
-    from rich.console import Console
-
+def _report(cid: str, db, out: str | None, details: bool) -> str:
+    """Prints the campaign's answer and tables (and writes its HTML); returns its status."""
     from bench import report as rep
+    from bench.report import screen
 
     matrix = rep.campaign_matrix(db, cid)
-    Console(width=160).print(rep.campaign_tables(matrix))
+    html = f"the HTML page: capbench report --campaign {cid} --db {db} --out FILE.html"
+    screen.show(rep.campaign_answer(matrix) + ([] if details else [screen.more(rep.CAMPAIGN_MORE, html)]))
+    screen.tables_console().print(rep.campaign_tables(matrix, details))
     if out:
         rep.write_campaign(matrix, out)
         print(f"campaign report: {out}")

@@ -1,7 +1,7 @@
 """A campaign's report: per deployment and load the highest rate measured within the SLO and its $ per 1M output
 tokens; each deployment against its baseline at saturation (FP8 KV, INT4 experts, the checksum's overhead),
 measured and predicted. One function makes the figures (campaign_matrix), one the tables (campaign_sections);
-the CLI, the HTML page and the dashboard's Campaigns page all show those tables.
+the CLI (campaign_screen.py), the HTML page and the dashboard's Campaigns page all show those tables.
 
 Rates are requests/s of the deployment's own GPUs (a twin's are divided by its time scale); $ per 1M output tokens
 is usd_per_million (bench/model/step/perfmodel.py) at the output tokens/s of that rate, the catalog's $/GPU-hour.
@@ -245,25 +245,6 @@ def _behind(c: dict) -> str:
 def _first_line(text: str | None) -> str:
     """A cell's error in one line (a running or pending cell has none yet)."""
     return next(iter((text or "").splitlines()), "")[:90]
-
-
-def campaign_tables(m: Matrix):
-    """The sections as rich tables, for the terminal."""
-    from rich.console import Group
-    from rich.table import Table
-
-    tables = []
-    for title, head, rows in campaign_sections(m):
-        t = Table(title=title)
-        for h in head:
-            left = h in ("cell", "status", "deployment", "baseline", "load", "what differs", "saturation / error",
-                         "what it says")
-            # a cell's name is its key: folded, never cut short
-            t.add_column(h, justify="left" if left else "right", overflow="fold", no_wrap=h == "cell")
-        for r in rows:
-            t.add_row(*r)
-        tables.append(t)
-    return Group(*tables)
 
 
 def campaign_html(m: Matrix) -> str:

@@ -171,11 +171,11 @@ def validation_answer(report: dict, cases: int, in_goal: int, disaggregated: int
 
 def error_summary_table(summaries: dict[str, dict], title: str) -> Table:
     """Rows: in-sample / out-of-sample ...; columns per figure: median and worst |error|, cases beyond 1.5x."""
-    table = screen.table(screen.prose("", 34), title=title)
+    table = screen.table(screen.prose("", 20), title=title)
     for _, head in FIGURES:
         table.add_column(f"{head}\nmedian", justify="right")
         table.add_column("\nworst", justify="right")
-        table.add_column("\n> 1.5x", justify="right")
+        table.add_column("\n>1.5x", justify="right")
     for label, s in summaries.items():
         row = [label]
         for figure, _ in FIGURES:
