@@ -82,7 +82,8 @@ def validate(
     if not details:
         return
     why = {c.key: fitting.in_goal(c) or "" for c in cases}
-    console.print(terminal.validation_table(replays, "Published SGLang measurements: published vs predicted", why))
+    if replays:
+        console.print(terminal.validation_table(replays, "Published SGLang measurements: published vs predicted", why))
     for row in report["gpu_ranking"]:
         console.print(f"GPUs ranked for {row['config']}: published {' > '.join(row['published_order'])}; predicted "
                       f"{' > '.join(row['predicted_order'])}{'' if row['agrees'] else '  (DISAGREES)'}")
