@@ -12,6 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 CAPBENCH = str(Path(sys.executable).parent / "capbench")
 SIM = ["simulate", "--model", "glm-4.6", "--gpu", "h200", "--tp", "8", "--workload", "chat", "--num-requests", "100"]
 SWEEP = [*SIM, "--sweep", "--compare-kv", "--min-seconds", "30"]
@@ -88,6 +90,7 @@ def test_simulate_sweep_answers_with_the_highest_rates_first(tmp_path):
     _fits_120(_capbench(tmp_path, 120, *SWEEP, "--details"), ["all at once", "bf16 KV", "fp8_e4m3 KV", "glm-4.6"])
 
 
+@pytest.mark.slow  # three replays of the corpus, ~40 s
 def test_validate_answers_with_the_verdict_and_every_case_fits_120_columns(tmp_path):
     report = json.loads(_capbench(tmp_path, 100, "validate", "--json"))
     screen = _first_screen(_capbench(tmp_path, 100, "validate"))
@@ -112,6 +115,7 @@ loads:
 """
 
 
+@pytest.mark.slow  # two campaigns of two twins, ~30 s
 def test_campaign_summary_answers_with_the_gain_first(tmp_path):
     (tmp_path / "c.yaml").write_text(CAMPAIGN)
     out = _capbench(tmp_path, 100, "campaign", "c.yaml", "--db", "a.duckdb")
