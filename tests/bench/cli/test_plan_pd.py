@@ -62,6 +62,9 @@ def test_validate_reports_the_disaggregated_cases_apart_with_their_errors():
         assert r["why_not"] is None, case
         (figure, err), = r["errors"].items()
         assert r["predicted"][figure] > 0 and -1 < err < 10
-    text = capbench("validate", "--case", "large-scale-ep")
+    first = capbench("validate", "--case", "large-scale-ep")  # the first screen counts them; --details shows them
+    said = " ".join(first.stdout.split())
+    assert first.returncode == 0 and "and 6 disaggregated" in said and "More: --details" in said
+    text = capbench("validate", "--case", "large-scale-ep", "--details")
     assert text.returncode == 0 and "Prefill/decode disaggregated, wide-EP published runs" in text.stdout
     assert "little evidence" in text.stdout
