@@ -36,13 +36,16 @@ def gain_line(g: dict) -> str:
 
 
 def campaign_answer(m: Matrix) -> list[str]:
-    """The first screen: the campaign, its cells' outcome, and each gain in one paragraph."""
+    """The first screen: the campaign, its cells' outcome, each gain in one paragraph, why each failed cell did."""
     done = sum(c["status"] == "completed" for c in m.cells)
     failed = sum(c["status"] == "failed" for c in m.cells)
     out = [f"Campaign {m.name} ({m.campaign_id}, {m.status}): {len(m.cells)} cells, {done} completed"
            + (f", {failed} failed" if failed else "") + "."]
     for g in m.gains:
         out.append(headline(g) if "quality" in g else f"{g['what']}, {gain_line(g)}")
+    for c in m.cells:
+        if c["status"] == "failed":
+            out.append(f"{c['cell']} failed: {next(iter((c.get('error') or 'no error recorded').splitlines()))}")
     return out
 
 
