@@ -259,8 +259,7 @@ def plan(
         _print_versus(console, versus)
     if head.kind == "colocated" and len(head.launch) > 1:
         console.print("Launch commands of the answer, one per node:")
-        for line in head.launch:
-            console.print(line, markup=False, soft_wrap=True)
+        _print_commands(console, head.launch)
 
 
 def _versus(result, max_nodes: int):
@@ -278,8 +277,16 @@ def _print_versus(console, versus) -> None:
     lines = pd_report.launch_lines(versus)
     if lines:
         console.print("Launch commands of the disaggregated answer (replace the *_NODE0 hosts):")
-        for line in lines:
-            console.print(line, markup=False, soft_wrap=True)
+        _print_commands(console, lines)
+
+
+def _print_commands(console, lines: list[str]) -> None:
+    """Shell commands as lines within the tables' width, joined by backslashes (comments as they are)."""
+    from bench.report import screen, wording
+
+    for line in lines:
+        for part in [line] if line.startswith("#") else wording.shell_wrapped(line, screen.TABLES):
+            console.print(part, markup=False, soft_wrap=True)
 
 
 def _json_safe(obj):

@@ -50,11 +50,12 @@ def versus_rows(v: pd_versus.Versus) -> list[dict]:
 
 
 def versus_table(v: pd_versus.Versus) -> Table:
-    t = Table(title="Colocated vs prefill/decode disaggregated, cheapest of each for the target load")
-    for col in COLUMNS:
-        t.add_column(col)
-    for row in versus_rows(v):
-        t.add_row(*(row[col] for col in COLUMNS))
+    """versus_rows turned on their side (a figure a row, the two answers side by side) to fit screen.TABLES."""
+    rows = versus_rows(v)
+    t = screen.table(screen.name(""), *(screen.prose(r[""], 48) for r in rows),
+                     title="Colocated vs prefill/decode disaggregated, cheapest of each for the target load")
+    for col in COLUMNS[1:]:
+        t.add_row(col, *(r[col] for r in rows))
     return t
 
 

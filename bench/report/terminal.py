@@ -196,26 +196,29 @@ def _duration(v: float | None) -> str:
 
 
 def plan_table(options: list, title: str, q) -> Table:
-    """Simulated options: parallelism, KV and weights, rate within the SLO, per-GPU and per-user speed, cost."""
-    table = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False)
+    """Simulated options: the deployment (GPU, parallelism, experts and KV, ★ the recommended), rate within the SLO,
+    per-GPU and per-user speed, latencies, what limits it, cost; cells stacked to fit screen.TABLES columns."""
     p = q.slo.percentile
-    for col in ("", "GPU", "tp/dp/ep", "experts, KV", "req/s per instance (80 %)", "out tok/s per GPU",
-                "tok/s per user", f"TTFT p{p}", f"TPOT p{p}", f"E2E p{p}", "limited by", "$ / 1M out", "instances",
-                "GPUs (80 %)", "$ / month"):
-        table.add_column(col, justify="left" if col in ("", "GPU", "tp/dp/ep", "experts, KV", "limited by")
-                         else "right", overflow="fold")
+    table = screen.table(screen.name("deployment"), screen.figure("req/s an\ninstance\n(80 %)"),
+                         screen.figure("out tok/s\nper GPU"), screen.figure("tok/s\nper user"),
+                         screen.figure(f"TTFT p{p}\nTPOT p{p}\nE2E p{p}"), screen.prose("limited by", 10),
+                         screen.figure("$/1M\nout"), screen.figure("instances\nGPUs (80 %)"),
+                         screen.figure("$/month\n(up to)"), title=title)
     for o in options:
         pr, iv = o.prediction, o.interval()
-        mark = "★" if o.recommended else ("you" if o.chosen else "")
-        table.add_row(mark, o.config.gpu, o.config.parallelism(), o.short_label,
-                      (f"{pr.rate_rps:,.2f}" + (f" ({iv['rate_rps'][0]:,.2f}-{iv['rate_rps'][1]:,.2f})" if iv else ""))
-                      if pr else "-", f"{o.output_tps_per_gpu:,.0f}" if o.serves else "-",
-                      f"{pr.tps_per_user:,.0f}" if o.serves else "-", _duration(pr.ttft_s if pr else None),
-                      _duration(pr.tpot_s if pr else None), _duration(pr.e2e_s if pr else None),
+        mark = "★ " if o.recommended else ("you: " if o.chosen else "")
+        where = f"{mark}{o.config.gpu} {o.config.parallelism()}"
+        table.add_row("\n".join([where, *screen.wrapped(o.short_label, max(24, len(where)))]),
+                      (f"{pr.rate_rps:,.2f}" + (f"\n({iv['rate_rps'][0]:,.2f}-{iv['rate_rps'][1]:,.2f})" if iv
+                                                else "")) if pr else "-",
+                      f"{o.output_tps_per_gpu:,.0f}" if o.serves else "-",
+                      f"{pr.tps_per_user:,.0f}" if o.serves else "-",
+                      "\n".join(_duration(getattr(pr, k) if pr else None) for k in ("ttft_s", "tpot_s", "e2e_s")),
                       (pr.limited_by + ("" if pr.converged else " (not converged)")) if pr else "-",
-                      _money(o.usd_per_m_output), str(o.instances_needed or "-"),
-                      f"{o.gpus_needed} ({iv['gpus_needed'][0]}-{iv['gpus_needed'][1]})" if iv else "-",
-                      _money(o.monthly_cost, 0) + (f" (up to {_money(iv['monthly_cost'][1], 0)})" if iv else ""))
+                      _money(o.usd_per_m_output),
+                      f"{o.instances_needed or '-'}\n"
+                      + (f"{o.gpus_needed} ({iv['gpus_needed'][0]}-{iv['gpus_needed'][1]})" if iv else "-"),
+                      _money(o.monthly_cost, 0) + (f"\n({_money(iv['monthly_cost'][1], 0)})" if iv else ""))
     return table
 
 
@@ -226,11 +229,8 @@ def rejected_table(options: list) -> Table:
         if o.rejected_because:
             key = o.rejected_because.split(":")[0]
             groups.setdefault(key, []).append(o)
-    table = Table(title="Rejected configurations: why not more capacity or less cost", box=box.SIMPLE_HEAD,
-                  pad_edge=False)
-    table.add_column("why")
-    table.add_column("configurations", justify="right")
-    table.add_column("for example", overflow="fold")
+    table = screen.table(screen.prose("why", 24), screen.figure("configurations"), screen.prose("for example"),
+                         title="Rejected configurations: why not more capacity or less cost")
     for why, opts in sorted(groups.items(), key=lambda kv: -len(kv[1])):
         table.add_row(why, str(len(opts)), f"{opts[0].label}: {opts[0].rejected_because}")
     return table

@@ -1,8 +1,8 @@
 """The first screen answers (bench/report/screen.py, the pattern `capbench plan` set): `capbench simulate` (a rate,
 --compare-kv, --sweep), `capbench validate` and `capbench campaign`'s summary, run as users run them (the installed
-capbench from a tmp folder). At COLUMNS=100 the first 15 lines fit 100 columns and hold the answer; at COLUMNS=120
-no line is wider than 120 and no name is split across lines (a table that folds a cell continues the name on the
-next line, in the same column)."""
+capbench from a tmp folder); `capbench plan --details`'s tables fit too. At COLUMNS=100 the first 15 lines fit 100
+columns and hold the answer; at COLUMNS=120 no line is wider than 120 and no name is split across lines (a table that
+folds a cell continues the name on the next line, in the same column)."""
 
 from __future__ import annotations
 
@@ -34,16 +34,20 @@ def _first_screen(text: str) -> str:
 
 def _split(name: str, lines: list[str]) -> list[str]:
     """Where `name` ends a cell on one line and goes on in the same column on the next (or a wrapped line's start)."""
+    def ends(text: str, at: int) -> bool:  # a word ends at `at`
+        return at >= len(text) or not (text[at].isalnum() or text[at] in "-_.")
+
     out = []
     for a, b in zip(lines, lines[1:], strict=False):
         for k in range(1, len(name)):
             head, tail = name[:k], name[k:]
             start = a.find(head)
             while start >= 0:
-                ends_cell = start + k == len(a.rstrip()) or a[start + k] == " "
-                if ends_cell and (start == 0 or a[start - 1] == " ") and (
-                        b[start:].startswith(tail) or b.lstrip().startswith(tail) and not a[:start].strip()):
-                    out.append(f"{a.rstrip()!r} / {b.rstrip()!r}")
+                if ends(a, start + k) and (start == 0 or a[start - 1] == " "):
+                    at = start if b[start:].startswith(tail) else len(b) - len(b.lstrip()) if (
+                        b.lstrip().startswith(tail) and not a[:start].strip()) else None
+                    if at is not None and ends(b, at + len(tail)):
+                        out.append(f"{a.rstrip()!r} / {b.rstrip()!r}")
                 start = a.find(head, start + 1)
     return out
 
@@ -127,3 +131,12 @@ def test_campaign_summary_answers_with_the_gain_first(tmp_path):
     details = _capbench(tmp_path, 120, "campaign", "c.yaml", "--db", "b.duckdb", "--details")
     _fits_120(details, ["glm-fp8-block12/chat", "glm-bf16/chat", "glm-fp8-block12", "glm-bf16", "FP8 KV"])
     assert "saturation / error:" in details and "what it says:" in details and "Each cell, the rest" in details
+
+
+def test_plan_details_fit_120_columns_without_splitting_a_name(tmp_path):
+    plan = ["plan", "--model", "glm-4.6", "--gpus", "h200", "--rate", "5", "--max-nodes", "1"]
+    rows = json.loads(_capbench(tmp_path, 120, *plan, "--json"))["configurations"]
+    details = _capbench(tmp_path, 120, *plan, "--details")
+    words = {w.strip(",()") for r in rows for w in f"{r['gpu']} {r['short']}".split()} - {""}
+    _fits_120(details, sorted(words) + ["--kv-cache-dtype", "--mem-fraction-static"])
+    assert "★ h200" in details and "Rejected configurations" in details

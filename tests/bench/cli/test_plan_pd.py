@@ -34,8 +34,9 @@ def test_plan_prints_the_comparison_and_every_launch_line():
     assert out.returncode == 0, out.stderr
     assert "Colocated vs prefill/decode disaggregated" in out.stdout
     assert "little evidence" in out.stdout
-    assert "--disaggregation-mode prefill" in out.stdout and "--disaggregation-mode decode" in out.stdout
-    assert "sglang_router.launch_router --pd-disaggregation" in out.stdout
+    commands = out.stdout.replace(" \\\n  ", " ")  # shell lines joined by backslashes within 120 columns
+    assert "--disaggregation-mode prefill" in commands and "--disaggregation-mode decode" in commands
+    assert "sglang_router.launch_router --pd-disaggregation" in commands
 
 
 def test_no_pd_leaves_the_plan_as_it_was():
