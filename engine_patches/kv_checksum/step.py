@@ -13,7 +13,7 @@ collective. A verdict holds for the positions it covered: nothing is inserted wh
 each page at its position, an eviction only shortens a path, and pages loaded back meanwhile are pending (never
 compared). A request whose path grew past what was checked, or that was not among the candidates, is checked on
 its own as before (counted in `fallbacks`). Pending pages (a HiCache load not yet acknowledged) are not compared:
-a request whose path reaches one before its cut waits (its verdict says where), agreed in the same all-reduce.
+a request whose path reaches one before its cut waits (its verdict says where), packed into the same all-reduce.
 """
 
 from __future__ import annotations
@@ -89,7 +89,24 @@ class StepChecks:
         cuts = [NO_CUT if c >= matched else c for c, (_, matched, _, _) in zip(cuts, entries, strict=True)]
         waits = [min([NO_CUT] + [pos for nid, pos in pending if nid in nodes and pos < end])
                  for _, _, nodes, end in entries]
-        agreed = tree._agree_all(cuts + waits)
-        n = len(entries)
-        return {id(req): (matched, cut, wait)
-                for (req, matched, _, _), cut, wait in zip(entries, agreed[:n], agreed[n:], strict=True)}
+        agreed = tree._agree_all([pack(c, w) for c, w in zip(cuts, waits, strict=True)])
+        return {id(req): (matched, *unpack(v)) for (req, matched, _, _), v in zip(entries, agreed, strict=True)}
+
+
+PACKED_NONE = (1 << 63) - 1
+
+
+def pack(cut: int, wait: int) -> int:
+    """A request's verdict as one int for the MIN all-reduce: the earlier of its cut and its first pending page,
+    and which one it is. Pending pages are the same on every rank (loads are acknowledged in lockstep), cuts may
+    differ: the MIN is the smallest cut, or a wait where a pending page comes before every rank's cut. A waiting
+    request is not admitted this step; a bad page behind its wait stays marked and cuts it at a later step."""
+    at = min(cut, wait)
+    return PACKED_NONE if at >= NO_CUT else 2 * at + (wait < cut)
+
+
+def unpack(value: int) -> tuple[int, int]:
+    """(cut, first pending page) of a packed verdict; NO_CUT where there is none."""
+    if value == PACKED_NONE:
+        return NO_CUT, NO_CUT
+    return (NO_CUT, value >> 1) if value & 1 else (value >> 1, NO_CUT)

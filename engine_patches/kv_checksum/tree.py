@@ -49,7 +49,7 @@ from engine_patches.kv_checksum.hicache import HiCacheChecksums
 from engine_patches.kv_checksum.hooks import register_seals
 from engine_patches.kv_checksum.metrics import kv_checksum_metrics
 from engine_patches.kv_checksum.seals import Check, PageSeals, forget_on_free
-from engine_patches.kv_checksum.step import StepChecks
+from engine_patches.kv_checksum.step import StepChecks, pack, unpack
 
 logger = logging.getLogger(__name__)
 
@@ -159,7 +159,7 @@ class ChecksummedUnifiedRadixCache(HiCacheChecksums, UnifiedRadixCache):
                 cut = min(cut, check.bad_rows[0] * self.page_size)
             if check.pending_rows:
                 wait = check.pending_rows[0] * self.page_size
-            cut, wait = self._agree_all([cut, wait])
+            cut, wait = unpack(self._agree_min(pack(cut, wait)))
         else:
             cut = self._agree_min(cut)
         if admission and wait < cut:

@@ -17,6 +17,7 @@ import torch
 from prometheus_client import REGISTRY
 from sglang.srt.mem_cache.radix_cache import RadixKey
 
+from engine_patches.kv_checksum.step import NO_CUT, pack
 from tests.engine_patches.kv_server import Geometry, Server
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -104,7 +105,7 @@ def test_ranks_agree_once_per_step_on_the_smallest_cut(warm):
     def all_reduce(t: torch.Tensor, op) -> None:  # the other rank's vector, reduced as torch.distributed would
         assert op == torch.distributed.ReduceOp.MIN
         calls.append(t.clone())
-        other = torch.where(torch.tensor(owners) == 0, other_rank_cut, t)
+        other = torch.where(torch.tensor(owners) == 0, pack(other_rank_cut, NO_CUT), t)  # its packed verdict
         t.copy_(torch.minimum(t, other))
 
     s.tree._all_reduce = all_reduce
