@@ -172,7 +172,7 @@ class HiCacheChecksums:
             self.kv_host_seals.read_on_gpu(self.kv_seals.device)
         # load first, check on the device (module docstring); inline for trees whose loads bind request state
         self.kv_check_loads_on_device = os.environ.get(HOST_CHECK_INLINE) != "1" and len(self._components_tuple) == 1
-        self._kv_load_deferred = self._kv_load_started = False
+        self._kv_load_deferred = self._kv_load_started = self._kv_loaded_any = False
         self._kv_loading: dict[int, torch.Tensor] = {}  # load ack node id -> device pages in flight
         self._kv_rewrites: dict[int, tuple[torch.Tensor, int, int]] = {}  # node -> bad host copy (indices, span)
         # device page -> host page it was loaded from, until the page's first check after its load arrived (-1)
@@ -191,8 +191,10 @@ class HiCacheChecksums:
             self.kv_host_seals.forget(indices)
             freed_cpu = indices.cpu().to(torch.int64)
             freed = set(freed_cpu.tolist())
-            gone = torch.isin(self.kv_loaded_from, (freed_cpu[:: self.page_size] // self.page_size).to(seals.device))
-            self.kv_loaded_from[gone] = -1
+            if self._kv_loaded_any:
+                host_pages = (freed_cpu[:: self.page_size] // self.page_size).to(seals.device)
+                gone = torch.isin(self.kv_loaded_from, host_pages)
+                self.kv_loaded_from.masked_fill_(gone, -1)
             for node_id, (host, _, _) in list(self._kv_rewrites.items()):
                 if freed.intersection(host.tolist()):
                     del self._kv_rewrites[node_id]  # the bad host copy is gone: nothing to rewrite
@@ -285,6 +287,8 @@ class HiCacheChecksums:
     def kv_loaded_pages_checked(self, pages: torch.Tensor, check, known_only: torch.Tensor | None) -> None:
         """After a device check of `pages`: a loaded page found bad marks the host copy it came from bad (refused
         at its next load, then rewritten); a loaded page that has had its check is no longer tracked."""
+        if not self._kv_loaded_any:
+            return
         dev = self.kv_loaded_from.device
         if check.new_rows:
             host = self.kv_loaded_from[pages[check.new_rows].to(dev)]
@@ -292,10 +296,13 @@ class HiCacheChecksums:
             if len(host):
                 self.kv_host_seals.bad[host] = True
                 self._log_action("loaded_copy_bad", host_pages=len(host))
-        done = torch.ones(len(pages), dtype=torch.bool)
-        done[check.pending_rows] = False
-        done = done.to(dev) if known_only is None else done.to(dev) & ~known_only.to(dev)
-        self.kv_loaded_from[pages.to(dev)[done]] = -1
+        keep = torch.zeros(len(pages), dtype=torch.bool, device=dev)  # not compared: still tracked
+        if check.pending_rows:
+            keep[torch.tensor(check.pending_rows, device=dev)] = True
+        if known_only is not None:
+            keep |= known_only.to(dev)
+        idx = pages.to(dev)
+        self.kv_loaded_from[idx] = torch.where(keep, self.kv_loaded_from[idx], -1)  # no masked indexing: no sync
 
     def kv_rewrite_host_copies(self) -> None:
         """Write recomputed KV over host copies that failed their check, once it is back on the device."""
@@ -334,6 +341,7 @@ class HiCacheChecksums:
         sums = self.kv_host_seals.sums[self.kv_host_seals.pages_of(host_indices)].to(seals.device)
         seals.carry(pages, sums)  # bytes still in flight: not compared until the load is acknowledged
         self.kv_loaded_from[pages] = self.kv_host_seals.pages_of(host_indices).to(seals.device)
+        self._kv_loaded_any = True
         self._kv_loading[node_id] = pages
 
     def loading_check(self, finish_count=None) -> None:
