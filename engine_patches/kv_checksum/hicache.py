@@ -15,12 +15,18 @@ checked against them before any forward reads it.
   (step.py) compares them with their seals on the device, like any cached page: damage to the host copy before or
   during its copy, or in transfer, is found there; the match is cut before it, the request recomputes from there,
   and the host copy it came from is marked bad (refused at its next load, then rewritten, as below). If SGLang's
-  three load slots are busy, the load is not committed and the request retries at a later step.
-  Cost: the loading request waits for its whole load plus one step (no layer-wise overlap for it).
+  three load slots are busy, the load is not committed and the request retries at a later step; if the loaded
+  node is evicted before the request's next admission (its match just touched it: it is among the last), the
+  request loads it again. Window: none of its own; what is compared is the device bytes after they arrived, so
+  what remains is the device window every cached page has, between an admission check and the forward.
+  Cost: no host checksum on the scheduler thread; the loading request waits for its whole load plus one step (no
+  layer-wise overlap for it); the loaded pages join that step's one device check.
 - Load outside an admission step (a PD decode server restoring a retracted request: no step to retry in), or with
   CAPBENCH_KV_HOST_CHECK_INLINE=1, or for trees with state components beside the KV (mamba, SWA: their load binds
   request state): the host pages are checksummed on the CPU in the device's word order and compared with the
-  carried seals before the copy is queued, in the same call, on the scheduler thread.
+  carried seals before the copy is queued, in the same call, on the scheduler thread (~1 GB/s). Window: damage
+  to the host copy between that check and the copy (started later in the same step) reaches the loading
+  request's forward; the page keeps its original seal, so its insert and the next admission find it.
 - A refused load: SGLang's admission recomputes those tokens; the bad host copy is never loaded. Once the
   recomputed KV is back in the tree (the insert gives the host-only node a device copy again), it is written over
   the bad host copy, with its seals, by the host pool's own device-to-host copy.
