@@ -191,11 +191,15 @@ def offloaded(s: Server) -> list[int]:
     return prompt
 
 
+@pytest.mark.parametrize("inline", [False, True], ids=["device", "inline"])
 @pytest.mark.parametrize("g", [GEOMETRIES[0], GEOMETRIES[2]], ids=lambda g: g.name)
-def test_host_damage_after_the_load_is_asked_for_and_before_its_copy_is_never_served(g, make):
-    """The window the worker thread had: the host copy is damaged after the load was asked for (and, there, after
-    its check) and before the copy reads it. The loaded pages are checked on the device before any forward reads
-    them, and the scheduler thread checksums no host page."""
+def test_host_damage_after_the_load_is_asked_for_and_before_its_copy(g, inline, make, monkeypatch):
+    """The host copy is damaged after the load was asked for and before the copy reads it (a worker thread's whole
+    window; the inline check's too, between its check and the copy). Default: the loaded pages are checked on the
+    device before any forward reads them, nothing over the damage is served, and the scheduler thread checksums no
+    host page. Inline (for comparison): the loading request's own forward reads the damaged page, once."""
+    if inline:
+        monkeypatch.setenv("CAPBENCH_KV_HOST_CHECK_INLINE", "1")
     s = make(g)
     prompt = offloaded(s)
     hs = s.tree.kv_host_seals
@@ -214,11 +218,14 @@ def test_host_damage_after_the_load_is_asked_for_and_before_its_copy_is_never_se
     try:
         r = s.submit("r", prompt + [3], [9])
         s.step()
-        assert r in s.waiting and damage_before_copy not in TRANSFER_WATCHERS  # copied (damaged), r waits
+        assert damage_before_copy not in TRANSFER_WATCHERS and (r in s.waiting) != inline  # copied; r waits?
         run_checked(s)
     finally:
         if damage_before_copy in TRANSFER_WATCHERS:
             TRANSFER_WATCHERS.remove(damage_before_copy)
+    if inline:
+        assert s.served.corrupt == 1 and host_checksums  # the window: checked, then damaged, then read
+        return
     assert s.served.corrupt == 0 and r.admitted_prefix == 64 - g.page_size  # cut before the damaged last page
     assert host_checksums == []
     events = read_events(s.log)

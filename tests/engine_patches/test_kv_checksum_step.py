@@ -17,7 +17,7 @@ import torch
 from prometheus_client import REGISTRY
 from sglang.srt.mem_cache.radix_cache import RadixKey
 
-from engine_patches.kv_checksum.step import NO_CUT, pack
+from engine_patches.kv_checksum.step import NO_CUT, pack, unpack
 from tests.engine_patches.kv_server import Geometry, Server
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -133,3 +133,14 @@ def test_two_gloo_ranks_agree_once_per_step(tmp_path):
     for r in ranks:
         assert r["all_reduces"] == [32] and r["read_backs"] == 1
         assert r["prefix_lens"] == [2 * G.page_size if k == 0 else r["full"] for k in r["owners"]]
+
+
+def test_a_packed_verdict_keeps_the_smallest_cut_or_a_wait_before_every_cut():
+    """Cut and load wait travel as one int in the step's MIN all-reduce: ranks see the same pending pages (loads are
+    acknowledged in lockstep) and may differ in cuts."""
+    agreed = lambda *ranks: unpack(min(pack(c, w) for c, w in ranks))  # noqa: E731
+    assert agreed((NO_CUT, NO_CUT), (NO_CUT, NO_CUT)) == (NO_CUT, NO_CUT)
+    assert agreed((32, NO_CUT), (NO_CUT, NO_CUT)) == (32, NO_CUT)
+    assert agreed((NO_CUT, 48), (16, 48)) == (16, NO_CUT)  # a cut before the pending page: served up to it
+    assert agreed((NO_CUT, 16), (48, 16)) == (NO_CUT, 16)  # pending before every cut: wait (the cut comes later)
+    assert agreed((16, 16), (16, 16)) == (16, NO_CUT)  # pending at the cut: nothing before the cut waits
