@@ -273,3 +273,18 @@ def test_a_pd_restore_outside_a_step_checks_the_host_copy_inline(damaged, make):
     assert metric("capbench_kv_verifications_total", source="load") == loads + 1
     assert loaded == (0 if damaged else 64)
     s.tree.ready_to_load_host_cache()
+
+
+def test_a_load_waits_uncommitted_while_sglangs_load_slots_are_busy(make, monkeypatch):
+    """SGLang keeps three load events; starting a fourth load before the oldest finished fails its own assert. While
+    every slot is busy the load is not committed (no device pages, no copy) and the request asks again later."""
+    s = make(GEOMETRIES[0])
+    prompt = offloaded(s)
+    monkeypatch.setattr(s.tree, "has_free_load_back_slot", lambda: False)
+    r = s.submit("r", prompt + [3], [9])
+    for _ in range(3):
+        s.step()
+        assert r in s.waiting and not s.tree.ongoing_load_back and s.tree.evictable_size() == 0
+    monkeypatch.undo()
+    run_checked(s)
+    assert r.admitted_prefix == 64 and s.served.corrupt == 0
