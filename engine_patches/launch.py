@@ -91,6 +91,7 @@ def _apply_kv_checksum(o: PatchOptions) -> None:
     after_import("sglang.srt.model_executor.model_runner", hooks.install_seal_on_fill)
     after_import("sglang.srt.managers.schedule_batch", hooks.install_admission_mark)
     after_import("sglang.srt.managers.scheduler", hooks.install_step_batching)
+    after_import("sglang.srt.managers.schedule_policy", hooks.install_load_wait)
     after_import("sglang.srt.disaggregation.decode", hooks.install_seal_on_arrival)
 
 

@@ -12,9 +12,10 @@ make_pool: [slots, heads, dim] per layer, FP8 stored as uint8), page 64:
 - per decode step: seal + (the batched admission check + batch x both inserts) / answer tokens, the checks spread
   over the request's output tokens, for 128- and 1k-token answers; its share of the decode step is taken against
   each attention backend's step (run.py);
-- HiCache load-back: the host-copy check that runs before a load (kv_checksum/hicache.py HostSeals.partials, torch
-  on the scheduler's CPU thread, host clock) over a 4k- and a 32k-token prefix held in host memory, beside the
-  device check of the same pages (what a check after the copy would cost on the GPU).
+- HiCache load-back over a 4k- and a 32k-token prefix held in host memory: the inline host-copy check
+  (kv_checksum/hicache.py HostSeals.partials, torch on the scheduler's CPU thread, host clock;
+  CAPBENCH_KV_HOST_CHECK_INLINE=1 and PD restores) beside the device check of the same pages (`device_check_ms`:
+  what the default path, load first and check the loaded pages at the next admission, runs on the GPU).
 The pages checked are spread over the whole pool, as a long-running server's are, so they come from HBM."""
 
 from __future__ import annotations

@@ -8,8 +8,10 @@ the one that runs here; GPU figures come from `capbench gpu-check`'s checksum se
   against the bare checksum of the same pages;
 - admission checks per step: 1/32/256 requests' cached pages checked in one `PageSeals.check` (step.py) against one
   check per request, medians and ratio;
-- HiCache load-back: the host-copy check (`HostSeals.partials`) over a 4k-token prefix, inline, against what the
-  scheduler thread spends on it now that the worker thread runs it (host_worker.py).
+- HiCache load-back of a 4k-token prefix: the inline host-copy check (`HostSeals.partials`, scheduler thread,
+  CAPBENCH_KV_HOST_CHECK_INLINE=1) against the default, which checksums no host page: the loaded pages join the
+  next step's batched admission check on the device (the marginal cost of adding them to a step's check of 32
+  requests' pages; on a GPU that check runs at HBM speed: `capbench gpu-check`).
 
     .venv/bin/python bench/benchmarks/kv_checksum_cost.py [--layers 4] [--reps 7]
 """
@@ -17,14 +19,11 @@ the one that runs here; GPU figures come from `capbench gpu-check`'s checksum se
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
 import torch
 
 from engine_patches.kv_checksum.benchmark import median_s
 from engine_patches.kv_checksum.hicache import HostSeals
-from engine_patches.kv_checksum.host_worker import HostCheckWorker
 from engine_patches.kv_checksum.seals import PageSeals
 
 
@@ -77,20 +76,16 @@ def main(argv: list[str] | None = None) -> None:
     print(f"HiCache host-copy check of a 4k-token prefix (HostSeals.partials, scheduler thread): {t:.1f} ms, "
           f"{nbytes / t / 1e6:.3f} GB/s; x {full:.2f} for all 61 layers: {t * full:.0f} ms; the same pages' device "
           f"check on this CPU: {dev:.1f} ms (ratio {t / dev:.2f})")
-    worker = HostCheckWorker(host_seals.partials)
-    sums = host_seals.partials(host_pages)
-    on_scheduler = []
-    for rep in range(args.reps):  # what the scheduler thread spends on a load's check now: submit, later collect
-        t0 = time.perf_counter()
-        worker.verdict(("load", rep), host_pages, sums)
-        t1 = time.perf_counter()
-        worker.drain()
-        t2 = time.perf_counter()
-        assert worker.verdict(("load", rep), host_pages, sums) == []
-        on_scheduler.append((t1 - t0) + (time.perf_counter() - t2))
-    print(f"HiCache host-copy check on the worker thread (host_worker.py): scheduler thread "
-          f"{statistics.median(on_scheduler) * 1e3:.3f} ms a load (submit + collect, the load waits one step or "
-          f"more) against {t:.1f} ms inline: ratio {t / (statistics.median(on_scheduler) * 1e3):.0f}")
+    step = torch.randperm(pages - 1 - 4096 // P, generator=gen)[: 32 * 8] + 1 + 4096 // P  # 32 requests' pages
+    seals.seal(step)
+    loaded = torch.cat([step, torch.arange(1, 4096 // P + 1)])
+    base = median_ms(lambda: seals.check(step), args.reps)
+    with_load = median_ms(lambda: seals.check(loaded), args.reps)
+    print(f"HiCache load-back, default (load first, check on the device): scheduler-thread host checksum 0 ms; "
+          f"the loaded pages in the next step's admission check: {base:.1f} -> {with_load:.1f} ms "
+          f"(+{with_load - base:.1f} ms on this CPU's reference path, same read-back) against {t:.1f} ms inline; "
+          f"the loading request waits for its load plus one step")
+
 
 def step_checks(seals: PageSeals, pool_pages: int, reps: int, gen: torch.Generator, per_req: int = 8) -> None:
     """A step's admission checks (`per_req` cached pages a request, distinct pages): one `PageSeals.check` per request

@@ -1,19 +1,35 @@
-"""HiCache with KV page checksums: the seals travel with pages offloaded to the host pool, and a host copy is
-checked against them before it is loaded back to the GPU.
+"""HiCache with KV page checksums: the seals travel with pages offloaded to the host pool, and a loaded copy is
+checked against them before any forward reads it.
 
 - Offload (device -> host): the node's device pages are checked first; a bad page refuses the backup (SGLang then
   keeps the node device-only, or drops it under write-back). Otherwise the pages' seals are copied to the host
   page ids the controller allocated. The copy itself runs later; whatever changes the bytes before or during it
-  is caught at load time, because the seals are the ones taken when the pages were filled.
-- Load (host -> device): before the controller queues the copy, the host pages are checksummed on the CPU in the
-  device's word order and compared with the carried seals, in the same call (or, with
-  CAPBENCH_KV_HOST_CHECK_WORKER=1, on a worker thread when the load is asked for inside an admission step,
-  host_worker.py: the load waits for a later step, nothing committed meanwhile, and damage in those steps reaches
-  the loading request's forward). A mismatch
-  refuses the load: SGLang's admission then recomputes those tokens. The bad host copy is never loaded; once the
+  is caught after the load, because the seals are the ones taken when the pages were filled.
+- Load (host -> device), in an admission step (the default): load first, check the bytes the forward will read,
+  on the device. The load is committed as SGLang commits it, with no CPU work on the host copy (only its known-bad
+  flags are looked up), its copy started at once (`start_loading`; SGLang starts loads only with a batch that
+  consumes them), and the new device pages carry the host copy's seals, PENDING until the load is acknowledged.
+  The loading request is deferred (`init_load_back` returns None: SGLang's retry, the request stays queued), and
+  no admission is made over PENDING pages (hooks.install_load_wait): every request whose match reaches them waits.
+  At the next admission after the acknowledgement the pages are LATE and the step's batched admission check
+  (step.py) compares them with their seals on the device, like any cached page: damage to the host copy before or
+  during its copy, or in transfer, is found there; the match is cut before it, the request recomputes from there,
+  and the host copy it came from is marked bad (refused at its next load, then rewritten, as below). If SGLang's
+  three load slots are busy, the load is not committed and the request retries at a later step; if the loaded
+  node is evicted before the request's next admission (its match just touched it: it is among the last), the
+  request loads it again. Window: none of its own; what is compared is the device bytes after they arrived, so
+  what remains is the device window every cached page has, between an admission check and the forward.
+  Cost: no host checksum on the scheduler thread; the loading request waits for its whole load plus one step (no
+  layer-wise overlap for it); the loaded pages join that step's one device check.
+- Load outside an admission step (a PD decode server restoring a retracted request: no step to retry in), or with
+  CAPBENCH_KV_HOST_CHECK_INLINE=1, or for trees with state components beside the KV (mamba, SWA: their load binds
+  request state): the host pages are checksummed on the CPU in the device's word order and compared with the
+  carried seals before the copy is queued, in the same call, on the scheduler thread (~1 GB/s). Window: damage
+  to the host copy between that check and the copy (started later in the same step) reaches the loading
+  request's forward; the page keeps its original seal, so its insert and the next admission find it.
+- A refused load: SGLang's admission recomputes those tokens; the bad host copy is never loaded. Once the
   recomputed KV is back in the tree (the insert gives the host-only node a device copy again), it is written over
-  the bad host copy, with its seals, by the host pool's own device-to-host copy. A clean load hands the carried
-  seals to the new device pages, checked again at the next admission like any cached page.
+  the bad host copy, with its seals, by the host pool's own device-to-host copy.
 
 Not covered: storage backends (L3), refused at construction; host layouts other than layer_first, page_first and
 page_first_direct; HND device pools and FP4 scale buffers (the host pool does not mirror them).
@@ -28,13 +44,13 @@ import time
 import torch
 
 from engine_patches.kv_checksum.checksum import mix64, position_keys
-from engine_patches.kv_checksum.host_worker import HostCheckWorker
 
 HOST_LAYOUTS = ("layer_first", "page_first", "page_first_direct")
 # Opt-in until a lent GPU has timed and checked it (`capbench gpu-check`): the host-copy check as a GPU kernel that
 # reads SGLang's registered host pool over PCIe, instead of torch on the scheduler's CPU thread.
 HOST_CHECK_ON_GPU = "CAPBENCH_KV_HOST_CHECK_ON_GPU"
-HOST_CHECK_ON_WORKER = "CAPBENCH_KV_HOST_CHECK_WORKER"  # 1: the host-copy check on a worker thread (host_worker.py)
+# 1: every load's host copy checksummed on the CPU before its copy is queued (the old path, for comparison)
+HOST_CHECK_INLINE = "CAPBENCH_KV_HOST_CHECK_INLINE"
 logger = logging.getLogger(__name__)
 
 
@@ -160,34 +176,48 @@ class HiCacheChecksums:
         self.kv_host_seals = HostSeals(host_pool, self.kv_seals.buffers, self.page_size)
         if os.environ.get(HOST_CHECK_ON_GPU) == "1" and self.kv_seals.device.type == "cuda":
             self.kv_host_seals.read_on_gpu(self.kv_seals.device)
-        # opt-in: the worker thread leaves a window of the steps it takes in which damage to the host copy reaches
-        # the loading request's own forward (the fuzz found one); inline, the check and the load are one call
-        self.kv_host_worker = HostCheckWorker(self.kv_host_seals.partials) \
-            if os.environ.get(HOST_CHECK_ON_WORKER) == "1" else None
-        self._kv_load_deferred = False
+        # load first, check on the device (module docstring); inline for trees whose loads bind request state
+        self.kv_check_loads_on_device = os.environ.get(HOST_CHECK_INLINE) != "1" and len(self._components_tuple) == 1
+        self._kv_load_deferred = self._kv_load_started = self._kv_loaded_any = False
         self._kv_loading: dict[int, torch.Tensor] = {}  # load ack node id -> device pages in flight
         self._kv_rewrites: dict[int, tuple[torch.Tensor, int, int]] = {}  # node -> bad host copy (indices, span)
+        # device page -> host page it was loaded from, until the page's first check after its load arrived (-1)
+        seals = self.kv_seals
+        self.kv_loaded_from = torch.full((seals.num_pages,), -1, dtype=torch.int64, device=seals.device)
+        seals_forget = seals.forget
+
+        def forget_device_pages(pages: torch.Tensor) -> None:
+            self.kv_loaded_from[pages.to(seals.device)] = -1
+            seals_forget(pages)
+
+        seals.forget = forget_device_pages  # what the allocator's free hook (seals.forget_on_free) calls
         free, load = host_pool.free, self.cache_controller.load
 
         def free_and_forget(indices: torch.Tensor) -> int:
             self.kv_host_seals.forget(indices)
-            freed = set(indices.cpu().tolist())
+            freed_cpu = indices.cpu().to(torch.int64)
+            freed = set(freed_cpu.tolist())
+            if self._kv_loaded_any:
+                host_pages = (freed_cpu[:: self.page_size] // self.page_size).to(seals.device)
+                gone = torch.isin(self.kv_loaded_from, host_pages)
+                self.kv_loaded_from.masked_fill_(gone, -1)
             for node_id, (host, _, _) in list(self._kv_rewrites.items()):
                 if freed.intersection(host.tolist()):
                     del self._kv_rewrites[node_id]  # the bad host copy is gone: nothing to rewrite
             return free(indices)
 
         def checked_load(host_indices: torch.Tensor, *args, node_id: int = -1, **kwargs):
-            if host_indices.numel():
-                verdict = self._host_verdict(host_indices, node_id)
-                if verdict is None:
-                    self._kv_load_deferred = True
-                    return None
-                if not self._host_copy_clean(host_indices, node_id, *verdict):
-                    return None
+            on_device = bool(host_indices.numel()) and self.kv_check_loads_on_device and \
+                self.kv_step_checks is not None
+            if on_device and not self.has_free_load_back_slot():  # the same on every rank (acks reaped in lockstep)
+                self._kv_load_deferred = True  # nothing committed; the request asks again at a later step
+                return None
+            if host_indices.numel() and not self._host_copy_clean(host_indices, node_id, checksum=not on_device):
+                return None
             device_indices = load(host_indices, *args, node_id=node_id, **kwargs)
             if device_indices is not None and host_indices.numel():
                 self._seal_loading(host_indices, device_indices, node_id)
+                self._kv_load_started = on_device
             return device_indices
 
         host_pool.free = free_and_forget
@@ -198,6 +228,7 @@ class HiCacheChecksums:
         if self.kv_host_seals is not None:
             self.kv_host_seals.sealed.zero_()
             self.kv_host_seals.bad.zero_()
+            self.kv_loaded_from.fill_(-1)
             self._kv_loading.clear()
             self._kv_rewrites.clear()
 
@@ -218,44 +249,36 @@ class HiCacheChecksums:
         return host_indices
 
     def init_load_back(self, params):
-        """SGLang's load-back; None (retry at a later step, nothing committed) while the host-copy check of the load
-        is still running on the worker thread."""
-        self._kv_load_deferred = False
+        """SGLang's load-back. In an admission step with the device check on, a committed load is started here and
+        the request deferred (None: SGLang's retry, the request stays queued) until the load has arrived and its
+        pages are checked at the request's next admission; None too while SGLang's load slots are all busy."""
+        self._kv_load_deferred = self._kv_load_started = False
         result = super().init_load_back(params)
+        if self._kv_load_started:
+            self._kv_load_started = False
+            self.cache_controller.start_loading()  # no batch consumes this load: nothing else would start it
+            return None
         return None if self._kv_load_deferred else result
 
-    def _host_verdict(self, host_indices: torch.Tensor, node_id: int) -> tuple[list[int], list[int]] | None:
-        """(bad rows, rows newly found bad) of the host pages a load asks for, or None: deferred. Inside an
-        admission step the check runs on the worker thread (host_worker.py) and the load waits for a later step;
-        elsewhere (no step to retry in: a PD decode server's restore) it runs here, as before."""
+    def _host_copy_clean(self, host_indices: torch.Tensor, node_id: int, checksum: bool) -> bool:
+        """Whether the host copy may be loaded: no page known bad or unsealed and, with `checksum` (the inline
+        path), none that differs from its seal now (checksummed here, on the scheduler thread). Agreed by ranks."""
         hs = self.kv_host_seals
         host_pages = hs.pages_of(host_indices)
-        if self.kv_step_checks is None or self.kv_host_worker is None:
+        if checksum:
             t0 = time.perf_counter()
-            verdict = hs.bad_pages(host_pages)
-            self.kv_metrics.seconds.inc(time.perf_counter() - t0)
-            return verdict
-        sums = hs.sums[host_pages]
-        key = (node_id, tuple(host_pages.tolist()), int(sums.sum()))
-        differs = self.kv_host_worker.verdict(key, host_pages, sums)
-        if self._agree_min(0 if differs is None else 1) == 0:  # every rank loads, or none does
-            return None
-        known = hs.bad[host_pages] | ~hs.sealed[host_pages]
-        new = torch.zeros(len(host_pages), dtype=torch.bool)
-        new[differs or []] = True
-        new &= ~known
-        hs.bad[host_pages] |= new
-        return (known | new).nonzero().flatten().tolist(), new.nonzero().flatten().tolist()
-
-    def _host_copy_clean(self, host_indices: torch.Tensor, node_id: int, bad: list[int], new: list[int]) -> bool:
-        host_pages = self.kv_host_seals.pages_of(host_indices)
-        m = self.kv_metrics
-        m.verifications.labels(source="load").inc()
-        m.pages_verified.inc(len(host_pages))
-        if new:
-            m.mismatches.labels(source="load").inc(len(new))
-        for row in new[:64]:
-            self.kv_log.write("kv_checksum_mismatch", None, int(host_pages[row]), {"part": "host", "source": "load"})
+            bad, new = hs.bad_pages(host_pages)
+            m = self.kv_metrics
+            m.seconds.inc(time.perf_counter() - t0)
+            m.verifications.labels(source="load").inc()
+            m.pages_verified.inc(len(host_pages))
+            if new:
+                m.mismatches.labels(source="load").inc(len(new))
+            for row in new[:64]:
+                self.kv_log.write("kv_checksum_mismatch", None, int(host_pages[row]), {"part": "host",
+                                                                                       "source": "load"})
+        else:
+            bad = (hs.bad[host_pages] | ~hs.sealed[host_pages]).nonzero().flatten().tolist()
         if self._agree_min(0 if bad else 1) == 1:
             return True
         self._log_action("load_refused", node=node_id, host_pages=len(bad))
@@ -266,6 +289,26 @@ class HiCacheChecksums:
             if end - start == len(host_indices):
                 self._kv_rewrites[node_id] = (host_indices.cpu().clone(), start, end)
         return False
+
+    def kv_loaded_pages_checked(self, pages: torch.Tensor, check, known_only: torch.Tensor | None) -> None:
+        """After a device check of `pages`: a loaded page found bad marks the host copy it came from bad (refused
+        at its next load, then rewritten); a loaded page that has had its check is no longer tracked."""
+        if not self._kv_loaded_any:
+            return
+        dev = self.kv_loaded_from.device
+        if check.new_rows:
+            host = self.kv_loaded_from[pages[check.new_rows].to(dev)]
+            host = host[host >= 0].cpu()
+            if len(host):
+                self.kv_host_seals.bad[host] = True
+                self._log_action("loaded_copy_bad", host_pages=len(host))
+        keep = torch.zeros(len(pages), dtype=torch.bool, device=dev)  # not compared: still tracked
+        if check.pending_rows:
+            keep[torch.tensor(check.pending_rows, device=dev)] = True
+        if known_only is not None:
+            keep |= known_only.to(dev)
+        idx = pages.to(dev)
+        self.kv_loaded_from[idx] = torch.where(keep, self.kv_loaded_from[idx], -1)  # no masked indexing: no sync
 
     def kv_rewrite_host_copies(self) -> None:
         """Write recomputed KV over host copies that failed their check, once it is back on the device."""
@@ -290,6 +333,7 @@ class HiCacheChecksums:
                 torch.cuda.current_stream().synchronize()  # the bytes are on host before anything can load them
             self.kv_host_seals.carry(self.kv_host_seals.pages_of(host), self.kv_seals.sums[pages].cpu())
             del self._kv_rewrites[node_id]
+            self.kv_bad_nodes.difference_update(n.node_id for n in path if n.path_start >= start)  # checked clean
             self._log_action("host_copy_rewritten", node=node_id)
 
     def _seal_loading(self, host_indices: torch.Tensor, device_indices: torch.Tensor, node_id: int) -> None:
@@ -302,6 +346,8 @@ class HiCacheChecksums:
         pages = seals.pages_of(device_indices)
         sums = self.kv_host_seals.sums[self.kv_host_seals.pages_of(host_indices)].to(seals.device)
         seals.carry(pages, sums)  # bytes still in flight: not compared until the load is acknowledged
+        self.kv_loaded_from[pages] = self.kv_host_seals.pages_of(host_indices).to(seals.device)
+        self._kv_loaded_any = True
         self._kv_loading[node_id] = pages
 
     def loading_check(self, finish_count=None) -> None:

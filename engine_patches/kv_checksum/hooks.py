@@ -11,6 +11,9 @@
 - admission: `Req.init_next_round_input` is the match the scheduler makes to admit a request into a prefill
   batch; the tree checks the pages of that match, and of no other (ordering the queue matches every waiting
   request, often).
+- load wait: a request whose admission match reached pages a HiCache load is still copying in (PENDING: they
+  cannot have been checked) is not admitted in this step: `PrefillAdder.add_one_req` answers `AddReqResult.OTHER`,
+  SGLang's own "stop admitting this step, keep the request queued", before it reserves or loads anything.
 """
 
 from __future__ import annotations
@@ -113,3 +116,21 @@ def install_step_batching() -> None:
 
     prefill_in_step._capbench_step = True
     Scheduler._get_new_batch_prefill_raw = prefill_in_step
+
+
+def install_load_wait() -> None:
+    from sglang.srt.managers.schedule_policy import AddReqResult, PrefillAdder
+
+    add = PrefillAdder.add_one_req
+    if getattr(add, "_capbench_load_wait", False):
+        return
+
+    @functools.wraps(add)
+    def add_unless_loading(self, req, *args, **kwargs):
+        if getattr(self.tree_cache, "kv_load_wait", None) is req:
+            self.tree_cache.kv_load_wait = None
+            return AddReqResult.OTHER
+        return add(self, req, *args, **kwargs)
+
+    add_unless_loading._capbench_load_wait = True
+    PrefillAdder.add_one_req = add_unless_loading

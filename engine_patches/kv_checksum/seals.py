@@ -54,6 +54,7 @@ class Check:
     seal_damaged: list[tuple[int, str]] = field(default_factory=list)  # (page, "seal" | "rows"): record, not data
     flag_damaged: list[tuple[int, int, bool]] = field(default_factory=list)  # (page, state byte, page kept)
     filled: int = 0  # pages sealed on fill since the last check
+    pending_rows: list[int] = field(default_factory=list)  # pages whose bytes are still being loaded (not compared)
 
 
 class PageSeals:
@@ -245,8 +246,9 @@ class PageSeals:
         seal_damaged = [(int(pages[r]), "seal") for r in rows_of(4)] + [(int(pages[r]), "rows") for r in rows_of(5)]
         flag_damaged = [(int(pages[r]), int(found_state[r]), bool(f[7, r])) for r in rows_of(6)]
         bad_rows = (f[0] | f[1] | f[9]).nonzero().flatten().tolist()
+        pending_rows = (found_state == PENDING).nonzero().flatten().tolist()
         return Check(bad_rows, new_rows, int(f[3].sum()), int(f[2].sum()), mismatched, seal_damaged, flag_damaged,
-                     filled)
+                     filled, pending_rows)
 
 
 def forget_on_free(allocator, seals: PageSeals) -> None:

@@ -49,7 +49,7 @@ from engine_patches.kv_checksum.hicache import HiCacheChecksums
 from engine_patches.kv_checksum.hooks import register_seals
 from engine_patches.kv_checksum.metrics import kv_checksum_metrics
 from engine_patches.kv_checksum.seals import Check, PageSeals, forget_on_free
-from engine_patches.kv_checksum.step import StepChecks
+from engine_patches.kv_checksum.step import StepChecks, pack, unpack
 
 logger = logging.getLogger(__name__)
 
@@ -85,6 +85,7 @@ class ChecksummedUnifiedRadixCache(HiCacheChecksums, UnifiedRadixCache):
         self.kv_anchors: Counter[int] = Counter()  # lock anchors: a lock holds its node's whole root path
         self._kv_unlocked = False  # a lock went away since bad nodes were last dropped
         self.kv_admitting = None
+        self.kv_load_wait = None  # the request whose admission match reached pages still being loaded
         self.kv_step_checks: StepChecks | None = None
         self.step_batch = step_batch
         self.scrub_pages_per_s = scrub_pages_per_s
@@ -105,6 +106,7 @@ class ChecksummedUnifiedRadixCache(HiCacheChecksums, UnifiedRadixCache):
     def kv_admission(self, req):
         """Marks the scheduler's admission match for `req` (see hooks.py)."""
         self.kv_admitting = req
+        self.kv_load_wait = None
         try:
             yield
         finally:
@@ -145,16 +147,23 @@ class ChecksummedUnifiedRadixCache(HiCacheChecksums, UnifiedRadixCache):
         cut = min((n.path_start for n in path if n.node_id in self.kv_bad_nodes), default=NO_CUT)
         step = self.kv_step_checks if admission and matched else None
         agreed = step.verdict(params.req, matched) if step is not None else None
+        wait = NO_CUT
         if agreed is not None:
+            agreed, wait = agreed
             cut = min(cut, agreed)  # both agreed already: the bad nodes are the same on every rank
+        elif admission:
+            with self.kv_seals.side():
+                slots = self.path_device_indices(node_id)[: min(matched, cut)]
+                check = self._check(self.kv_seals.pages_of(slots), source="admission")
+            if check.bad_rows:
+                cut = min(cut, check.bad_rows[0] * self.page_size)
+            if check.pending_rows:
+                wait = check.pending_rows[0] * self.page_size
+            cut, wait = unpack(self._agree_min(pack(cut, wait)))
         else:
-            if admission:
-                with self.kv_seals.side():
-                    slots = self.path_device_indices(node_id)[: min(matched, cut)]
-                    check = self._check(self.kv_seals.pages_of(slots), source="admission")
-                if check.bad_rows:
-                    cut = min(cut, check.bad_rows[0] * self.page_size)
             cut = self._agree_min(cut)
+        if admission and wait < cut:
+            self.kv_load_wait = params.req  # pages still being loaded (hicache.py): the request waits (hooks.py)
         if cut >= matched:
             return None
         self._condemn([n for n in path if n.path_end > cut])
@@ -296,6 +305,8 @@ class ChecksummedUnifiedRadixCache(HiCacheChecksums, UnifiedRadixCache):
     def _check(self, pages: torch.Tensor, source: str, known_only=None, seal_missing: bool = True) -> Check:
         t0 = time.perf_counter()
         check = self.kv_seals.check(pages, known_only=known_only, seal_missing=seal_missing)
+        if self.kv_host_seals is not None:
+            self.kv_loaded_pages_checked(pages, check, known_only)
         m = self.kv_metrics
         m.verifications.labels(source=source).inc()
         m.pages_verified.inc(check.compared)

@@ -151,6 +151,7 @@ class Server:
         g = self.g
 
         hooks.install_admission_mark()
+        hooks.install_load_wait()
         self.model_config = ModelConfig(model_dir())
         self.pool, self.shadow = make_pool(g), make_pool(g)
         size = g.pages * g.page_size

@@ -86,8 +86,9 @@ def test_kv_computed_over_a_damaged_written_through_prefix_is_never_cached_or_se
 
     evict_device_copies(s)  # P's damaged device copy goes unchecked: P has a clean host copy
     q = s.submit("q", prompt + [3] + out + [5], [6])
+    s.step()
+    assert q in s.waiting and q.host_hit_length >= n  # P's clean host copy, being loaded back (q waits for it)
     run_checked(s)
-    assert q.host_hit_length >= n  # P's clean host copy, loaded back
     assert s.served.corrupt == 0, f"{s.served.corrupt} of {s.served.pages} pages handed to q were computed over " \
                                   "a damaged page"
     # P, and of r's KV only what its prefill computed before the damage (whole pages): nothing from its decode

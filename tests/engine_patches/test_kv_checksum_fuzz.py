@@ -71,14 +71,15 @@ class Fuzz:
         self.s.close()
 
     def _follow_copies(self, src_layers, src_indices, dst_indices) -> None:
-        """An offload copies a flipped device page's bytes to host: that host page carries the flip."""
+        """An offload copies a flipped device page's bytes to host: that host page carries the flip; a load copies
+        a flipped host page's bytes to the device (where the default path checks them): that device page does."""
         device = {b.data_ptr() for b in pool_buffers(self.s.pool)}
-        if src_layers[0].data_ptr() not in device:
-            return
+        offload = src_layers[0].data_ptr() in device
+        source, tier = (self.tainted, "host") if offload else (self.tainted_host, "device")
         P = self.s.g.page_size
         for src, dst in zip(src_indices[::P].tolist(), dst_indices[::P].tolist(), strict=True):
-            if src // P in self.tainted:
-                self._taint("host", dst // P)
+            if src // P in source:
+                self._taint(tier, dst // P)
 
     def _watch_frees(self) -> None:
         """A page's injected flip stops counting once the page is freed (its next content is new)."""

@@ -17,6 +17,7 @@ import torch
 from prometheus_client import REGISTRY
 from sglang.srt.mem_cache.radix_cache import RadixKey
 
+from engine_patches.kv_checksum.step import NO_CUT, pack, unpack
 from tests.engine_patches.kv_server import Geometry, Server
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -104,7 +105,7 @@ def test_ranks_agree_once_per_step_on_the_smallest_cut(warm):
     def all_reduce(t: torch.Tensor, op) -> None:  # the other rank's vector, reduced as torch.distributed would
         assert op == torch.distributed.ReduceOp.MIN
         calls.append(t.clone())
-        other = torch.where(torch.tensor(owners) == 0, other_rank_cut, t)
+        other = torch.where(torch.tensor(owners) == 0, pack(other_rank_cut, NO_CUT), t)  # its packed verdict
         t.copy_(torch.minimum(t, other))
 
     s.tree._all_reduce = all_reduce
@@ -132,3 +133,14 @@ def test_two_gloo_ranks_agree_once_per_step(tmp_path):
     for r in ranks:
         assert r["all_reduces"] == [32] and r["read_backs"] == 1
         assert r["prefix_lens"] == [2 * G.page_size if k == 0 else r["full"] for k in r["owners"]]
+
+
+def test_a_packed_verdict_keeps_the_smallest_cut_or_a_wait_before_every_cut():
+    """Cut and load wait travel as one int in the step's MIN all-reduce: ranks see the same pending pages (loads are
+    acknowledged in lockstep) and may differ in cuts."""
+    agreed = lambda *ranks: unpack(min(pack(c, w) for c, w in ranks))  # noqa: E731
+    assert agreed((NO_CUT, NO_CUT), (NO_CUT, NO_CUT)) == (NO_CUT, NO_CUT)
+    assert agreed((32, NO_CUT), (NO_CUT, NO_CUT)) == (32, NO_CUT)
+    assert agreed((NO_CUT, 48), (16, 48)) == (16, NO_CUT)  # a cut before the pending page: served up to it
+    assert agreed((NO_CUT, 16), (48, 16)) == (NO_CUT, 16)  # pending before every cut: wait (the cut comes later)
+    assert agreed((16, 16), (16, 16)) == (16, NO_CUT)  # pending at the cut: nothing before the cut waits
