@@ -1,5 +1,11 @@
 import os
 
+# One intra-op thread for torch in every test process and the subprocesses they start (the environment is inherited).
+# The suite runs three xdist workers and the Locust process on two cores: torch's second thread only waits for a
+# core, and a step of SGLang's pool code over a few hundred rows took 22 ms instead of 0.5 ms. One HiCache partial-page
+# trial pair: 10.4 s with two threads, 0.84 s with one (a loaded host). Product code sets its own threads.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 # Locust monkey-patches the whole process with gevent when it is imported; done after ssl is imported (by httpx,
 # aiohttp, ...) it recurses forever. So the tests that import Locust run in a pytest process of their own, which
 # patches first of all: `make test` runs `pytest` (everything else), then `CAPBENCH_TESTS=locust pytest`.
@@ -67,6 +73,7 @@ def _define_torchvision_ops() -> None:
         import torch
     except ImportError:
         return
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
     lib = torch.library.Library("torchvision", "DEF")
     lib.define("nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
     lib.define("qnms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
