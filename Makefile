@@ -56,9 +56,12 @@ demo:
 # first (tests/conftest.py), not xdist's default of the files with the most tests first.
 XDIST  := -n $(shell echo $$(( $$(nproc) + 1 ))) --dist loadfile --no-loadscope-reorder
 LOCUST := CAPBENCH_TESTS=locust $(PY) -m pytest -p no:xdist
+# One plan-answer cache for all the run's processes, empty at its start (tests/conftest.py).
+TESTCACHE := $(CURDIR)/.pytest-capbench-cache
+test test-fast: export CAPBENCH_TEST_CACHE := $(TESTCACHE)
 test: .venv/test.stamp .venv/chromium.stamp
 	$(PY) -m ruff check .
-	@rm -f .pytest-locust.log; \
+	@rm -rf $(TESTCACHE) .pytest-locust.log; \
 	$(LOCUST) -m "not timing" > .pytest-locust.log 2>&1 & locust=$$!; \
 	$(PY) -m pytest $(XDIST); rest=$$?; \
 	wait $$locust; loc=$$?; echo "---- $(LOCUST) -m 'not timing'"; cat .pytest-locust.log; \
@@ -67,6 +70,7 @@ test: .venv/test.stamp .venv/chromium.stamp
 
 # The inner loop (under 2 minutes on 2 cores): every test not marked slow, outside the Locust process.
 test-fast: .venv/test.stamp
+	rm -rf $(TESTCACHE)
 	$(PY) -m pytest $(XDIST) -m "not slow"
 
 bench: .venv/test.stamp
