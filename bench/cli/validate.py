@@ -14,7 +14,7 @@ def validate(
     fit: bool = typer.Option(False, "--fit", help="Fit the model's factors to the corpus first (writes "
                              "data/calibration/corpus.json and validation.json, with leave-one-source-out error)."),
     case: str = typer.Option(None, help="Only the cases whose 'source/case' id contains this text."),
-    rounds: int = typer.Option(6, help="Rounds of the fit's coordinate search (with --fit)."),
+    rounds: int = typer.Option(12, help="Trial steps of the fit's least squares (with --fit)."),
     rescore: bool = typer.Option(False, "--rescore", help="Replay validation.json's cases with today's model and "
                                  "the last fit's factors, without fitting again (after a change that adds no "
                                  "fitted factor)."),
@@ -45,8 +45,10 @@ def validate(
             say = lambda msg: bar.update(task, description=msg)  # noqa: E731
             replayer = fitting.Replayer()
             try:
-                scale, _ = fitting.fit(goal, replayer, say, rounds)
-                out_of_sample, by_org = fitting.leave_one_source_out(goal, replayer, say, rounds)
+                last, last_by_org = fitting.last_scales({c.source.org for c in goal})
+                scale, _ = fitting.fit(goal, replayer, say, rounds, base=last)
+                out_of_sample, by_org = fitting.leave_one_source_out(goal, replayer, say, rounds,
+                                                                     base_by_org=last_by_org)
                 in_sample = replayer(goal, scale)
                 excluded = replayer([c for c in cases if fitting.in_goal(c) is not None], scale)
             finally:

@@ -2,9 +2,9 @@
 
 The fitted cases are those of the engine capbench models (SGLang 0.5.x) that can be replayed and are not marked
 as outliers in data/calibration/outliers.yaml (with the reason). The loss is the mean Huber loss of
-log(predicted / published) over output throughput, TPOT and TTFT. The search is a coordinate descent in log
-space over the FITTED factors, each a multiplier of its prior (so a GPU-specific prior keeps its ratio to the
-others), from the priors, halving its steps when no move helps.
+log(predicted / published) over output throughput, TPOT and TTFT. The fit is scipy's bounded robust least squares
+(trust-region reflective, Huber loss) in log space over the FITTED factors, each a multiplier of its prior (so a
+GPU-specific prior keeps its ratio to the others), from the last fit's scales.
 
 Accuracy is quoted out of sample only: leave-one-source-out fits the factors on the other organisations' cases
 and predicts the left-out organisation's cases with them; the errors of all those predictions are the figures
@@ -22,22 +22,33 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import yaml
+from scipy.optimize import least_squares
 
 from bench.errors import BadInput
 from bench.model.evidence.corpus import Case
 from bench.model.evidence.validate import FIGURES, Replay, error_summary, replay
 from bench.model.step.calibration import CORPUS_CALIBRATION, DEFAULT_CALIBRATION, Efficiency, _layers, _read
 
-# Fitted: the factors the corpus pins down. Kept at their sourced priors: mtp_accept and dp_gather_latency_us
-# (few cases, on other GPUs and engines, pull them to their bounds), int8, int4_dequant and ep_skew (no case).
-FITTED = ("hbm_eff", "bf16_eff", "fp8_eff", "gemm_m_half", "gemm_n_half", "overlap", "kernel_us", "launch_us",
-          "allreduce_latency_us", "request_overhead_ms", "prefill_attn_eff", "stream_token_us")
+# Fitted: the factors a step priced from the kernel tables reads (perfmodel.parts(): the tables' kernel_scale, the
+# fixed cost of the kernels no table times, launches outside CUDA graphs, the scheduler's step, the CPU per request
+# and per streamed token; the dense GEMMs' roofline: hbm_eff and fp8_eff). The roofline's other factors (bf16_eff,
+# gemm_m_half/n_half, overlap, allreduce_latency_us, prefill_attn_eff) only price GPUs without tables and
+# operators no table covers: they keep the scales of the last fit that moved them (the roofline's, in corpus.json).
+# Kept at their sourced priors: mtp_accept and dp_gather_latency_us (few cases, on other GPUs and engines, pull
+# them to their bounds), int8, int4_dequant and ep_skew (no case).
+FITTED = ("kernel_scale", "kernel_us", "launch_us", "step_overhead_ms", "request_overhead_ms", "stream_token_us",
+          "hbm_eff", "fp8_eff")
 BOUNDS = {"hbm_eff": (0.3, 0.95), "bf16_eff": (0.1, 0.9), "fp8_eff": (0.1, 0.9), "gemm_m_half": (1, 512),
           "gemm_n_half": (1, 4096), "dp_gather_latency_us": (1, 300),
           "overlap": (0.0, 1.0), "kernel_us": (0.5, 30), "launch_us": (1, 50), "allreduce_latency_us": (1, 100),
           "request_overhead_ms": (1, 500), "prefill_attn_eff": (0.05, 0.75), "stream_token_us": (1, 2000),
-          "mtp_accept": (0.2, 0.95)}
+          "mtp_accept": (0.2, 0.95), "kernel_scale": (0.2, 5.0), "step_overhead_ms": (0.01, 20)}
+ROUNDS = 12  # least_squares' trial steps (function evaluations, not counting the Jacobian's len(FITTED) each)
+STEP = 0.3  # the first trust region: a move of about 30 % of the scales (in log space)
+HUBER = 0.4  # log error beyond which a case's loss grows linearly (a 1.5x miss), not quadratically
+DIFF_STEP = 0.05  # the Jacobian's step in log scale: 5 %, above the replay's scheduling noise
 WEIGHTS = {"output_tok_s": 1.0, "tpot_ms": 1.0, "ttft_ms": 0.5}
 OUTLIERS = DEFAULT_CALIBRATION.parent / "outliers.yaml"
 VALIDATION = DEFAULT_CALIBRATION.parent / "validation.json"
@@ -76,7 +87,15 @@ def scaled(gpu: str, scale: dict[str, float]) -> Efficiency:
     return replace(eff, **values)
 
 
-def _huber(x: float, d: float = 0.4) -> float:
+def scale_range(name: str) -> tuple[float, float]:
+    """The scales of a factor that move it on some GPU: beyond them `scaled` clips every GPU's value to its bounds
+    (a flat loss, where least_squares would not move)."""
+    lo, hi = BOUNDS[name]
+    values = [getattr(priors(g), name) for g in [*(_read(DEFAULT_CALIBRATION).get("gpus") or {}), "__none__"]]
+    return min(lo / v for v in values), max(hi / v for v in values)
+
+
+def _huber(x: float, d: float = HUBER) -> float:
     return x * x / 2 if abs(x) <= d else d * (abs(x) - d / 2)
 
 
@@ -85,13 +104,20 @@ def loss(replays: list[Replay]) -> float:
     return sum(terms) / max(len(terms), 1)
 
 
+def residuals(replays: list[Replay]) -> np.ndarray:
+    """sqrt(weight) * log(predicted / published) per case and figure, 0 where a figure is not compared (a fixed
+    length, as least_squares needs): what `fit` minimises the Huber loss of, as `loss` scores it."""
+    return np.array([math.sqrt(WEIGHTS[f]) * math.log1p(r.errors[f]) if f in r.errors else 0.0
+                     for r in replays for f in FIGURES])
+
+
 def _replay_one(args: tuple[Case, dict[str, float]]) -> Replay:
     case, scale = args
     return replay(case, scaled(case.gpu, scale))
 
 
 class Replayer:
-    """Replays cases under a scale, in worker processes (the corpus takes ~10 s on one core)."""
+    """Replays cases under a scale, in worker processes (the corpus takes ~4 s on one core)."""
 
     def __init__(self, workers: int = 2) -> None:
         self.pool = ProcessPoolExecutor(workers) if workers > 1 else None
@@ -108,31 +134,43 @@ class Replayer:
 
 
 def fit(cases: list[Case], replayer: Replayer, progress: Callable[[str], None] = lambda _: None,
-        rounds: int = 6, factors: tuple[str, ...] = FITTED) -> tuple[dict[str, float], float]:
-    """Scales of the factors that minimise the loss over `cases`; returns (scale, loss)."""
-    scale = dict.fromkeys(factors, 1.0)
-    best = loss(replayer(cases, scale))
-    step = {name: 2.0 for name in factors}
-    for r in range(rounds):
-        moved = False
-        for name in factors:
-            for direction in (step[name], 1 / step[name]):
-                trial = {**scale, name: scale[name] * direction}
-                value = loss(replayer(cases, trial))
-                if value < best - 1e-6:
-                    scale, best, moved = trial, value, True
-                    break
-            else:
-                step[name] = math.sqrt(step[name])
-            progress(f"round {r + 1}/{rounds} {name} x{scale[name]:.3g}: loss {best:.4f}")
-        if not moved and max(step.values()) < 1.02:
-            break
-    return scale, best
+        rounds: int = ROUNDS, factors: tuple[str, ...] = FITTED, base: dict[str, float] | None = None,
+        ) -> tuple[dict[str, float], float]:
+    """Scales of `factors` that minimise the loss over `cases` (the other factors kept at `base`'s scales, else
+    their priors): bounded robust least squares (scipy's trust-region reflective, Huber loss) in log space, from
+    `base`'s scales; `rounds` caps its trial steps (each accepted one replays the cases len(factors) more times for
+    the next Jacobian); it stops when a step gains under 0.1 % of the loss. Returns
+    (scale, loss)."""
+    base = dict(base or {})
+    start = np.array([base.get(n, 1.0) for n in factors])
+    ranges = [scale_range(n) for n in factors]
+    # x: log of each scale over its start, so the first trust region (norm 1 in units of x_scale) is a STEP move
+    lo = np.log([r[0] for r in ranges]) - np.log(start)
+    hi = np.log([r[1] for r in ranges]) - np.log(start)
+    x0 = np.clip(np.zeros(len(factors)), lo + 1e-9, hi - 1e-9)
+    calls = [0]
+
+    def scale_of(x: np.ndarray) -> dict[str, float]:
+        return {**base, **{n: float(s0 * math.exp(v)) for n, s0, v in zip(factors, start, x, strict=True)}}
+
+    def fun(x: np.ndarray) -> np.ndarray:
+        calls[0] += 1
+        out = residuals(replayer(cases, scale_of(x)))
+        progress(f"replay {calls[0]}: loss {float(np.mean([_huber(v) for v in out])):.4f}")
+        return out
+
+    r = least_squares(fun, x0, bounds=(lo, hi), loss="huber", f_scale=HUBER, diff_step=DIFF_STEP,
+                      x_scale=STEP, max_nfev=rounds, ftol=1e-3, xtol=1e-3)
+    scale = scale_of(r.x)
+    return scale, loss(replayer(cases, scale))
 
 
 def leave_one_source_out(cases: list[Case], replayer: Replayer, progress: Callable[[str], None] = lambda _: None,
-                         rounds: int = 6) -> tuple[list[Replay], dict[str, dict[str, float]]]:
-    """Each organisation's cases predicted with factors fitted on the others' cases."""
+                         rounds: int = ROUNDS, factors: tuple[str, ...] = FITTED,
+                         base_by_org: dict[str, dict[str, float]] | None = None,
+                         ) -> tuple[list[Replay], dict[str, dict[str, float]]]:
+    """Each organisation's cases predicted with factors fitted on the others' cases; a fold starts from (and keeps
+    the factors not fitted at) base_by_org's scales for that organisation, fitted without it too."""
     orgs = sorted({c.source.org for c in cases})
     out, scales = [], {}
     for org in orgs:
@@ -140,7 +178,8 @@ def leave_one_source_out(cases: list[Case], replayer: Replayer, progress: Callab
         test = [c for c in cases if c.source.org == org]
         if not train:
             continue
-        scale, _ = fit(train, replayer, lambda msg, org=org: progress(f"without {org}: {msg}"), rounds)
+        scale, _ = fit(train, replayer, lambda msg, org=org: progress(f"without {org}: {msg}"), rounds, factors,
+                       (base_by_org or {}).get(org))
         scales[org] = scale
         out += replayer(test, scale)
     return out, scales
@@ -158,19 +197,26 @@ def write(scale: dict[str, float], in_sample: list[Replay], out_of_sample: list[
     write_validation(in_sample, out_of_sample, scales_by_org, excluded)
 
 
+def last_scales(orgs: set[str]) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
+    """The last fit's scales (corpus.json) and, for each of `orgs`, the scales fitted without it (validation.json;
+    the shipped ones for an organisation added since, which none of its fits saw). ({}, {}) before any fit."""
+    stored = stored_validation()
+    if not stored or not CORPUS_CALIBRATION.exists():
+        return {}, {}
+    scale = json.loads(CORPUS_CALIBRATION.read_text())["scale"]
+    by_org = dict(stored["out_of_sample"]["scales_by_left_out_org"])
+    return scale, {**by_org, **{o: scale for o in orgs - set(by_org)}}
+
+
 def rescore(goal: list[Case], excluded: list[Case], replayer: Replayer) -> None:
     """validation.json again, for a change to the model that adds no fitted factor: every case replayed by today's
     model with the last fit's scales (a left-out organisation's cases with the scales fitted without it), the
     scales themselves not fitted again (the fit takes about an hour on two cores). An organisation added since the
     last fit was in none of its fits (each fit left out one organisation of its day), so its cases are out of
     sample with the shipped scales, and count there."""
-    stored = stored_validation()
-    if not stored or not CORPUS_CALIBRATION.exists():
+    scale, by_org = last_scales({c.source.org for c in goal})
+    if not by_org:
         raise BadInput("no fit to rescore: run `capbench validate --fit` once")
-    scale = json.loads(CORPUS_CALIBRATION.read_text())["scale"]
-    by_org = dict(stored["out_of_sample"]["scales_by_left_out_org"])
-    for org in {c.source.org for c in goal} - set(by_org):
-        by_org[org] = scale
     out_of_sample = []
     for org, org_scale in sorted(by_org.items()):
         out_of_sample += replayer([c for c in goal if c.source.org == org], org_scale)

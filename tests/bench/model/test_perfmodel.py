@@ -135,7 +135,8 @@ def test_mtp_keeps_accept_length_tokens_per_step():
 def test_streaming_paces_many_streams():
     eff = priors()
     pm = PerfModel(kimi(), eff)
-    assert pm.step_time(2000, 2000 * 300) >= 2000 * eff.stream_token_us * 1e-6
+    floor = 2000 * eff.stream_token_us * 1e-6
+    assert pm.step_time(2000, 2000 * 300) >= floor * (1 - 1e-12)  # the floor itself, up to float rounding
 
 
 def test_prefill_pays_cpu_launches_and_attention_is_superlinear():

@@ -27,14 +27,16 @@ from bench.model import calibration, corpus, fit, validate
 # MI300X unpack rate the same blog's kernel table gives, data/calibration/default.yaml). 2026-12-06, the kernel
 # tables price NVIDIA GPUs (attention, MoE, all-reduce; factors not refitted, the roofline's): GPUStack 19/27/18 %
 # (its H200 DeepSeek/GLM bursts' TTFT), Novita AI TPOT 44 %; sgl-project 27/23/26 %, SemiAnalysis 16/12/19 %.
+# 2026-12-07, the factors refitted on the kernel model (least squares): GPUStack 15/22/23 %, SemiAnalysis 17/25/17 %,
+# sgl-project 12/18/15 %, Novita AI 5/37/49 %, Ben Hamm 22/-/24 %, zixuanzhang226 9/12/14 %, AMD 40/43/24 %.
 BOUNDS = {
-    "GPUStack": {"output_tok_s": 0.24, "ttft_ms": 0.32, "tpot_ms": 0.24},
-    "SemiAnalysis": {"output_tok_s": 0.18, "ttft_ms": 0.25, "tpot_ms": 0.22},
-    "sgl-project": {"output_tok_s": 0.44, "ttft_ms": 0.26, "tpot_ms": 0.34},
-    "Novita AI": {"output_tok_s": 0.11, "ttft_ms": 1.50, "tpot_ms": 0.49},
-    "Ben Hamm (OpenClaw)": {"output_tok_s": 0.27, "tpot_ms": 0.26},
-    "zixuanzhang226": {"output_tok_s": 0.10, "ttft_ms": 0.21, "tpot_ms": 0.13},
-    "AMD": {"output_tok_s": 0.77, "ttft_ms": 0.49, "tpot_ms": 0.45},
+    "GPUStack": {"output_tok_s": 0.21, "ttft_ms": 0.27, "tpot_ms": 0.28},
+    "SemiAnalysis": {"output_tok_s": 0.22, "ttft_ms": 0.31, "tpot_ms": 0.22},
+    "sgl-project": {"output_tok_s": 0.17, "ttft_ms": 0.24, "tpot_ms": 0.20},
+    "Novita AI": {"output_tok_s": 0.11, "ttft_ms": 0.42, "tpot_ms": 0.54},
+    "Ben Hamm (OpenClaw)": {"output_tok_s": 0.27, "tpot_ms": 0.29},
+    "zixuanzhang226": {"output_tok_s": 0.15, "ttft_ms": 0.17, "tpot_ms": 0.19},
+    "AMD": {"output_tok_s": 0.45, "ttft_ms": 0.49, "tpot_ms": 0.29},
 }
 # Sources outside the goal (SGLang 0.4.x; Tenstorrent's cases state no tp and are not replayed): regression bounds
 # only, ten points over today's error. The model predicts today's SGLang; these show how far older releases were.
@@ -162,7 +164,7 @@ def test_a_rescore_counts_an_organisation_added_after_the_fit_out_of_sample(tmp_
     assert new["scales_by_left_out_org"]["AMD"] == shipped
     assert new["scales_by_left_out_org"]["SemiAnalysis"] == fitted_orgs["SemiAnalysis"] != shipped
     amd = [r for r in new["cases"] if r["org"] == "AMD"]
-    assert len(amd) == 2 and all(r["errors"]["output_tok_s"] > 0.5 for r in amd)  # the model is too fast on both
+    assert len(amd) == 2 and all(r["errors"]["output_tok_s"] > 0.2 for r in amd)  # the model is too fast on both
 
 
 def test_every_organisation_in_the_goal_is_scored_out_of_sample():
