@@ -20,6 +20,76 @@ SLOW_TESTS = ("tests/bench/campaign/test_campaign_run.py", "tests/bench/campaign
               "tests/dashboard/test_apptest_planner.py", "tests/engine_patches/test_kv_checksum_detection.py",
               "tests/engine_patches/test_kv_checksum_partial.py",
               "tests/bench/test_calibrate.py", "tests/engine_patches/test_int4_sglang_load.py")
+# Files whose tests together took 10 s or more in `make test-fast` (a loaded 2-core host, --durations): marked slow
+# too, in their own order. `make test-fast` keeps the unit tests and, of these, one end-to-end path per surface
+# (FAST_PATHS): the CLI's plan, a report over runs, a campaign file's checks, an import, an eval, the twin's OpenAI
+# API, a patched SGLang launch line; the dashboard's AppTest pages are not slow. Not in it: the browser, Locust.
+LONGER_TESTS = (
+    "tests/bench/campaign/test_hostile_campaigns.py",
+    "tests/bench/campaign/test_nothing_outlives.py",
+    "tests/bench/campaign/test_pd_check_launch.py",
+    "tests/bench/campaign/test_pd_campaign.py",
+    "tests/bench/cli/test_plan_campaign.py",
+    "tests/bench/test_user_files.py",
+    "tests/engine_patches/test_fp8_scales_launch.py",
+    "tests/bench/imports/test_import_summaries.py",
+    "tests/bench/cli/test_plan_pd.py",
+    "tests/bench/cli/test_first_screen.py",
+    "tests/bench/campaign/test_shell_values.py",
+    "tests/engine_patches/test_kv_checksum_launch.py",
+    "tests/bench/campaign/test_campaign_nodes.py",
+    "tests/bench/report/test_report.py",
+    "tests/engine_patches/test_expert_formats_sglang_load.py",
+    "tests/bench/imports/test_import_results.py",
+    "tests/bench/cli/test_plan_prices.py",
+    "tests/engine_patches/test_int4_resume.py",
+    "tests/bench/eval/test_eval_cli.py",
+    "tests/engine_patches/test_expert_formats_roundtrip.py",
+    "tests/dashboard/test_apptest_own_slo.py",
+    "tests/bench/cli/test_plan.py",
+    "tests/bench/test_repeat.py",
+    "tests/engine_patches/test_gpu_check.py",
+    "tests/bench/campaign/test_common_requests.py",
+    "tests/bench/cli/test_runs.py",
+    "tests/engine_patches/test_int4_convert.py",
+    "tests/bench/model/test_formats.py",
+    "tests/engine_patches/test_kv_checksum_gpu_check.py",
+    "tests/engine_patches/test_no_torch.py",
+    "tests/bench/twin/test_twin.py",
+    "tests/bench/campaign/test_runtime_keys.py",
+    "tests/bench/campaign/test_predict.py",
+    "tests/engine_patches/test_int4_moe.py",
+    "tests/bench/campaign/test_eval_stage.py",
+    "tests/engine_patches/test_kv_checksum_step.py",
+    "tests/bench/campaign/test_flags.py",
+    "tests/bench/model/test_validate.py",
+    "tests/engine_patches/test_kv_checksum_fuzz.py",
+    "tests/dashboard/test_apptest_runs.py",
+    "tests/bench/campaign/test_sweep.py",
+    "tests/engine_patches/test_launch_roundtrip.py",
+    "tests/bench/eval/test_suites.py",
+    "tests/bench/test_drift.py",
+    "tests/engine_patches/test_quant_cli.py",
+    "tests/bench/twin/test_twin_pd.py",
+    "tests/bench/eval/test_sandbox.py",
+    "tests/bench/model/test_interval.py",
+    "tests/bench/report/test_charts_without_v8.py",
+    "tests/engine_patches/test_fp8_scales_mtp.py",
+    "tests/bench/cli/test_serve_queue_entries.py",
+    "tests/bench/test_node_telemetry.py",
+    "tests/bench/model/test_plan.py",
+    "tests/bench/campaign/test_pd_spec.py",
+    "tests/bench/cli/test_serve_queue_folder.py",
+)
+FAST_PATHS = (
+    "tests/bench/cli/test_plan.py::test_json_has_the_figures",
+    "tests/bench/report/test_report.py::test_report_with_runs_has_tables_charts_and_the_measurements",
+    "tests/bench/campaign/test_runtime_keys.py::test_a_bad_interpreter_or_image_is_one_line",
+    "tests/bench/imports/test_import_results.py::test_bench_serving_runs_import_one_per_line_with_derived_e2e",
+    "tests/bench/eval/test_eval_cli.py::test_one_target_stores_every_answer_with_its_data_version",
+    "tests/bench/twin/test_twin.py::test_openai_client_chat_and_completions_not_streamed",
+    "tests/engine_patches/test_fp8_scales_launch.py::test_dry_run_passes_the_scales_to_sglang",
+)
 if LOCUST_PART:
     from gevent import monkey
 
@@ -65,8 +135,15 @@ def _slow_rank(item: pytest.Item) -> int:
 
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        if _slow_rank(item) < len(SLOW_TESTS):
+        rel = os.path.relpath(str(item.path), ROOT)
+        path = rel + "::" + item.name.split("[")[0]
+        if _slow_rank(item) < len(SLOW_TESTS) or (rel in LONGER_TESTS and path not in FAST_PATHS):
             item.add_marker(pytest.mark.slow)
+    collected = {os.path.relpath(str(item.path), ROOT) for item in items}
+    named = {os.path.relpath(str(item.path), ROOT) + "::" + item.name.split("[")[0] for item in items}
+    stale = [p for p in FAST_PATHS if p.split("::")[0] in collected and p not in named]
+    if stale:
+        raise pytest.UsageError(f"tests/conftest.py FAST_PATHS names tests that do not exist: {stale}")
     # The slow files first, longest first: pytest-xdist (--dist loadfile) hands out files in this order, so the long
     # ones start at once and no worker is left running one of them alone at the end. A file's order is kept.
     items.sort(key=_slow_rank)

@@ -135,7 +135,9 @@ def test_a_decode_server_that_dies_mid_run_fails_the_cell_naming_it(tmp_path):
 
 def test_a_router_that_routes_to_other_servers_than_those_launched_fails_the_cell(tmp_path):
     f = _campaign(tmp_path, router_node="stray", stray="--say-decode http://127.0.0.1:9")
-    f.write_text(f.read_text().replace("health_timeout: 30", "health_timeout: 2"))  # how long its list may lag
+    # how long its list may lag: long enough for the servers to start on a loaded host (2 s was not), short enough
+    # that the wait for a list that never matches does not dominate the test
+    f.write_text(f.read_text().replace("health_timeout: 30", "health_timeout: 12"))
     out = _run(f, tmp_path / "c.duckdb")
     assert out.returncode == 1, out.stderr[-3000:]
     status, error, _ = _cells(tmp_path / "c.duckdb")["glm-pd/a"]
