@@ -22,7 +22,11 @@ NEWNS, NEWIPC, NEWUSER, NEWPID, NEWNET = 0x00020000, 0x08000000, 0x10000000, 0x2
 RDONLY, NOSUID, NODEV, NOEXEC, REMOUNT, BIND, REC, PRIVATE = 1, 2, 4, 8, 32, 4096, 16384, 1 << 18
 PR_SET_PDEATHSIG, PR_CAPBSET_DROP, PR_SET_SECUREBITS, PR_SET_NO_NEW_PRIVS = 1, 24, 28, 38
 NOBODY = 65534
-ROOT = "/tmp"  # mounted over in the jail's own mount namespace only
+# The jail's root is built on a folder mounted over in its own mount namespace only: everything under that folder
+# disappears from the jail, so it is the first of these that holds none of the paths to bind (a venv under /tmp
+# would otherwise vanish, and the programs' imports with it).
+ROOTS = ("/tmp", "/mnt", "/srv", "/media", "/opt")
+ROOT = ROOTS[0]
 WORK = "/scratch"  # the program's folder, inside the root
 libc = ctypes.CDLL(None, use_errno=True)
 
@@ -68,7 +72,19 @@ def bind(src: str, inside: str) -> None:
     mount(None, target, None, REMOUNT | BIND | RDONLY | kept_flags(src), what="read-only")
 
 
+def root_for(paths: list[str]) -> str:
+    """The first of ROOTS that is a folder and holds none of `paths`."""
+    for root in ROOTS:
+        if os.path.isdir(root) and not any(p == root or p.startswith(root + "/") for p in paths):
+            return root
+    fail(f"every folder the jail can be built on ({', '.join(ROOTS)}) holds a path it must read")
+    raise AssertionError  # fail() exits
+
+
 def build_root(job: dict) -> None:
+    global ROOT
+    ROOT = root_for([os.path.realpath(p) for p in ["/usr", "/lib", "/lib64", "/bin", sys.base_prefix,
+                                                     *job.get("paths", [])]])
     mount(None, "/", None, REC | PRIVATE, what="private")
     mount("tmpfs", ROOT, "tmpfs", NOSUID | NODEV, "size=4m,mode=755", what="root tmpfs")
     seen: list[str] = []
