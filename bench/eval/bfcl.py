@@ -151,6 +151,8 @@ def _checked(out: sandbox.Outcome) -> tuple[str, str]:
     try:
         verdict = json.loads(out.stdout.strip().splitlines()[-1])
     except (ValueError, IndexError):
+        if out.detail.startswith(("ModuleNotFoundError", "ImportError")):  # the checker's fault, not the answer's
+            return "not_run", f"checker could not run: {out.detail}"
         return "failed", f"checker: {out.status}: {out.detail}"
     return ("passed" if verdict["valid"] else "failed"), verdict.get("error", "")
 

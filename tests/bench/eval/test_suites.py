@@ -8,7 +8,7 @@ import random
 import pytest
 
 from bench.benchmarks.fake_eval import Fake, humaneval_fake, serve, tools_fake
-from bench.eval import bfcl, longgen, run
+from bench.eval import bfcl, longgen, run, sandbox
 from bench.eval.client import Endpoint
 
 
@@ -109,3 +109,15 @@ def test_retrieval_problems_hide_a_code_at_their_depth_and_a_reader_finds_it():
     r = _one(url, "retrieval", 9)
     server.shutdown()
     assert [a.outcome == "passed" for a in r.answers[0]] == [i % 2 == 0 for i in range(9)]
+
+
+def test_a_checker_that_cannot_import_is_not_run_not_a_failed_answer():
+    """A checker whose imports fail (a venv the jail cannot see) says nothing about the answer: the problem is not
+    scored, and the pass rate is not pulled down by it."""
+    broken = sandbox.Outcome("failed", 1, "", "Traceback ...\nModuleNotFoundError: No module named 'bfcl_eval'", 0.1)
+    assert bfcl._checked(broken) == ("not_run", "checker could not run: ModuleNotFoundError: No module named "
+                                                "'bfcl_eval'")
+    crashed = sandbox.Outcome("failed", 1, "", "Traceback ...\nKeyError: 'x'", 0.1)
+    assert bfcl._checked(crashed)[0] == "failed"
+    answered = sandbox.Outcome("passed", 0, '{"valid": true, "error": ""}\n', "", 0.1)
+    assert bfcl._checked(answered) == ("passed", "")
