@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from collections import Counter, OrderedDict, deque
 from collections.abc import Hashable, Iterator
-from itertools import compress, filterfalse, repeat, takewhile
+from itertools import compress, filterfalse, islice, repeat, takewhile
 from operator import eq, sub
 
 
@@ -66,14 +66,16 @@ class PrefixCache:
 
     def evict(self, tokens: int) -> int:
         n = min(len(self.lru), math.ceil(tokens / self.block_size))
-        ref, pop = self.ref, self.lru.popitem
         self.version += 1
-        for _ in range(n):
-            del ref[pop(last=False)[0]]
+        if n == 1:  # a decode step short of one block: the common case
+            dict.__delitem__(self.ref, self.lru.popitem(last=False)[0])
+        elif n:  # dict's own delete in C (Counter's is Python: 48M calls of a long agentic plan)
+            oldest = list(islice(self.lru, n))
+            _consume(map(self.lru.__delitem__, oldest))
+            _consume(map(dict.__delitem__, repeat(self.ref), oldest))
         return n * self.block_size
 
     def clear(self) -> None:
         self.version += 1
-        for key in self.lru:
-            del self.ref[key]
+        _consume(map(dict.__delitem__, repeat(self.ref), self.lru))
         self.lru.clear()

@@ -29,6 +29,7 @@ from bench.model.serving import simulate
 from bench.model.serving.slo import Slo
 from bench.model.serving.workload import Workload
 from bench.model.step.calibration import Efficiency, kernels_per_layer, load_efficiency
+from bench.model.step.perfmodel import attention_priced_by
 
 START_HORIZON_S, START_REQUESTS = 60.0, 200
 MAX_HORIZON_S = 960.0
@@ -158,6 +159,7 @@ def _key(dep: Deployment, wl: Workload, slo: Slo, eff: Efficiency, cap: int | No
     the model's factors and the code that simulates. Change any of them and the cached answer is not found."""
     d = {k: v for k, v in asdict(dep).items() if k not in ("model", "gpu")}
     d["context"] = dep.context_len  # None means the model's maximum: one answer, one key
+    d["attention"] = attention_priced_by(dep)  # its page size is in d already; backends priced alike share answers
     text = json.dumps([dep.model.model_dump(), dep.gpu.model_dump(), d, wl.to_dict(), asdict(slo), eff.to_dict(),
                        kernels_per_layer(), _code()] + ([{"max_concurrency": cap}] if cap else []),
                       sort_keys=True, default=str)

@@ -288,6 +288,8 @@ class Scheduler:
         if not n or self.prefilling or self.waiting or self.inbox:
             return None
         k = min(self.heap[0][0] - self.steps if self.heap else 0, self.free_tokens // (self.per_step * n), MAX_SPAN)
+        if k < 2:
+            return None
         ctx = self._decode_ctx()
         t0 = self.perf.step_time(n, ctx)
         if t0 > 0 and math.isfinite(gap):

@@ -78,6 +78,8 @@ class KernelStep:
         self.moe_layers = m.layers - m.first_dense_layers
         self._memo: dict[tuple, float] = {}  # a GEMM's or the MoE's seconds by rows: decode steps repeat them
         self._surfaces: dict[str, tuple | None] = {}  # attention's measured surface by phase
+        self._rest: dict[tuple, tuple[float, float, float]] = {}  # a step's GEMM, MoE and all-reduce seconds
+        self._said: dict[str, kernels.Surface] = {}  # those whose source is said: a step asks for them every time
 
     # ---- one operator: the table, else the roofline (said once per operator)
     def _op(self, name: str, got: tuple[float, str] | None, what: str, args: dict) -> float:
@@ -112,12 +114,16 @@ class KernelStep:
     def attention(self, phase: str, batch: float, length: float, args: dict) -> float:
         if batch <= 0 or length <= 0:
             return 0.0
+        said = self._said.get(phase)
+        if said is not None:  # measured and said already: only the time is new
+            return said(max(batch, 1), max(length, 1))[0]
         m, name = self.dep.model, f"attention {phase}"
         if phase not in self._surfaces:  # looked up once: a step asks for it every time
             self._surfaces[phase] = kernels.attention_surface(m, self.gpu, self.backend, self.dep.kv_dtype, phase,
                                                               self.attn_tp, self.version)
         surface = self._surfaces[phase]
-        if surface is not None and name in self.sources:  # said already: only the time is new
+        if surface is not None and name in self.sources:
+            self._said[phase] = surface[0]
             return surface[0](max(batch, 1), max(length, 1))[0]
         got = kernels.attention_time(m, self.gpu, self.backend, self.dep.kv_dtype, phase, batch, length, self.attn_tp,
                                      self.version)
@@ -169,8 +175,11 @@ class KernelStep:
         if rank_prefill > 0:
             equal = max(rank_prefill, (2 * rank_pairs) ** 0.5)  # one prompt of as many causal pairs
             attn += self.attention("prefill", 1, equal, {"pairs": rank_pairs}) * rank_pairs / (equal * equal / 2)
-        proj, shared, dense = self.gemms("attn", group), self.gemms("shared", tokens), self.gemms("dense", tokens)
-        comm = 2 * self.allreduce(group, graph)
-        return {"attention": self.layers * attn, "gemm": self.layers * proj + self.moe_layers * shared
-                + self.dense_layers * dense + self.gemm(self.lm_head, samples),
-                "moe": self.moe_layers * self.moe(tokens), "comm": self.layers * comm}
+        key = (group, tokens, samples, graph)
+        rest = self._rest.get(key)
+        if rest is None:  # exact: every step of one batch size (and no prefill) repeats it
+            proj, shared, dense = self.gemms("attn", group), self.gemms("shared", tokens), self.gemms("dense", tokens)
+            rest = self._rest[key] = (self.layers * proj + self.moe_layers * shared + self.dense_layers * dense
+                                      + self.gemm(self.lm_head, samples), self.moe_layers * self.moe(tokens),
+                                      self.layers * 2 * self.allreduce(group, graph))
+        return {"attention": self.layers * attn, "gemm": rest[0], "moe": rest[1], "comm": rest[2]}

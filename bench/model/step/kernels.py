@@ -111,18 +111,23 @@ class Surface:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "la", [math.log(x) for x in self.a])
+        object.__setattr__(self, "_at", {})  # a -> its two curves and weight: a decode span asks one batch size
 
     def __call__(self, a: float, b: float) -> tuple[float, bool]:
         if len(self.a) == 1:
             y, out = self.curves[0](b)
             return y, out or a != self.a[0]
-        la = self.la
-        t = math.log(max(a, 1e-9))
-        i = min(max(bisect_left(la, t), 1), len(la) - 1)
-        w = (t - la[i - 1]) / (la[i] - la[i - 1])
-        y0, o0 = self.curves[i - 1](b)
-        y1, o1 = self.curves[i](b)
-        return math.exp(math.log(y0) + w * (math.log(y1) - math.log(y0))), o0 or o1 or t < la[0] or t > la[-1]
+        at = self._at.get(a)
+        if at is None:
+            la = self.la
+            t = math.log(max(a, 1e-9))
+            i = min(max(bisect_left(la, t), 1), len(la) - 1)
+            at = self._at[a] = (self.curves[i - 1], self.curves[i], (t - la[i - 1]) / (la[i] - la[i - 1]),
+                                t < la[0] or t > la[-1])
+        c0, c1, w, out = at
+        y0, o0 = c0(b)
+        y1, o1 = c1(b)
+        return math.exp(math.log(y0) + w * (math.log(y1) - math.log(y0))), o0 or o1 or out
 
 
 @cache

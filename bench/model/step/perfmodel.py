@@ -58,8 +58,8 @@ from bench.model.step.calibration import (
 )
 from bench.model.step.kernel_step import TIMED, KernelStep
 
-__all__ = ["Efficiency", "FITTED_CALIBRATION", "PerfModel", "cost_per_million_tokens", "expected_experts",
-           "load_efficiency", "prefill_pairs", "summary"]
+__all__ = ["Efficiency", "FITTED_CALIBRATION", "PerfModel", "attention_priced_by", "cost_per_million_tokens",
+           "expected_experts", "load_efficiency", "prefill_pairs", "summary"]
 
 
 def expected_experts(experts: int, top_k: int, tokens: float) -> float:
@@ -141,6 +141,7 @@ class PerfModel:
         self.request_overhead_s = e.request_overhead_ms * 1e-3
         self.stream_s = e.stream_token_us * 1e-6
         self.moe_layers = m.layers - m.first_dense_layers
+        self._last_decode: tuple[tuple[int, int] | None, float] = (None, 0.0)
         self.kstep: KernelStep | None = None
         self.unmeasured: dict[str, str] = {}
         if os.environ.get("CAPBENCH_PERF") != "roofline" and kernels.versions(g.id, "moe"):
@@ -270,12 +271,18 @@ class PerfModel:
         """One scheduler step; with MTP, its decode part drafts and verifies (accept_length tokens per request)."""
         if decode_batch <= 0 and prefill_tokens <= 0:
             return 0.0
+        decode_only = not (prefill_tokens or prefill_attn or prefill_ctx) and (busiest is None or not any(busiest))
+        if decode_only and self._last_decode[0] == (decode_batch, decode_ctx):
+            return self._last_decode[1]  # the scheduler prices a decode step, then takes it alone: asked twice
         t = self._time(self.parts(decode_batch, decode_ctx, prefill_tokens, prefill_attn, prefill_ctx,
                                   busiest=busiest))
         if self.steps and decode_batch:
             t += self.draft_time(decode_batch, decode_ctx)
         # the serving processes stream every token on the CPU beside the GPU: with many streams they set the pace
-        return max(t, decode_batch * self.accept_length * self.stream_s)
+        t = max(t, decode_batch * self.accept_length * self.stream_s)
+        if decode_only:
+            self._last_decode = ((decode_batch, decode_ctx), t)
+        return t
 
     def draft_time(self, decode_batch: int, decode_ctx: int) -> float:
         """MTP's draft work in one decode step, as SGLang 0.5.23's EAGLE worker runs it (eagle_worker_v2.py): steps - 1
@@ -307,6 +314,22 @@ class PerfModel:
     def decode_throughput(self, batch: int, context: int) -> float:
         """Output tokens per second of the instance decoding `batch` sequences of `context` tokens each."""
         return batch * self.accept_length / self.step_time(batch, batch * context)
+
+
+def attention_priced_by(dep: Deployment) -> list[str]:
+    """What a deployment's attention backend changes in its step times: the measured surfaces its steps read (their
+    sources), or the roofline's. Two backends that both lack a table are priced alike, so an answer cached for one
+    answers for the other (the plan searches every backend that keeps FP8 scales)."""
+    if os.environ.get("CAPBENCH_PERF") == "roofline":
+        return ["roofline (CAPBENCH_PERF)"]
+    if not kernels.versions(dep.gpu.id, "moe"):
+        return ["roofline"]
+    out = []
+    for phase in ("decode", "prefill"):
+        got = kernels.attention_surface(dep.model, dep.gpu.id, dep.attention or "triton", dep.kv_dtype, phase,
+                                        dep.tp // dep.dp, _version(dep.sglang))
+        out.append("roofline" if got is None else got[1])
+    return out
 
 
 def _version(v: str | None) -> str | None:
