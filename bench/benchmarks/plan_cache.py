@@ -55,7 +55,7 @@ def main() -> None:
         for name in a.questions.split(","):
             for q in QUESTIONS[name]:
                 t = time.perf_counter()
-                plan = make_plan(q, workers=a.workers)
+                plan = make_plan(q, workers=a.workers, curves=True)
                 if plan.recommended is not None:  # the Planner's latency-against-load curve beside it
                     rec = plan.recommended
                     load.predicted(rec.config.deployment(q.model, q.context), q.request_mix(), q.slo, rec.prediction)

@@ -213,7 +213,8 @@ def plan(
     with Progress(transient=True, disable=as_json) as bar:
         task = bar.add_task("sizing", total=None)
         result = make_plan(q, lambda stage, done, total: bar.update(task, description=stage, completed=done,
-                                                                   total=total), workers or os.cpu_count() or 1)
+                                                                   total=total), workers or os.cpu_count() or 1,
+                           curves=as_json)
     if campaign:
         from bench.cli.plan_campaign import write_campaign
 

@@ -113,7 +113,7 @@ def build(q: Question, db: str | Path | None = None, run_ids: list[str] | None =
                     progress()
             drift, extras = runinfo.drift(con), run_extras.tables(con, measured, slo)
         _unique_labels(measured)
-    plan = make_plan(q, progress=(lambda *_: progress()) if progress else None, workers=workers)
+    plan = make_plan(q, progress=(lambda *_: progress()) if progress else None, workers=workers, curves=True)
     others = [o for o in gpu_bests(plan) if o is not (plan.recommended or plan.chosen)] if other_gpus else []
     report = Report(plan, str(db) if db else None, why, measured, drift, others, extras=extras)
     report.headline = make_headline(plan, pd_versus.compare(plan))

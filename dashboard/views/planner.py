@@ -70,7 +70,8 @@ def plan_for(q: Question) -> Plan:
     def progress(stage: str, done: int, total: int) -> None:
         bar.progress(min(done / max(total, 1), 1.0), text=f"{stage}: {done} of {total}")
 
-    plan = make_plan(q, progress, workers=os.cpu_count() or 1)  # as capbench plan: one search process a core
+    # as capbench plan: one search process a core, the curves drawn by them too
+    plan = make_plan(q, progress, workers=os.cpu_count() or 1, curves=True)
     bar.empty()
     return plan
 

@@ -43,14 +43,9 @@ class CurvePoint:
 def curve(label: str, dep: Deployment, wl: Workload, eff: Efficiency | None = None,
           levels: tuple[int, ...] = CONCURRENCY) -> list[CurvePoint]:
     """The configuration's points at each concurrency it can run (up to its max running requests)."""
-    cap = capacity(dep, with_ratios=False)
-    if not cap.fits:
-        return []
     out = []
-    for c in levels:
-        if c > cap.max_running_requests:
-            break
-        p = closed_loop(dep, wl, c, max(REQUESTS_PER_SLOT * c, 24), eff)
+    for c, n in runs(dep, levels):
+        p = closed_loop(dep, wl, c, n, eff)
         if p.output_tok_s <= 0 or not p.tpot_p50 > 0:
             continue
         per_gpu, per_user = p.output_tok_s / dep.tp, 1.0 / p.tpot_p50
@@ -60,6 +55,14 @@ def curve(label: str, dep: Deployment, wl: Workload, eff: Efficiency | None = No
         ul, uh = (per_user / tpot.high, per_user / tpot.low) if tpot else (per_user, per_user)
         out.append(CurvePoint(label, c, per_gpu, per_user, gl, gh, ul, uh, p.ttft_p50))
     return out
+
+
+def runs(dep: Deployment, levels: tuple[int, ...] = CONCURRENCY) -> list[tuple[int, int]]:
+    """(concurrency, requests) of each closed-loop run a curve is drawn from: up to the max running requests."""
+    cap = capacity(dep, with_ratios=False)
+    if not cap.fits:
+        return []
+    return [(c, max(REQUESTS_PER_SLOT * c, 24)) for c in levels if c <= cap.max_running_requests]
 
 
 def front(points: list[CurvePoint]) -> list[CurvePoint]:

@@ -4,10 +4,12 @@ doubles, the step time it costs or saves per attention backend that keeps its sc
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import replace
 
 from bench.model.advice import fp8_kv
 from bench.model.advice.option import Config, Option
+from bench.model.fits import catalog, formats
 
 
 def fp8_note(model: str, context: int | None, cfg: Config) -> str:
@@ -38,3 +40,14 @@ def interval_notes(rec: Option | None, simulated: list[Option], chosen: Option, 
                          f"({low:,.2f}-{high:,.2f} req/s): at its pessimistic end they need "
                          f"{iv['gpus_needed'][1]} GPUs")
     return notes
+
+
+def format_notes(model_id: str, gpu_ids: Iterable[str]) -> list[str]:
+    """Which expert formats were searched on each GPU, and why the others were not (never recommended)."""
+    model, out = catalog.model(model_id), []
+    for gpu_id in gpu_ids:
+        gpu = catalog.gpu(gpu_id)
+        skipped = [f for f in formats.names() if formats.why_not_served(model, gpu, f)]
+        out.append(f"{gpu_id}: expert formats searched: {', '.join(formats.searched(model, gpu))}; not searched "
+                   f"(`capbench formats --model {model_id} --gpu {gpu_id}` says why): {', '.join(skipped)}.")
+    return out

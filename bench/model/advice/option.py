@@ -191,3 +191,19 @@ def _interval(o: Option) -> dict | None:
             "ttft_s": ttft.of(p.ttft_s) if ttft else None, "tpot_s": tpot.of(p.tpot_s) if tpot else None,
             "usd_per_m_output": (usd / tps.high, usd / tps.low), "instances": instances, "gpus_needed": gpus,
             "monthly_cost": tuple(g * o.price * HOURS_PER_MONTH for g in gpus)}
+
+
+def obtainable(model_id: str, cfg: Config) -> bool:
+    """Whether a configuration may be recommended: its GPU runs the expert format with a real kernel, and a
+    checkpoint in it is shipped or capbench makes it."""
+    model, gpu = catalog.model(model_id), catalog.gpu(cfg.gpu)
+    if cfg.weights == "native":
+        return True
+    fmt = formats.weights_format(model, cfg.weights)
+    return formats.why_not_served(model, gpu, fmt) is None and formats.source_of(model, cfg.weights) is not None
+
+
+def unobtainable(model_id: str, cfg: Config) -> str:
+    model, gpu = catalog.model(model_id), catalog.gpu(cfg.gpu)
+    fmt = formats.weights_format(model, cfg.weights)
+    return formats.why_not_served(model, gpu, fmt) or f"no checkpoint serves --weights {cfg.weights}"

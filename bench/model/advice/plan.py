@@ -22,12 +22,12 @@ from dataclasses import dataclass, field, replace
 from bench.errors import BadInput
 from bench.model.advice import curve, notes, prices
 from bench.model.advice.launch import expert_ep
-from bench.model.advice.option import HOURS_PER_MONTH, Config, Option
+from bench.model.advice.option import HOURS_PER_MONTH, Config, Option, obtainable, unobtainable
 from bench.model.evidence import corpus
 from bench.model.fits import backend, catalog, formats
 from bench.model.fits.capacity import capacity
 from bench.model.serving import workload
-from bench.model.serving.rate import Prediction, saturation_tps, search_rate
+from bench.model.serving.rate import Prediction, closed_loop, saturation_tps, search_rate
 from bench.model.serving.slo import SYNTAX, Slo
 from bench.model.serving.workload import Workload, fixed_workload, load_workload
 from bench.model.step import kernels
@@ -251,6 +251,11 @@ def _simulate(args: tuple) -> Prediction | None:
     return search_rate(cfg.deployment(q.model, q.context), wl, q.slo, cap=q.max_concurrency)
 
 
+def _curve_point(args: tuple) -> None:
+    q, cfg, wl, c, n = args
+    closed_loop(cfg.deployment(q.model, q.context), wl, c, n)  # kept in the answers' cache for Plan.curves()
+
+
 def _map(fn, jobs: list, pool: ProcessPoolExecutor | None, tick: Callable[[], None]) -> list:
     out = []
     for r in pool.map(fn, jobs) if pool and len(jobs) > 1 else map(fn, jobs):
@@ -263,14 +268,24 @@ def _front(opts: list[Option], better: Callable[[Option, Option], bool]) -> set[
     return {id(o) for o in opts if not any(better(x, o) for x in opts if x is not o)}
 
 
-def make_plan(q: Question, progress: Callable[[str, int, int], None] | None = None, workers: int = 1) -> Plan:
-    """progress(stage, done, total) as the search advances; workers: processes, forked after reading the tables."""
+def make_plan(q: Question, progress: Callable[[str, int, int], None] | None = None, workers: int = 1,
+              curves: bool = False) -> Plan:
+    """progress(stage, done, total) as the search advances; workers: processes, forked after reading the tables;
+    curves: the caller draws Plan.curves(), so the workers run their points too (the same figures, in the cache)."""
     q.check()
     if workers <= 1:
         return _make_plan(q, progress, None)
     kernels.load_tables()
     with ProcessPoolExecutor(workers) as pool:
-        return _make_plan(q, progress, pool)
+        plan = _make_plan(q, progress, pool)
+        if curves:
+            wl = q.request_mix()
+            jobs = [(q, o.config, wl, c, n) for o in plan.simulated if o.serves
+                    for c, n in curve.runs(o.config.deployment(q.model, q.context))]
+            done = iter(range(1, len(jobs) + 1))
+            _map(_curve_point, jobs, pool, lambda: (progress or (lambda *_: None))("drawing curves", next(done),
+                                                                                   len(jobs)))
+        return plan
 
 
 def _make_plan(q: Question, progress: Callable[[str, int, int], None] | None, pool: ProcessPoolExecutor | None) -> Plan:
@@ -357,40 +372,13 @@ def _make_plan(q: Question, progress: Callable[[str, int, int], None] | None, po
     chosen = plan.chosen
     if not obtainable(q.model, chosen.config):
         plan.notes.append(f"Your configuration ({chosen.label}) is shown but never recommended: "
-                          f"{_unobtainable(q.model, chosen.config)}.")
+                          f"{unobtainable(q.model, chosen.config)}.")
     if chosen.rejected_because:
         plan.notes.append(f"Your configuration ({chosen.label}): {chosen.rejected_because}.")
     plan.notes += notes.interval_notes(plan.recommended, plan.simulated, chosen, q.target_rate_rps)
     plan.notes.append(notes.fp8_note(q.model, q.context, (plan.recommended or chosen).config))
-    plan.notes += _format_notes(q)
+    plan.notes += notes.format_notes(q.model, q.search_gpus or sorted(catalog.gpus()))
     return plan
-
-
-def obtainable(model_id: str, cfg: Config) -> bool:
-    """Whether a configuration may be recommended: its GPU runs the expert format with a real kernel, and a
-    checkpoint in it is shipped or capbench makes it."""
-    model, gpu = catalog.model(model_id), catalog.gpu(cfg.gpu)
-    if cfg.weights == "native":
-        return True
-    fmt = formats.weights_format(model, cfg.weights)
-    return formats.why_not_served(model, gpu, fmt) is None and formats.source_of(model, cfg.weights) is not None
-
-
-def _unobtainable(model_id: str, cfg: Config) -> str:
-    model, gpu = catalog.model(model_id), catalog.gpu(cfg.gpu)
-    fmt = formats.weights_format(model, cfg.weights)
-    return formats.why_not_served(model, gpu, fmt) or f"no checkpoint serves --weights {cfg.weights}"
-
-
-def _format_notes(q: Question) -> list[str]:
-    """Which expert formats were searched on each GPU, and why the others were not (never recommended)."""
-    model, out = catalog.model(q.model), []
-    for gpu_id in q.search_gpus or sorted(catalog.gpus()):
-        gpu = catalog.gpu(gpu_id)
-        skipped = [f for f in formats.names() if formats.why_not_served(model, gpu, f)]
-        out.append(f"{gpu_id}: expert formats searched: {', '.join(formats.searched(model, gpu))}; not searched "
-                   f"(`capbench formats --model {q.model} --gpu {gpu_id}` says why): {', '.join(skipped)}.")
-    return out
 
 
 def _seconds(pred: Prediction, slo: Slo) -> str:

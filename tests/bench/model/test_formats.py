@@ -11,7 +11,7 @@ import pytest
 import sglang
 
 from bench.model import Question, capacity, catalog, formats, make_plan
-from bench.model.advice.plan import obtainable
+from bench.model.advice.option import obtainable
 
 SRT = Path(sglang.__file__).parent / "srt"
 CAPBENCH = Path(__file__).resolve().parents[3] / ".venv" / "bin" / "capbench"

@@ -124,7 +124,9 @@ def test_a_plan_searched_by_a_pool_has_the_serial_figures(tmp_path, monkeypatch)
         monkeypatch.setenv("CAPBENCH_CACHE", str(tmp_path / str(workers)))
         monkeypatch.setenv("CAPBENCH_SHIPPED_CACHE", "0")
         monkeypatch.setattr(rate, "_memory", {})
-        plans.append(make_plan(q, workers=workers))
+        plans.append(make_plan(q, workers=workers, curves=workers > 1))
+        if workers == 1:
+            serial_curves = plans[0].curves()
 
     def figures(plan):
         return [(str(o.config), o.saturation_tps, o.prediction and asdict(o.prediction), o.rejected_because,
@@ -133,3 +135,29 @@ def test_a_plan_searched_by_a_pool_has_the_serial_figures(tmp_path, monkeypatch)
     serial, pooled = map(figures, plans)
     assert serial == pooled
     assert plans[0].recommended is not None and sum(o.simulated for o in plans[0].options) >= 3
+
+    def not_here(*_, **__):
+        raise AssertionError("a curve point was simulated after the search: the workers were to draw it")
+
+    monkeypatch.setattr(rate.simulate, "run", not_here)
+    assert plans[1].curves() == serial_curves and len(serial_curves["points"]) >= 3
+
+
+def test_backends_priced_alike_share_an_answer_and_others_do_not():
+    """The rate cache's key holds what the attention backend changes in the step times (its kernel table's
+    source, else the roofline): Kimi's MLA on B200 has no flashinfer or triton table, so the plan's two backend
+    variants are one simulation; trtllm_mla has its own table and its own answer."""
+    from bench.model.advice.option import Config
+    from bench.model.step.calibration import load_efficiency
+
+    q = Question(model="kimi-k2-thinking", workload="chat")
+    wl, slo = q.request_mix(), parse_slo("ttft=2s,tpot=50ms")
+
+    def key(attention):
+        dep = Config("b200", 4, 1, 4, "fp8_e4m3", "native", attention).deployment(q.model, None)
+        return rate._key(dep, wl, slo, load_efficiency("b200"))
+
+    assert key("flashinfer") == key("triton")
+    assert key("trtllm_mla") != key("triton")
+    dep = Config("b200", 4, 1, 4, "fp8_e4m3", "native", "trtllm_mla").deployment(q.model, None)
+    assert rate._key(dep, wl, slo, load_efficiency("b200")) == key(None)  # None: the launch line's trtllm_mla
