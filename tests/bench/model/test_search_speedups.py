@@ -161,3 +161,50 @@ def test_backends_priced_alike_share_an_answer_and_others_do_not():
     assert key("trtllm_mla") != key("triton")
     dep = Config("b200", 4, 1, 4, "fp8_e4m3", "native", "trtllm_mla").deployment(q.model, None)
     assert rate._key(dep, wl, slo, load_efficiency("b200")) == key(None)  # None: the launch line's trtllm_mla
+
+
+def test_the_step_memos_do_not_move_a_simulated_figure(monkeypatch):
+    """A simulation with the step-time memos (a decode step priced once, a step's GEMM/MoE/all-reduce seconds by
+    its token counts, an attention surface's weights by batch size) against one that forgets them before every
+    step: the same point, to the last bit, for MLA with DP attention and GQA."""
+    from bench.model.advice.option import Config
+    from bench.model.serving import simulate
+    from bench.model.step import kernels, perfmodel
+
+    cases = (("kimi-k2-thinking", "agentic-coding", Config("b200", 8, 8, 8, "fp8_e4m3", "nvfp4"), 2.0),
+             ("glm-4.6", "chat", Config("h200", 8, 1, 1, "fp8_e4m3", "native"), 12.0))
+    runs = []
+    for forget in (False, True):
+        if forget:
+            step_time = perfmodel.PerfModel.step_time
+
+            def forgetful(self, *a, step_time=step_time, **k):
+                self._last_decode = (None, 0.0)
+                if self.kstep is not None:
+                    self.kstep._rest.clear()
+                return step_time(self, *a, **k)
+
+            monkeypatch.setattr(perfmodel.PerfModel, "step_time", forgetful)
+            monkeypatch.setattr(kernels.Surface, "__post_init__", _no_batch_memo)
+            kernels._attention.cache_clear()  # the surfaces are made again, without the memo
+            kernels._attention_series.cache_clear()
+        for model, wl, cfg, rps in cases:
+            dep = cfg.deployment(model, None)
+            runs.append(asdict(simulate.run(dep, load_workload(wl), rps, 150, min_seconds=60)))
+    glm = cases[1][2].deployment("glm-4.6", None)
+    forgot = kernels.attention_surface(glm.model, "h200", glm.attention, "fp8_e4m3", "decode", 8)
+    assert forgot is not None and isinstance(forgot[0]._at, _Forgets)  # the second pass ran without the memo
+    kernels._attention.cache_clear()
+    kernels._attention_series.cache_clear()
+    assert runs[:2] == runs[2:]
+    assert all(r["output_tok_s"] > 0 for r in runs)
+
+
+def _no_batch_memo(self) -> None:
+    object.__setattr__(self, "la", [math.log(x) for x in self.a])
+    object.__setattr__(self, "_at", _Forgets())
+
+
+class _Forgets(dict):
+    def __setitem__(self, key, value) -> None:
+        pass  # every call looks its batch size up again
