@@ -24,7 +24,7 @@ slo: "ttft=10s,tpot=200ms"
 deployments:
   - {name: glm, twin: "glm-4.6@h200x8,time_scale=5"}
 loads:
-  - {name: chat, workload: chat, profile: poisson, rate: 0.5, duration: 40}
+  - {name: chat, workload: chat, profile: poisson, rate: 0.5, duration: 15}
   - {name: again, workload: chat, profile: poisson, rate: 0.75, duration: 5}
 """
 
@@ -99,7 +99,7 @@ def test_a_queued_campaign_runs_live_in_the_browser(tmp_path):
             page.get_by_role("button", name="Queue it").click()
             page.get_by_text("queued browser: 2 cells").wait_for(timeout=30_000)
             page.get_by_text("of browser: campaign glm/").first.wait_for(timeout=90_000)  # a run of a cell is live
-            seen = _rising(page, 180.0)  # the fragment refreshes every 3 s; the first stage is 40 s
+            seen = _rising(page, 180.0)  # the fragment refreshes every 3 s; the first stage is 15 s, after a warm-up
             (line, first), (_, later) = seen[-2:]
             assert seen[-2][0] == line and later > first > 0, seen
             page.screenshot(path=str(SHOTS / "campaigns-live.png"))

@@ -18,8 +18,8 @@ import duckdb
 import httpx
 
 CAPBENCH = str(Path(sys.executable).parent / "capbench")
-CAMPAIGN = ('name: ok\nslo: "ttft=10s,tpot=200ms"\nduration: 3\ndeployments:\n'
-            '  - {name: glm, twin: "glm-4.6@h200x8,time_scale=20"}\nloads:\n'
+CAMPAIGN = ('name: ok\nslo: "ttft=10s,tpot=200ms"\nduration: 1.5\ndeployments:\n'
+            '  - {name: glm, twin: "glm-4.6@h200x8,time_scale=10"}\nloads:\n'
             + "".join(f"  - {{name: l{i}, workload: chat, profile: poisson, rate: 0.5}}\n" for i in range(3)))
 
 
@@ -88,7 +88,7 @@ def test_serve_killed_outright_resumes_its_campaign_on_restart(tmp_path):
         queue.mkdir(exist_ok=True)
         (queue / "1-binary.yaml").write_bytes(b"\xff\xfe\x00 not text")
         (queue / "2-shell.yaml").write_text(CAMPAIGN.replace(
-            'twin: "glm-4.6@h200x8,time_scale=20"}',
+            'twin: "glm-4.6@h200x8,time_scale=10"}',
             f"sglang: {{model: glm-4.6, template: {{start: 'touch {tmp_path}/pwned; : {{command}}'}}}}}}"))
         (queue / "3-ok.yaml").write_text(CAMPAIGN)
         done = _wait(db, "SELECT count(*) FROM campaign_cells WHERE status = 'completed'", lambda r: r and r[0][0],

@@ -63,7 +63,7 @@ def _dead(pids: Path, wait_s: float = 10.0) -> list[int]:
 def test_cells_end_completed_or_failed_and_every_server_is_stopped(tmp_path):
     pids = tmp_path / "pids"
     pids.write_text("")
-    f = _write(tmp_path, ['{name: twin, twin: "glm-4.6@h200x8,time_scale=50"}', _launcher("ok", pids),
+    f = _write(tmp_path, ['{name: twin, twin: "glm-4.6@h200x8,time_scale=10"}', _launcher("ok", pids),
                           _launcher("fail", pids), _launcher("die", pids, die_after=2.5),
                           "{name: down, url: 'http://127.0.0.1:9', health_timeout: 2}"],
                LOADS.replace("rate: 1}", "rate: 1, duration: 2}").replace("rate: 2}", "rate: 2, duration: 2}"))
@@ -104,7 +104,7 @@ def test_cells_end_completed_or_failed_and_every_server_is_stopped(tmp_path):
 def test_ctrl_c_stops_the_servers_and_resume_skips_completed_cells(tmp_path):
     pids = tmp_path / "pids"
     pids.write_text("")
-    f = _write(tmp_path, [_launcher("ok", pids), '{name: twin, twin: "glm-4.6@h200x8,time_scale=50"}'], LOADS)
+    f = _write(tmp_path, [_launcher("ok", pids), '{name: twin, twin: "glm-4.6@h200x8,time_scale=10"}'], LOADS)
     db = tmp_path / "c.duckdb"
     proc = subprocess.Popen([*CLI, str(f), "--db", str(db)], stderr=subprocess.PIPE, stdout=subprocess.DEVNULL,
                             text=True, cwd=ROOT)

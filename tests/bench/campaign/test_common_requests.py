@@ -20,7 +20,7 @@ def test_every_stage_of_a_sweep_resends_the_same_prompts_into_an_emptied_cache(t
     f.write_text("name: common\nduration: 1.5\ndeployments:\n"
                  "  - {name: glm, twin: \"glm-4.6@h200x8,kv=bf16,mem_fraction=0.68,time_scale=15\"}\n"
                  "loads:\n  - {name: agents, workload: campaign-agentic, slo: \"ttft=10s,tpot=500ms\", "
-                 "sweep: {start: 1.0, factor: 1.5, max_stages: 3, refine: 0, min_gain: 0}}\n")
+                 "sweep: {start: 1.0, factor: 1.5, max_stages: 2, refine: 0, min_gain: 0}}\n")
     db = tmp_path / "c.duckdb"
     out = subprocess.run([*CLI, str(f), "--db", str(db)], capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert out.returncode == 0 and "Traceback" not in out.stderr, out.stderr[-3000:]

@@ -18,8 +18,8 @@ name: q
 slo: "ttft=10s,tpot=200ms"
 duration: 1.5
 deployments:
-  - {name: bf16, twin: "glm-4.6@h200x8,kv=bf16,time_scale=50"}
-  - {name: fp8, twin: "glm-4.6@h200x8,kv=fp8_e4m3,time_scale=50", baseline: bf16}
+  - {name: bf16, twin: "glm-4.6@h200x8,kv=bf16,time_scale=10"}
+  - {name: fp8, twin: "glm-4.6@h200x8,kv=fp8_e4m3,time_scale=10", baseline: bf16}
 loads:
   - {name: chat, workload: chat, profile: poisson, rate: 1, eval: EVAL}
 """

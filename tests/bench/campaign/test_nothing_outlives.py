@@ -32,12 +32,12 @@ loads:
 """
 
 
-def _campaign(tmp_path: Path, setsid: bool, stop: str = "true") -> tuple[Path, Path]:
+def _campaign(tmp_path: Path, setsid: bool, stop: str = "true", duration: float = 3) -> tuple[Path, Path]:
     pids = tmp_path / "pids"
     pids.write_text("")
     start = f"{'setsid -w ' if setsid else ''}{sys.executable} {FAKE} --port {{port}} --pids {pids} -- {{command}}"
     f = tmp_path / "c.yaml"
-    f.write_text(BASE.replace("START", start).replace("STOP", stop))
+    f.write_text(BASE.replace("START", start).replace("STOP", stop).replace("duration: 3", f"duration: {duration:g}"))
     return f, pids
 
 
@@ -74,7 +74,7 @@ def _wait_gone(db: Path, pids: Path, within: float) -> list[int]:
 
 
 def test_a_server_that_left_its_group_is_ended_with_its_launch(tmp_path):
-    f, pids = _campaign(tmp_path, setsid=True)
+    f, pids = _campaign(tmp_path, setsid=True, duration=1)  # run to its end: the stages' length says nothing here
     db = tmp_path / "c.duckdb"
     out = subprocess.run([CAPBENCH, "campaign", str(f), "--db", str(db)], capture_output=True, text=True,
                          timeout=300, cwd=tmp_path)

@@ -19,11 +19,19 @@ SIM = ["simulate", "--model", "glm-4.6", "--gpu", "h200", "--tp", "8", "--worklo
 SWEEP = [*SIM, "--sweep", "--compare-kv", "--min-seconds", "30"]
 
 
+def _start(cwd: Path, columns: int, *args: str) -> subprocess.Popen:
+    return subprocess.Popen([CAPBENCH, *args], cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "COLUMNS": str(columns), "NO_COLOR": "1"})
+
+
+def _output(proc: subprocess.Popen, timeout: int = 600) -> str:
+    stdout, stderr = proc.communicate(timeout=timeout)
+    assert proc.returncode == 0 and "Traceback" not in stderr, stderr[-3000:]
+    return stdout
+
+
 def _capbench(cwd: Path, columns: int, *args: str, timeout: int = 600) -> str:
-    out = subprocess.run([CAPBENCH, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout,
-                         env={**os.environ, "COLUMNS": str(columns), "NO_COLOR": "1"})
-    assert out.returncode == 0 and "Traceback" not in out.stderr, out.stderr[-3000:]
-    return out.stdout
+    return _output(_start(cwd, columns, *args), timeout)
 
 
 def _first_screen(text: str) -> str:
@@ -112,23 +120,25 @@ CAMPAIGN = """name: widths
 slo: "ttft=10s,tpot=500ms"
 duration: 1.0
 deployments:
-  - {name: glm-bf16, twin: "glm-4.6@h200x8,kv=bf16,time_scale=50"}
-  - {name: glm-fp8-block12, twin: "glm-4.6@h200x8,kv=fp8_e4m3,time_scale=50", baseline: glm-bf16}
+  - {name: glm-bf16, twin: "glm-4.6@h200x8,kv=bf16,time_scale=10"}
+  - {name: glm-fp8-block12, twin: "glm-4.6@h200x8,kv=fp8_e4m3,time_scale=10", baseline: glm-bf16}
 loads:
   - {name: chat, workload: chat, profile: poisson, rate: 1}
 """
 
 
-@pytest.mark.slow  # two campaigns of two twins, ~30 s
+@pytest.mark.slow  # two campaigns of two twins, side by side (each into its own DB), ~25 s
 def test_campaign_summary_answers_with_the_gain_first(tmp_path):
     (tmp_path / "c.yaml").write_text(CAMPAIGN)
-    out = _capbench(tmp_path, 100, "campaign", "c.yaml", "--db", "a.duckdb")
+    first = _start(tmp_path, 100, "campaign", "c.yaml", "--db", "a.duckdb")
+    second = _start(tmp_path, 120, "campaign", "c.yaml", "--db", "b.duckdb", "--details")
+    out = _output(first)
     screen = _first_screen(out)
     flat = " ".join(screen.split())
     assert flat.startswith("Campaign widths (") and "2 cells, 2 completed" in flat
     assert "FP8 KV, glm-fp8-block12 vs glm-bf16, chat:" in flat and "predicted" in flat and "More: --details" in flat
     assert max(map(len, out.splitlines())) <= 120 and "glm-fp8-block12/chat" in out
-    details = _capbench(tmp_path, 120, "campaign", "c.yaml", "--db", "b.duckdb", "--details")
+    details = _output(second)
     _fits_120(details, ["glm-fp8-block12/chat", "glm-bf16/chat", "glm-fp8-block12", "glm-bf16", "FP8 KV"])
     assert "saturation / error:" in details and "what it says:" in details and "Each cell, the rest" in details
 
