@@ -24,7 +24,6 @@ from pathlib import Path
 
 import numpy as np
 import yaml
-from scipy.optimize import least_squares
 
 from bench.errors import BadInput
 from bench.model.evidence.corpus import Case
@@ -158,6 +157,8 @@ def fit(cases: list[Case], replayer: Replayer, progress: Callable[[str], None] =
         out = residuals(replayer(cases, scale_of(x)))
         progress(f"replay {calls[0]}: loss {float(np.mean([_huber(v) for v in out])):.4f}")
         return out
+
+    from scipy.optimize import least_squares  # here: every process that imports bench.model (a twin) starts faster
 
     r = least_squares(fun, x0, bounds=(lo, hi), loss="huber", f_scale=HUBER, diff_step=DIFF_STEP,
                       x_scale=STEP, max_nfev=rounds, ftol=1e-3, xtol=1e-3)
