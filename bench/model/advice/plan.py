@@ -27,7 +27,7 @@ from bench.model.evidence import corpus
 from bench.model.fits import backend, catalog, formats
 from bench.model.fits.capacity import capacity
 from bench.model.serving import workload
-from bench.model.serving.rate import Prediction, closed_loop, saturation_tps, search_rate
+from bench.model.serving.rate import Prediction, answer_key, closed_loop, saturation_tps, search_rate
 from bench.model.serving.slo import SYNTAX, Slo
 from bench.model.serving.workload import Workload, fixed_workload, load_workload
 from bench.model.step import kernels
@@ -321,9 +321,14 @@ def _make_plan(q: Question, progress: Callable[[str, int, int], None] | None, po
 
     def simulate_all(opts: list[Option]) -> None:
         done[0] = 0
-        for o, pred in zip(opts, _map(_simulate, [(q, o.config, wl) for o in opts], pool,
-                                      tick("simulating finalists", len(opts))), strict=True):
-            o.prediction = pred
+        keys = [answer_key(o.config.deployment(q.model, q.context), wl, q.slo, q.max_concurrency) for o in opts]
+        first: dict[str, Option] = {}  # one search per answer (two workers would both run a shared one)
+        for k, o in zip(keys, opts, strict=True):
+            first.setdefault(k, o)
+        preds = dict(zip(first, _map(_simulate, [(q, o.config, wl) for o in first.values()], pool,
+                                     tick("simulating finalists", len(first))), strict=True))
+        for o, k in zip(opts, keys, strict=True):
+            o.prediction = pred = preds[k]
             if pred is not None and pred.rate_rps == 0:
                 o.rejected_because = (f"no rate meets the SLO: {pred.limited_by} is {_seconds(pred, q.slo)} even "
                                       "at the lowest rate tried")

@@ -230,6 +230,12 @@ def _store(key: str, value: Prediction | simulate.Point | float) -> None:
         pass  # a cache that cannot be written only costs time
 
 
+def answer_key(dep: Deployment, wl: Workload, slo: Slo, cap: int | None = None) -> str:
+    """The key search_rate caches its answer under: two deployments with one key have one answer (a search
+    simulates each key once)."""
+    return _key(dep, wl, slo, load_efficiency(dep.gpu.id), cap)
+
+
 def search_rate(dep: Deployment, wl: Workload, slo: Slo, eff: Efficiency | None = None,
                 progress: Callable[[], None] | None = None, cap: int | None = None) -> Prediction | None:
     """The converged highest rate within the SLO for one instance; None when the model does not fit. cap: the
