@@ -18,8 +18,8 @@ import pytest
 import torch
 
 from bench.model import formats
-from engine_patches.int4_moe.convert import convert
-from tests.engine_patches.int4_checkpoints import EXPERTS, HIDDEN, make_checkpoint
+from engine_patches.int4_moe.convert import REPORT
+from tests.engine_patches.int4_checkpoints import EXPERTS, HIDDEN, cached_checkpoint, make_checkpoint
 from tests.engine_patches.test_int4_sglang_load import REGENERATED, WORKER, left_unwritten, sglang_args_from_capbench
 
 WORLD, ROWS = 8, 1024
@@ -40,17 +40,12 @@ CASES = {  # scenario: (input kind, conversion chain, model class, MoE scheme SG
 @pytest.fixture(scope="module")
 def loads(tmp_path_factory):
     root = tmp_path_factory.mktemp("formats")
-    for kind in ("glm", "kimi-fp8"):
-        make_checkpoint(root / kind, kind, moe_inter=ROWS)
     scenarios, reports = [], {}
     for name, (kind, chain, _, _) in CASES.items():
-        src = root / kind
-        for fmt in chain:
-            dst = root / f"{src.name}-{fmt}"
-            if not dst.exists():
-                reports[dst.name] = convert(src, dst, tp=WORLD, workers=1, show_progress=False, fmt=fmt).to_json()
-            src = dst
-        scenarios.append({"name": name, "args": sglang_args_from_capbench(src)})
+        for i in range(1, len(chain) + 1):  # each step's report, named by its chain as the converter's output was
+            step = cached_checkpoint(kind, tuple(chain[:i]), moe_inter=ROWS, tp=WORLD)
+            reports["-".join([kind, *chain[:i]])] = json.loads((step / REPORT).read_text())
+        scenarios.append({"name": name, "args": sglang_args_from_capbench(step)})
     (root / "scenarios.json").write_text(json.dumps(scenarios))
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
