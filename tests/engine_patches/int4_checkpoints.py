@@ -131,10 +131,14 @@ def make_checkpoint(root: Path, kind: str, seed: int = 0, moe_inter: int = MOE_I
     return weights
 
 
-def _code_hash() -> str:
-    """The files that decide what a cached checkpoint holds: this module and the converter."""
-    files = [Path(__file__), *sorted((Path(__file__).parents[2] / "engine_patches" / "int4_moe").glob("*.py"))]
-    return hashlib.sha256(b"".join(f.read_bytes() for f in files)).hexdigest()[:16]
+def code_hash(*extra: Path) -> str:
+    """What decides what a cached checkpoint holds: this module, the converter, torch's and SGLang's versions."""
+    from importlib.metadata import version
+
+    files = [Path(__file__), *sorted((Path(__file__).parents[2] / "engine_patches" / "int4_moe").glob("*.py")),
+             *extra]
+    versions = " ".join(version(p) for p in ("torch", "safetensors", "sglang")).encode()
+    return hashlib.sha256(b"".join(f.read_bytes() for f in files) + versions).hexdigest()[:16]
 
 
 def cached_checkpoint(kind: str, chain: tuple[str, ...] = (), moe_inter: int = MOE_INTER, group_size: int = 32,
@@ -145,7 +149,7 @@ def cached_checkpoint(kind: str, chain: tuple[str, ...] = (), moe_inter: int = M
     CAPBENCH_CACHE), named by everything that goes into it; a worker that finds another building it waits on its
     lock; built in a temporary folder and renamed into place, so a folder that exists is whole. Read only: a test
     that changes a checkpoint makes its own."""
-    key = hashlib.sha256(json.dumps([kind, list(chain), moe_inter, group_size, tp, _code_hash()]).encode()).hexdigest()
+    key = hashlib.sha256(json.dumps([kind, list(chain), moe_inter, group_size, tp, code_hash()]).encode()).hexdigest()
     cache = Path(os.environ["CAPBENCH_CACHE"]) / "checkpoints"
     cache.mkdir(parents=True, exist_ok=True)
     done = cache / f"{'-'.join([kind, str(moe_inter), *chain])}-{key[:16]}"

@@ -16,7 +16,7 @@ import tempfile
 from pathlib import Path
 
 from engine_patches.launch import PatchOptions, build_command
-from tests.engine_patches.int4_checkpoints import cached_checkpoint
+from tests.engine_patches.int4_checkpoints import cached_checkpoint, code_hash
 
 WORLD = 8
 WORKER = Path(__file__).with_name("tp_load_worker.py")
@@ -63,7 +63,7 @@ def scenarios() -> list[dict]:
 def tp8_loads() -> list[dict]:
     """Each rank's results, by scenario name (tp_load_worker.py says what they hold)."""
     todo = scenarios()
-    key = hashlib.sha256(json.dumps(todo).encode() + WORKER.read_bytes()).hexdigest()[:16]
+    key = hashlib.sha256(json.dumps(todo).encode() + code_hash(WORKER).encode()).hexdigest()[:16]
     cache = Path(os.environ["CAPBENCH_CACHE"]) / "sglang-loads"
     cache.mkdir(parents=True, exist_ok=True)
     done = cache / f"{key}.json"
