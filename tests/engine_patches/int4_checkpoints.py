@@ -145,12 +145,13 @@ def cached_checkpoint(kind: str, chain: tuple[str, ...] = (), moe_inter: int = M
                       tp: int = 8) -> Path:
     """make_checkpoint(kind, moe_inter=moe_inter), then `convert` through each format of chain in turn, built once
     per test run and shared by every file and xdist worker of it (a tiny model's conversion is seconds of a loaded
-    host's CPU, and several files load the same ones). Kept under the run's cache folder (tests/conftest.py sets
-    CAPBENCH_CACHE), named by everything that goes into it; a worker that finds another building it waits on its
-    lock; built in a temporary folder and renamed into place, so a folder that exists is whole. Read only: a test
-    that changes a checkpoint makes its own."""
-    key = hashlib.sha256(json.dumps([kind, list(chain), moe_inter, group_size, tp, code_hash()]).encode()).hexdigest()
-    cache = Path(os.environ["CAPBENCH_CACHE"]) / "checkpoints"
+    host's CPU, and several files load the same ones). Kept in the run's folder (tests/engine_patches/conftest.py
+    sets CAPBENCH_TEST_CHECKPOINTS), named by everything that goes into it; a worker that finds another building it
+    waits on its lock; built in a temporary folder and renamed into place, so a folder that exists is whole. Read
+    only: a test that changes a checkpoint makes its own."""
+    made_for = [group_size, tp] if chain else []  # the unconverted checkpoint is the same for any deployment
+    key = hashlib.sha256(json.dumps([kind, list(chain), moe_inter, *made_for, code_hash()]).encode()).hexdigest()
+    cache = Path(os.environ["CAPBENCH_TEST_CHECKPOINTS"])  # unset: a file outside tests/engine_patches
     cache.mkdir(parents=True, exist_ok=True)
     done = cache / f"{'-'.join([kind, str(moe_inter), *chain])}-{key[:16]}"
     with open(cache / f".{done.name}.lock", "w") as lock:

@@ -1,7 +1,7 @@
 """The tp-8 loads of converted checkpoints by SGLang 0.5.23's own classes that test_int4_sglang_load.py and
 test_expert_formats_sglang_load.py check, run as one tp_load_worker.py run per test run: its parent imports SGLang
 once (about 15 s of a loaded 2-core host's CPU) and its 8 forked ranks load every scenario. The ranks' results are
-kept under the run's cache folder beside the checkpoints (int4_checkpoints.cached_checkpoint), named by the
+kept in the run's folder beside the checkpoints (int4_checkpoints.cached_checkpoint), named by the
 scenarios and the worker's code; a file that finds the other running them waits on the lock."""
 
 import fcntl
@@ -64,7 +64,7 @@ def tp8_loads() -> list[dict]:
     """Each rank's results, by scenario name (tp_load_worker.py says what they hold)."""
     todo = scenarios()
     key = hashlib.sha256(json.dumps(todo).encode() + code_hash(WORKER).encode()).hexdigest()[:16]
-    cache = Path(os.environ["CAPBENCH_CACHE"]) / "sglang-loads"
+    cache = Path(os.environ["CAPBENCH_TEST_CHECKPOINTS"]) / "sglang-loads"
     cache.mkdir(parents=True, exist_ok=True)
     done = cache / f"{key}.json"
     with open(cache / f".{key}.lock", "w") as lock:
