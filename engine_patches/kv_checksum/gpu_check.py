@@ -247,7 +247,7 @@ def parse(argv=None):
     args.pool_gib = args.pool_gib or (0.002 if q else 16.0)
     args.batches = [1, 2] if q else [1, 32, 256]
     args.contexts = [64, 128] if q else [4096, 32768]
-    args.configs = [(256, 4)] if q else [(512, 4), (1024, 4), (2048, 8), (4096, 8)]
+    args.configs = [(1024, 4)] if q else [(512, 4), (1024, 4), (2048, 8), (4096, 8)]
     if min(args.pool_gib, args.page_size, args.output_len) <= 0:
         p.error("sizes must be positive")
     if any(c % args.page_size for c in args.contexts):

@@ -2,8 +2,13 @@
 complete enough for SGLang 0.5.23's Glm4MoeForCausalLM / DeepseekV3ForCausalLM to build and load them at tp 8
 (8 attention heads, 8 routed experts, expert intermediate 256: 32 rows per rank, one g32 group)."""
 
+import fcntl
+import hashlib
 import json
 import math
+import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import torch
@@ -124,3 +129,45 @@ def make_checkpoint(root: Path, kind: str, seed: int = 0, moe_inter: int = MOE_I
     (root / "tokenizer.json").write_text('{"model": "tiny"}')
     (root / "generation_config.json").write_text('{"temperature": 0.6}')
     return weights
+
+
+def code_hash(*extra: Path) -> str:
+    """What decides what a cached checkpoint holds: this module, the converter, torch's and SGLang's versions."""
+    from importlib.metadata import version
+
+    files = [Path(__file__), *sorted((Path(__file__).parents[2] / "engine_patches" / "int4_moe").glob("*.py")),
+             *extra]
+    versions = " ".join(version(p) for p in ("torch", "safetensors", "sglang")).encode()
+    return hashlib.sha256(b"".join(f.read_bytes() for f in files) + versions).hexdigest()[:16]
+
+
+def cached_checkpoint(kind: str, chain: tuple[str, ...] = (), moe_inter: int = MOE_INTER, group_size: int = 32,
+                      tp: int = 8) -> Path:
+    """make_checkpoint(kind, moe_inter=moe_inter), then `convert` through each format of chain in turn, built once
+    per test run and shared by every file and xdist worker of it (a tiny model's conversion is seconds of a loaded
+    host's CPU, and several files load the same ones). Kept in the run's folder (tests/engine_patches/conftest.py
+    sets CAPBENCH_TEST_CHECKPOINTS), named by everything that goes into it; a worker that finds another building it
+    waits on its lock; built in a temporary folder and renamed into place, so a folder that exists is whole. Read
+    only: a test that changes a checkpoint makes its own."""
+    made_for = [group_size, tp] if chain else []  # the unconverted checkpoint is the same for any deployment
+    key = hashlib.sha256(json.dumps([kind, list(chain), moe_inter, *made_for, code_hash()]).encode()).hexdigest()
+    cache = Path(os.environ["CAPBENCH_TEST_CHECKPOINTS"])  # unset: a file outside tests/engine_patches
+    cache.mkdir(parents=True, exist_ok=True)
+    done = cache / f"{'-'.join([kind, str(moe_inter), *chain])}-{key[:16]}"
+    with open(cache / f".{done.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not done.is_dir():
+            build = Path(tempfile.mkdtemp(dir=cache, prefix=f".{done.name}."))
+            try:
+                if chain:
+                    from engine_patches.int4_moe.convert import convert
+
+                    src = cached_checkpoint(kind, chain[:-1], moe_inter, group_size, tp)
+                    convert(src, build / "out", group_size=group_size, tp=tp, workers=1, show_progress=False,
+                            fmt=chain[-1])
+                else:
+                    make_checkpoint(build / "out", kind, moe_inter=moe_inter)
+                os.rename(build / "out", done)
+            finally:
+                shutil.rmtree(build, ignore_errors=True)
+    return done

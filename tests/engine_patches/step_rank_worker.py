@@ -1,5 +1,6 @@
 """One of two tensor-parallel ranks (gloo on CPU) running one admission step of the checksummed tree
-(test_kv_checksum_step.py). Usage: python -m tests.engine_patches.step_rank_worker RANK PORT OUT.json
+(test_kv_checksum_step.py). Usage: python -m tests.engine_patches.step_rank_worker PORT OUT.json, with `{rank}` in
+OUT.json: both ranks as forks of one process that imported torch and SGLang once; exits non-zero if either failed.
 
 Both ranks build the same cached prefixes on SGLang's real pool and tree; only rank 0 damages a page. The tree's
 `_all_reduce` is torch.distributed's over the two ranks (SGLang's own goes through its TP group: same call)."""
@@ -44,5 +45,40 @@ def main(rank: int, port: int, out: str) -> None:
         dist.destroy_process_group()
 
 
+def fork_ranks(port: int, out_pattern: str) -> int:
+    import os
+    import traceback
+
+    from tests.engine_patches import test_kv_checksum_step  # noqa: F401  (SGLang's pool and tree: seconds of CPU)
+
+    pids = {}
+    for rank in (0, 1):
+        out = out_pattern.format(rank=rank)
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                log = os.open(out + ".log", os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+                os.dup2(log, 1)
+                os.dup2(log, 2)
+                main(rank, port, out)
+                code = 0
+            except BaseException:
+                traceback.print_exc()
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(code)
+        pids[pid] = rank
+    failed = []
+    for _ in pids:
+        pid, status = os.wait()
+        if os.waitstatus_to_exitcode(status) != 0:
+            failed.append(pids[pid])
+    for rank in sorted(failed):
+        print(f"rank {rank} failed:\n" + open(out_pattern.format(rank=rank) + ".log").read()[-3000:])
+    return 1 if failed else 0
+
+
 if __name__ == "__main__":
-    main(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3])
+    sys.exit(fork_ranks(int(sys.argv[1]), sys.argv[2]))

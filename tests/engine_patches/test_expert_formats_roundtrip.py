@@ -13,9 +13,9 @@ import torch
 from compressed_tensors.compressors.nvfp4.helpers import unpack_fp4_from_uint8
 from safetensors import safe_open
 
-from engine_patches.int4_moe.convert import EXPERT_WEIGHT, convert
+from engine_patches.int4_moe.convert import EXPERT_WEIGHT
 from engine_patches.int4_moe.pack_float import dequant_int4, quantize_nvfp4
-from tests.engine_patches.int4_checkpoints import make_checkpoint
+from tests.engine_patches.int4_checkpoints import cached_checkpoint, make_checkpoint
 
 ROWS = 1024  # 128 expert rows per rank at tp 8
 CHAINS = {  # name: (input kind, formats in turn)
@@ -61,14 +61,8 @@ def trips(tmp_path_factory):
     bf16 = {kind: make_checkpoint(root / kind, kind, moe_inter=ROWS) for kind in ("glm", "kimi-fp8")}
     out = {}
     for name, (kind, chain) in CHAINS.items():
-        src, reports = root / kind, []
-        for fmt in chain:
-            dst = root / f"{src.name}-{fmt}"
-            if not dst.exists():
-                convert(src, dst, tp=8, workers=1, show_progress=False, fmt=fmt)
-            reports.append(json.loads((dst / "int4_report.json").read_text()))
-            src = dst
-        out[name] = (bf16[kind], load_all(src), reports)
+        steps = [cached_checkpoint(kind, tuple(chain[:i]), moe_inter=ROWS) for i in range(1, len(chain) + 1)]
+        out[name] = (bf16[kind], load_all(steps[-1]), [json.loads((s / "int4_report.json").read_text()) for s in steps])
     return out
 
 

@@ -9,62 +9,47 @@ MXFP4 is refused before any work: SGLang's own CompressedTensorsConfig cannot pi
 checkpoint of these architectures, checked here against SGLang itself."""
 
 import json
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 from bench.model import formats
-from engine_patches.int4_moe.convert import convert
-from tests.engine_patches.int4_checkpoints import EXPERTS, HIDDEN, make_checkpoint
-from tests.engine_patches.test_int4_sglang_load import REGENERATED, WORKER, left_unwritten, sglang_args_from_capbench
+from engine_patches.int4_moe.convert import REPORT
+from tests.engine_patches.int4_checkpoints import EXPERTS, HIDDEN, cached_checkpoint, make_checkpoint
+from tests.engine_patches.sglang_loads import FORMAT_CHAINS, FORMAT_ROWS, REGENERATED, WORLD, left_unwritten, tp8_loads
 
-WORLD, ROWS = 8, 1024
+ROWS = FORMAT_ROWS
 # Fp8Config gives DeepSeek's attention FP8 KV-cache scales, created at -1 (invalid) and set to 1.0 after loading
 # when the checkpoint has none (layers/quantization/kv_cache.py BaseKVCacheMethod): not a checkpoint tensor
 KV_SCALES = (".k_scale", ".v_scale")
-CASES = {  # scenario: (input kind, conversion chain, model class, MoE scheme SGLang picks)
-    "glm-bf16-int4-g128": ("glm", ["int4-g128"], "Glm4MoeForCausalLM", "CompressedTensorsWNA16MoE"),
-    "glm-bf16-fp8": ("glm", ["fp8-block128"], "Glm4MoeForCausalLM", "Fp8MoEMethod"),
-    "glm-bf16-nvfp4": ("glm", ["nvfp4"], "Glm4MoeForCausalLM", "CompressedTensorsW4A16Nvfp4MoE"),
-    "kimi-fp8-fp8": ("kimi-fp8", ["fp8-block128"], "DeepseekV3ForCausalLM", "Fp8MoEMethod"),
-    "kimi-int4-fp8": ("kimi-fp8", ["int4-g32", "fp8-block128"], "DeepseekV3ForCausalLM", "Fp8MoEMethod"),
-    "kimi-int4-nvfp4": ("kimi-fp8", ["int4-g32", "nvfp4"], "DeepseekV3ForCausalLM",
-                        "CompressedTensorsW4A16Nvfp4MoE"),
+CASES = {  # scenario (its input and conversion chain: sglang_loads.FORMAT_CHAINS): (model class, MoE scheme)
+    "glm-bf16-int4-g128": ("Glm4MoeForCausalLM", "CompressedTensorsWNA16MoE"),
+    "glm-bf16-fp8": ("Glm4MoeForCausalLM", "Fp8MoEMethod"),
+    "glm-bf16-nvfp4": ("Glm4MoeForCausalLM", "CompressedTensorsW4A16Nvfp4MoE"),
+    "kimi-fp8-fp8": ("DeepseekV3ForCausalLM", "Fp8MoEMethod"),
+    "kimi-int4-fp8": ("DeepseekV3ForCausalLM", "Fp8MoEMethod"),
+    "kimi-int4-nvfp4": ("DeepseekV3ForCausalLM", "CompressedTensorsW4A16Nvfp4MoE"),
 }
 
 
 @pytest.fixture(scope="module")
-def loads(tmp_path_factory):
-    root = tmp_path_factory.mktemp("formats")
-    for kind in ("glm", "kimi-fp8"):
-        make_checkpoint(root / kind, kind, moe_inter=ROWS)
-    scenarios, reports = [], {}
-    for name, (kind, chain, _, _) in CASES.items():
-        src = root / kind
-        for fmt in chain:
-            dst = root / f"{src.name}-{fmt}"
-            if not dst.exists():
-                reports[dst.name] = convert(src, dst, tp=WORLD, workers=1, show_progress=False, fmt=fmt).to_json()
-            src = dst
-        scenarios.append({"name": name, "args": sglang_args_from_capbench(src)})
-    (root / "scenarios.json").write_text(json.dumps(scenarios))
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    p = subprocess.run([sys.executable, str(WORKER), "all", str(WORLD), str(port), str(root / "scenarios.json"),
-                        str(root / "rank{rank}.json")], capture_output=True, text=True, timeout=900)
-    assert p.returncode == 0, (p.stdout + p.stderr)[-6000:]
-    return root, reports, [json.loads((root / f"rank{r}.json").read_text()) for r in range(WORLD)]
+def loads():
+    """Each conversion step's report, named by its chain, and each rank's results (sglang_loads.py runs the worker
+    once per test run for this file and test_int4_sglang_load.py)."""
+    assert set(CASES) == set(FORMAT_CHAINS)
+    reports = {}
+    for kind, chain in FORMAT_CHAINS.values():
+        for i in range(1, len(chain) + 1):
+            step = cached_checkpoint(kind, chain[:i], moe_inter=ROWS, tp=WORLD)
+            reports["-".join([kind, *chain[:i]])] = json.loads((step / REPORT).read_text())
+    return reports, tp8_loads()
 
 
 @pytest.mark.parametrize("scenario", list(CASES))
 def test_every_parameter_is_written_by_the_formats_moe_scheme(loads, scenario):
-    _, _, ranks = loads
-    _, _, model_class, moe_scheme = CASES[scenario]
+    _, ranks = loads
+    model_class, moe_scheme = CASES[scenario]
     for rank in ranks:
         r = rank[scenario]
         assert r["model_class"] == model_class and r["moe_scheme"] == moe_scheme
@@ -80,8 +65,8 @@ def test_bytes_per_weight_are_what_sglang_allocates(loads, scenario):
     """The capacity model's bytes per expert weight (data/expert_formats.yaml, with scales) against the bytes of the
     parameters SGLang's MoE scheme allocates for one layer on one rank (less the Marlin-regenerated g_idx and the
     INT4 shape records, which SGLang frees or keeps on the side)."""
-    _, _, ranks = loads
-    fmt = CATALOG_FORMAT[CASES[scenario][1][-1]]
+    _, ranks = loads
+    fmt = CATALOG_FORMAT[FORMAT_CHAINS[scenario][1][-1]]
     weights = EXPERTS * 3 * HIDDEN * ROWS // WORLD
     for rank in ranks:
         held = sum(b for n, b in rank[scenario]["expert_bytes"].items()
@@ -90,7 +75,7 @@ def test_bytes_per_weight_are_what_sglang_allocates(loads, scenario):
 
 
 def test_the_expert_tensors_have_the_dtypes_and_shapes_sglang_made(loads):
-    _, _, ranks = loads
+    _, ranks = loads
     dtypes = ranks[0]["glm-bf16-nvfp4"]["dtypes"]
     assert dtypes["model.layers.1.mlp.experts.w13_weight_packed"] == "uint8"
     assert dtypes["model.layers.1.mlp.experts.w13_weight_scale"] == "float8_e4m3fn"
@@ -102,7 +87,7 @@ def test_the_expert_tensors_have_the_dtypes_and_shapes_sglang_made(loads):
 
 
 def test_conversion_reports_say_what_each_format_loses(loads):
-    _, reports, _ = loads
+    reports, _ = loads
     assert reports["glm-fp8-block128"]["overall_rel_err"] < 0.04  # e4m3: 3 mantissa bits
     assert 0.05 < reports["glm-nvfp4"]["overall_rel_err"] < 0.15  # e2m1 with fp8 group-16 scales
     assert reports["kimi-fp8-fp8-block128"]["overall_rel_err"] == 0.0  # the same 128x128 blocks: exact

@@ -11,8 +11,8 @@ from compressed_tensors.quantization.utils.helpers import compute_dynamic_scales
 from safetensors import safe_open
 
 from engine_patches.int4_moe import pack
-from engine_patches.int4_moe.convert import EXPERT_WEIGHT, convert
-from tests.engine_patches.int4_checkpoints import EXPERTS, HIDDEN, make_checkpoint
+from engine_patches.int4_moe.convert import EXPERT_WEIGHT, REPORT
+from tests.engine_patches.int4_checkpoints import EXPERTS, HIDDEN, cached_checkpoint, make_checkpoint
 
 TP = {"glm": 8, "kimi-fp8": 2}  # g128 needs 128 expert rows per rank: tp 2 of the tiny 256
 
@@ -24,13 +24,14 @@ def quant_args(group_size: int) -> QuantizationArgs:
 
 @pytest.fixture(scope="module")
 def converted(tmp_path_factory):
-    """(kind, group) -> (source weights, output dir, report): converted once for the module."""
+    """(kind, group) -> (source weights, output dir, report): converted once per test run (the GLM one is also the
+    one test_int4_sglang_load.py loads)."""
     out = {}
     for kind, group in (("glm", 32), ("kimi-fp8", 128)):
         root = tmp_path_factory.mktemp(f"{kind}-{group}")
-        weights = make_checkpoint(root / "in", kind)
-        report = convert(root / "in", root / "out", group_size=group, tp=TP[kind], show_progress=False)
-        out[kind] = (weights, root / "out", report, group)
+        weights = make_checkpoint(root / "in", kind)  # the same seeded weights the cached one was made from
+        done = cached_checkpoint(kind, (f"int4-g{group}",), tp=TP[kind])
+        out[kind] = (weights, done, json.loads((done / REPORT).read_text()), group)
     return out
 
 
@@ -73,7 +74,7 @@ def test_experts_round_trip_within_int4_error_rest_untouched(converted, kind):
         assert ((w_hat - w).abs() <= scale / 2 + w.abs() * 2**-8 + 1e-7).all(), name
         errors[name] = float((w_hat - w).norm() / w.norm())
     assert not any(k.endswith("weight_scale_inv") for k in tensors)
-    rep = report.to_json()
+    rep = report
     per_layer = {k: round(v["rel_err"], 4) for k, v in rep["layers"].items()}
     print(f"\n{kind} g{group}: INT4 relative error per layer", per_layer, "overall",
           round(rep["overall_rel_err"], 4), "worst tensor", round(max(errors.values()), 4))

@@ -8,61 +8,24 @@ its process_weights_after_loading replaces when the checkpoint has no activation
 Marlin with CUDA kernels and cannot run here)."""
 
 import json
-import socket
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 from safetensors import safe_open
 
-from engine_patches.int4_moe.convert import convert
-from engine_patches.launch import PatchOptions, build_command
-from tests.engine_patches.int4_checkpoints import EXPERTS, LAYERS, MOE_INTER, make_checkpoint
-
-WORLD = 8
-WORKER = Path(__file__).with_name("tp_load_worker.py")
-REGENERATED = ("_g_idx", "_g_idx_sort_indices")
-
-
-def sglang_args_from_capbench(model: Path) -> list[str]:
-    """What `capbench sglang-launch -- --model-path M --tp 8` hands to sglang.launch_server."""
-    argv, _ = build_command(PatchOptions(), ["python", "-m", "sglang.launch_server", "--model-path", str(model),
-                                             "--tp", str(WORLD)])
-    assert argv[1:3] == ["-m", "sglang.launch_server"]
-    return argv[3:]
+from tests.engine_patches.int4_checkpoints import EXPERTS, LAYERS, MOE_INTER
+from tests.engine_patches.sglang_loads import REGENERATED, WORLD, int4_models, left_unwritten, scenarios, tp8_loads
 
 
 @pytest.fixture(scope="module")
-def loads(tmp_path_factory):
-    root = tmp_path_factory.mktemp("tp8")
-    for kind in ("glm", "kimi-fp8"):
-        make_checkpoint(root / kind, kind)
-        convert(root / kind, root / f"{kind}-int4", group_size=32, tp=WORLD, show_progress=False)
-    scenarios = [
-        {"name": "glm-sglang-defaults", "args": ["--model-path", str(root / "glm-int4"), "--tp", str(WORLD)]},
-        {"name": "glm-capbench", "args": sglang_args_from_capbench(root / "glm-int4")},
-        {"name": "kimi-capbench", "args": sglang_args_from_capbench(root / "kimi-fp8-int4")},
-    ]
-    (root / "scenarios.json").write_text(json.dumps(scenarios))
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    # the eight ranks fork from one process that imported torch and SGLang once (tp_load_worker.py `all`)
-    p = subprocess.run([sys.executable, str(WORKER), "all", str(WORLD), str(port), str(root / "scenarios.json"),
-                        str(root / "rank{rank}.json")], capture_output=True, text=True, timeout=600)
-    assert p.returncode == 0, (p.stdout + p.stderr)[-6000:]
-    return root, scenarios, [json.loads((root / f"rank{r}.json").read_text()) for r in range(WORLD)]
-
-
-def left_unwritten(result: dict) -> dict:
-    return {n: c for n, c in result["unwritten"].items() if not n.endswith(REGENERATED)}
+def loads():
+    """The INT4 models, the scenarios' server arguments, and each rank's results (sglang_loads.py runs the worker
+    once per test run for this file and test_expert_formats_sglang_load.py)."""
+    return int4_models(), {s["name"]: s["args"] for s in scenarios()}, tp8_loads()
 
 
 def test_capbench_adds_the_unfusing_flag_for_glm_only(loads):
-    _, scenarios, _ = loads
-    args = {s["name"]: s["args"] for s in scenarios}
+    _, args, _ = loads
     assert "--disable-shared-experts-fusion" in args["glm-capbench"]
     assert "--disable-shared-experts-fusion" not in args["kimi-capbench"]  # DeepseekV2 opts out by itself
 
@@ -97,10 +60,10 @@ def test_every_parameter_is_written_through_capbench_launch_args(loads, scenario
 
 def test_each_rank_holds_its_slice_of_the_bf16_shared_expert(loads):
     """Written, and with the right values: rank r's shared-expert down_proj is columns [r*32, (r+1)*32)."""
-    root, _, ranks = loads
+    models, _, ranks = loads
     name = "model.layers.1.mlp.shared_experts.down_proj.weight"
-    index = json.loads((root / "glm-int4" / "model.safetensors.index.json").read_text())
-    with safe_open(root / "glm-int4" / index["weight_map"][name], "pt") as f:
+    index = json.loads((models["glm"] / "model.safetensors.index.json").read_text())
+    with safe_open(models["glm"] / index["weight_map"][name], "pt") as f:
         full = f.get_tensor(name)
     share = MOE_INTER // WORLD
     for r, rank in enumerate(ranks):

@@ -132,6 +132,7 @@ def fork_ranks(world: int, port: int, scenarios_file: str, out_pattern: str) -> 
     from sglang.srt.configs import model_config  # noqa: F401
     from sglang.srt.model_loader import loader  # noqa: F401
     from sglang.srt.models import deepseek_v2, glm4_moe  # noqa: F401
+    from sglang.srt.models.registry import ModelRegistry  # noqa: F401  (every model class: ~2 s a rank)
     from sglang.srt.server_args import prepare_server_args  # noqa: F401
 
     pids = {}
