@@ -8,7 +8,6 @@ templates  launch templates: the operator's by name on `capbench serve`, the use
 keys    the measurement keys of the file: stop_grace, repeats, workload paths relative to the file
 predict what the model says: whether each deployment fits (before launch), its answer to a cell's sweep;
         check_campaign, the whole `--check` (also the Campaigns page's and serve's runner's)
-scales  a KV scales file a campaign names, checked before launch
 launch  a deployment up and down: twin, URL, `capbench sglang-launch`, or that through the user's template
 pd_spec    a disaggregated deployment in the file: prefill, decode and router roles placed on named nodes
 pd_launch  it up and down: prefill and decode instances, then the router; stopped router, decode, prefill
@@ -27,10 +26,10 @@ from bench.campaign.predict import check_campaign, check_fits
 from bench.campaign.queue import pending, queue_dir, run_queue, serve_queue, submit
 from bench.campaign.record import completed_cells, new_campaign
 from bench.campaign.run import run_campaign
-from bench.campaign.scales import check_scales
 from bench.campaign.spec import Campaign, DeploymentSpec, Load, cell_key, load_campaign, parse_campaign
 from bench.campaign.stage import stage_counts
 from bench.campaign.templates import Template, operator_templates
+from bench.kv_scales import check_scales
 
 __all__ = [
     "LaunchFailed", "Launched", "launch_command", "completed_cells", "new_campaign", "run_campaign", "Campaign",

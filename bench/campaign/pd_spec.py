@@ -16,7 +16,7 @@ instances and the router, each role placed on named nodes whose launch templates
 A role's `node` is one name (every node of the role there) or a list, one name per node in launch order (an
 instance of tp GPUs spans tp / GPUs-per-node nodes). A role without `node` runs on this host. A role has at most
 MAX_INSTANCES instances and MAX_GPUS GPUs (count x tp); ports given count up per instance and stay <= 65535; a
-`kv_scales` file must exist here and be the JSON SGLang reads (bench/campaign/scales.py). Every problem is one line,
+`kv_scales` file must exist here and be the JSON SGLang reads (bench/kv_scales.py). Every problem is one line,
 like the rest of the campaign file's (bench/campaign/spec.py); ports that collide on a node are found by
 `--check` (bench/campaign/pd_check.py), which places every launch as the launch would.
 """
@@ -28,9 +28,9 @@ from dataclasses import dataclass, field
 
 from bench.campaign import flags as server_flags
 from bench.campaign import guard
-from bench.campaign.scales import check_scales
 from bench.campaign.templates import NAME, Template, parse_template
 from bench.checks import GPUS_MAX, PORT_MAX
+from bench.kv_scales import check_scales
 from bench.model import catalog
 
 MAX_INSTANCES = guard.HIGHEST["count"]  # of one role (256): LMSYS's largest published PD deployments run a dozen

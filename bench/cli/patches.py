@@ -30,8 +30,8 @@ def sglang_launch(
     The patches reach SGLang's spawned scheduler processes through engine_patches/boot/sitecustomize.py, put first
     on PYTHONPATH, with the options in the CAPBENCH_PATCHES environment variable.
     """
-    from bench.campaign import check_scales
     from bench.cli import attention_check
+    from bench.kv_scales import check_scales
     from engine_patches.launch import BadLaunch, PatchOptions, launch, server_arguments, validate
 
     args = list(ctx.args)
