@@ -107,6 +107,8 @@ _run = os.environ.get("CAPBENCH_TEST_CACHE") or (
     if "PYTEST_XDIST_TESTRUNUID" in os.environ else __import__("tempfile").mkdtemp(prefix="capbench-cache-"))
 os.makedirs(_run, exist_ok=True)
 os.environ["CAPBENCH_CACHE"] = _run
+if not os.environ.get("CAPBENCH_TEST_CACHE") and "PYTEST_XDIST_TESTRUNUID" not in os.environ:
+    __import__("atexit").register(__import__("shutil").rmtree, _run, True)  # a lone run's folder: never left in /tmp
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
