@@ -66,7 +66,7 @@ def validate(
         task = bar.add_task("replaying the published cases", total=len(cases))
         replays = []
         for c in cases:
-            replays.append(val.replay(c, load_efficiency(c.gpu, fitted=False)))
+            replays.append(val.remembered(c, load_efficiency(c.gpu, fitted=False)))
             bar.advance(task)
     validation = fitting.stored_validation()
     report = val.report(replays, goal, validation)

@@ -171,3 +171,28 @@ def test_every_organisation_in_the_goal_is_scored_out_of_sample():
     goal_orgs = {c.source.org for c in corpus.load() if fit.in_goal(c) is None}
     scored = {r["org"] for r in stored()["out_of_sample"]["cases"]}
     assert scored == goal_orgs, f"run `capbench validate --rescore` (or --fit): not scored {goal_orgs - scored}"
+
+
+def test_a_replay_is_remembered_and_is_the_replays_figures(tmp_path, monkeypatch):
+    """`capbench validate` keeps each case's replay in the answers' cache: the remembered one is the fresh one's
+    figures, a second asks for no replay, and other factors are another key (replayed again)."""
+    from bench.model import rate
+
+    monkeypatch.setenv("CAPBENCH_CACHE", str(tmp_path))
+    monkeypatch.setenv("CAPBENCH_SHIPPED_CACHE", "0")
+    monkeypatch.setattr(rate, "_memory", {})
+    case = next(c for c in corpus.load() if c.key.startswith("gpustack-perf-lab-glm-4.6-h200/")
+                and c.kind == "throughput")
+    eff = calibration.load_efficiency(case.gpu, fitted=False)
+    fresh = validate.replay(case, eff)
+    first = validate.remembered(case, eff)
+    assert (first.predicted, first.errors, first.why_not) == (fresh.predicted, fresh.errors, fresh.why_not)
+    assert fresh.predicted and (tmp_path / "rates.json").is_file()
+    monkeypatch.setattr(rate, "_memory", {})  # from the file now, not from memory
+    replays = []
+    real = validate.replay
+    monkeypatch.setattr(validate, "replay", lambda *a, **k: replays.append(a) or real(*a, **k))
+    again = validate.remembered(case, eff)
+    assert replays == [] and (again.predicted, again.errors) == (fresh.predicted, fresh.errors)
+    validate.remembered(case, validate.with_factors(eff, {"kernel_scale": eff.kernel_scale * 1.1}))
+    assert len(replays) == 1
