@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 from bench import demo
-from bench.model import Question, Slo, catalog, make_plan, rate
+from bench.model import Question, Slo, catalog, format_table, make_plan, rate
 from bench.report import load
 
 SLO = Slo(ttft_s=2.0, tpot_s=0.05, percentile=90)
@@ -40,7 +40,15 @@ def planner_question(model_id: str = "kimi-k2-thinking") -> Question:
                     search_gpus=("h200",))
 
 
+def report_question(model_id: str) -> Question:
+    """`capbench report --out report.html` after `make demo` (README's tour): the newest run's deployment (a demo
+    twin: 8x H200, FP8 KV, the shipped weights), chat at the report's 10 req/s and its SLO, every GPU searched."""
+    return Question(model=model_id, gpu="h200", tp=8, kv_dtype="fp8_e4m3", weights="native", workload="chat",
+                    slo=SLO, target_rate_rps=10.0)
+
+
 QUESTIONS = {"readme": [readme_question(20.0), readme_question(50.0)],
+             "report": [report_question(m) for m in demo.MODELS],
              "planner": [planner_question(), planner_question("glm-4.6")],
              "demo": [demo.report_question(m) for m in demo.MODELS]}
 
@@ -60,6 +68,9 @@ def main() -> None:
                     rec = plan.recommended
                     load.predicted(rec.config.deployment(q.model, q.context), q.request_mix(), q.slo, rec.prediction)
                 plan.curves()  # every configuration's curve over concurrency, as the Planner and the report draw them
+                if name == "report":  # the report's table of expert formats, each priced by its own search
+                    format_table.rows(q.model, q.gpu, q.tp, q.kv_dtype, q.request_mix(), q.slo, q.context,
+                                      q.price_per_gpu_hour)
                 print(f"{name}: {q.model}, {q.workload}, {q.target_rate_rps:g} req/s: {len(plan.simulated)} "
                       f"simulated in {time.perf_counter() - t:.1f} s")
         answers = json.loads((Path(tmp) / "rates.json").read_text())
