@@ -63,3 +63,25 @@ def test_anchor_slugs_are_githubs():
 def test_the_readme_stays_a_front_page():
     lines = len(README.read_text().splitlines())
     assert lines < 260, f"README.md has {lines} lines: move detail into docs/"
+
+
+def test_the_readmes_plan_figures_are_the_commands():
+    """The "Where it stands" row for Kimi K2 Thinking at 20 req/s quotes what `capbench plan` answers (from the
+    shipped answers, a few seconds): the GPUs, the cost, its range and the disaggregated runner-up."""
+    import json
+    import subprocess
+    import sys
+
+    row = next(line for line in README.read_text().splitlines() if line.startswith("| Kimi K2 Thinking, chat at 20"))
+    out = subprocess.run([sys.executable, "-c", "from bench.cli import main; main()", "plan", "--model",
+                          "kimi-k2-thinking", "--workload", "chat", "--rate", "20", "--slo", "ttft=2s,tpot=50ms,p=90",
+                          "--json"], capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert out.returncode == 0, out.stderr[-2000:]
+    head = json.loads(out.stdout)["headline"]
+    (lo, hi), (clo, chi) = head["gpus_range"], head["cost_range"]
+    quoted = (f"{head['gpus']} GPUs, ${head['monthly_cost']:,.0f} a month, range {lo}-{hi} GPUs "
+              f"(${clo:,.0f}-${chi:,.0f}")
+    assert quoted in row, f"README.md quotes another plan than `capbench plan` gives: {quoted}"
+    assert head["summary"].startswith("3 x B200 tp4, NVFP4 experts") and "3 x B200 tp4 with NVFP4" in row
+    runner = re.search(r"(\d+P:\d+D) \((\d+) GPUs\), (\$[\d,]+)", head["runner_up"])
+    assert runner and f"{runner[1]}, {runner[2]} GPUs, {runner[3]}" in row
