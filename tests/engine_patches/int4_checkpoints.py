@@ -9,6 +9,7 @@ import math
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -152,22 +153,33 @@ def cached_checkpoint(kind: str, chain: tuple[str, ...] = (), moe_inter: int = M
     made_for = [group_size, tp] if chain else []  # the unconverted checkpoint is the same for any deployment
     key = hashlib.sha256(json.dumps([kind, list(chain), moe_inter, *made_for, code_hash()]).encode()).hexdigest()
     cache = Path(os.environ["CAPBENCH_TEST_CHECKPOINTS"])  # unset: a file outside tests/engine_patches
-    cache.mkdir(parents=True, exist_ok=True)
     done = cache / f"{'-'.join([kind, str(moe_inter), *chain])}-{key[:16]}"
-    with open(cache / f".{done.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not done.is_dir():
-            build = Path(tempfile.mkdtemp(dir=cache, prefix=f".{done.name}."))
-            try:
-                if chain:
-                    from engine_patches.int4_moe.convert import convert
 
-                    src = cached_checkpoint(kind, chain[:-1], moe_inter, group_size, tp)
-                    convert(src, build / "out", group_size=group_size, tp=tp, workers=1, show_progress=False,
-                            fmt=chain[-1])
-                else:
-                    make_checkpoint(build / "out", kind, moe_inter=moe_inter)
-                os.rename(build / "out", done)
+    def build(work: Path) -> None:
+        if chain:
+            from engine_patches.int4_moe.convert import convert
+
+            src = cached_checkpoint(kind, chain[:-1], moe_inter, group_size, tp)
+            convert(src, work / done.name, group_size=group_size, tp=tp, workers=1, show_progress=False,
+                    fmt=chain[-1])
+        else:
+            make_checkpoint(work / done.name, kind, moe_inter=moe_inter)
+
+    return built_once(done, build)
+
+
+def built_once(done: Path, build: Callable[[Path], None]) -> Path:
+    """`done` (a file or a folder) made once per test run: build(work) leaves it as work / done.name in a temporary
+    folder beside it, then it is renamed into place, so a `done` that exists is whole; under a lock, so an xdist
+    worker that finds another building it waits for it."""
+    done.parent.mkdir(parents=True, exist_ok=True)
+    with open(done.parent / f".{done.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not done.exists():
+            work = Path(tempfile.mkdtemp(dir=done.parent, prefix=f".{done.name}."))
+            try:
+                build(work)
+                os.replace(work / done.name, done)
             finally:
-                shutil.rmtree(build, ignore_errors=True)
+                shutil.rmtree(work, ignore_errors=True)
     return done

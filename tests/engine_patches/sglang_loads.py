@@ -4,19 +4,16 @@ once (about 15 s of a loaded 2-core host's CPU) and its 8 forked ranks load ever
 kept in the run's folder beside the checkpoints (int4_checkpoints.cached_checkpoint), named by the
 scenarios and the worker's code; a file that finds the other running them waits on the lock."""
 
-import fcntl
 import hashlib
 import json
 import os
-import shutil
 import socket
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 from engine_patches.launch import PatchOptions, build_command
-from tests.engine_patches.int4_checkpoints import cached_checkpoint, code_hash
+from tests.engine_patches.int4_checkpoints import built_once, cached_checkpoint, code_hash
 
 WORLD = 8
 WORKER = Path(__file__).with_name("tp_load_worker.py")
@@ -63,27 +60,21 @@ def scenarios() -> list[dict]:
 def tp8_loads() -> list[dict]:
     """Each rank's results, by scenario name (tp_load_worker.py says what they hold)."""
     todo = scenarios()
-    key = hashlib.sha256(json.dumps(todo).encode() + code_hash(WORKER).encode()).hexdigest()[:16]
-    cache = Path(os.environ["CAPBENCH_TEST_CHECKPOINTS"]) / "sglang-loads"
-    cache.mkdir(parents=True, exist_ok=True)
-    done = cache / f"{key}.json"
-    with open(cache / f".{key}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not done.is_file():
-            work = Path(tempfile.mkdtemp(dir=cache, prefix=f".{key}."))
-            try:
-                (work / "scenarios.json").write_text(json.dumps(todo))
-                with socket.socket() as s:
-                    s.bind(("127.0.0.1", 0))
-                    port = s.getsockname()[1]
-                # the eight ranks fork from one process that imported torch and SGLang once (`all`)
-                p = subprocess.run([sys.executable, str(WORKER), "all", str(WORLD), str(port),
-                                    str(work / "scenarios.json"), str(work / "rank{rank}.json")],
-                                   capture_output=True, text=True, timeout=900)
-                assert p.returncode == 0, (p.stdout + p.stderr)[-6000:]
-                ranks = [json.loads((work / f"rank{r}.json").read_text()) for r in range(WORLD)]
-                (work / "ranks.json").write_text(json.dumps(ranks))
-                os.replace(work / "ranks.json", done)
-            finally:
-                shutil.rmtree(work, ignore_errors=True)
+    code = code_hash(WORKER, WORKER.with_name("forked.py"))
+    key = hashlib.sha256(json.dumps(todo).encode() + code.encode()).hexdigest()[:16]
+    done = Path(os.environ["CAPBENCH_TEST_CHECKPOINTS"]) / "sglang-loads" / f"{key}.json"
+
+    def build(work: Path) -> None:
+        (work / "scenarios.json").write_text(json.dumps(todo))
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        # the eight ranks fork from one process that imported torch and SGLang once (`all`)
+        p = subprocess.run([sys.executable, str(WORKER), "all", str(WORLD), str(port), str(work / "scenarios.json"),
+                            str(work / "rank{rank}.json")], capture_output=True, text=True, timeout=900)
+        assert p.returncode == 0, (p.stdout + p.stderr)[-6000:]
+        ranks = [json.loads((work / f"rank{r}.json").read_text()) for r in range(WORLD)]
+        (work / done.name).write_text(json.dumps(ranks))
+
+    built_once(done, build)
     return json.loads(done.read_text())

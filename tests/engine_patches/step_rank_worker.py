@@ -46,38 +46,10 @@ def main(rank: int, port: int, out: str) -> None:
 
 
 def fork_ranks(port: int, out_pattern: str) -> int:
-    import os
-    import traceback
-
     from tests.engine_patches import test_kv_checksum_step  # noqa: F401  (SGLang's pool and tree: seconds of CPU)
+    from tests.engine_patches.forked import fork_each
 
-    pids = {}
-    for rank in (0, 1):
-        out = out_pattern.format(rank=rank)
-        pid = os.fork()
-        if pid == 0:
-            code = 1
-            try:
-                log = os.open(out + ".log", os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
-                os.dup2(log, 1)
-                os.dup2(log, 2)
-                main(rank, port, out)
-                code = 0
-            except BaseException:
-                traceback.print_exc()
-            finally:
-                sys.stdout.flush()
-                sys.stderr.flush()
-                os._exit(code)
-        pids[pid] = rank
-    failed = []
-    for _ in pids:
-        pid, status = os.wait()
-        if os.waitstatus_to_exitcode(status) != 0:
-            failed.append(pids[pid])
-    for rank in sorted(failed):
-        print(f"rank {rank} failed:\n" + open(out_pattern.format(rank=rank) + ".log").read()[-3000:])
-    return 1 if failed else 0
+    return fork_each((0, 1), out_pattern, lambda rank, out: main(rank, port, out))
 
 
 if __name__ == "__main__":

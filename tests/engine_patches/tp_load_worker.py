@@ -126,42 +126,15 @@ def run_rank(rank: int, world: int, port: int, scenarios_file: str, out_file: st
 
 def fork_ranks(world: int, port: int, scenarios_file: str, out_pattern: str) -> int:
     """The ranks as forks of this process: SGLang's modules (seconds of CPU each) are imported once, not per rank."""
-    import os
-    import traceback
-
+    from forked import fork_each  # beside this script (its folder is first on sys.path)
     from sglang.srt.configs import model_config  # noqa: F401
     from sglang.srt.model_loader import loader  # noqa: F401
     from sglang.srt.models import deepseek_v2, glm4_moe  # noqa: F401
     from sglang.srt.models.registry import ModelRegistry  # noqa: F401  (every model class: ~2 s a rank)
     from sglang.srt.server_args import prepare_server_args  # noqa: F401
 
-    pids = {}
-    for rank in range(world):
-        out_file = out_pattern.format(rank=rank)
-        pid = os.fork()
-        if pid == 0:
-            code = 1
-            try:
-                log = os.open(out_file + ".log", os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
-                os.dup2(log, 1)
-                os.dup2(log, 2)
-                run_rank(rank, world, port, scenarios_file, out_file)
-                code = 0
-            except BaseException:
-                traceback.print_exc()
-            finally:
-                sys.stdout.flush()
-                sys.stderr.flush()
-                os._exit(code)
-        pids[pid] = rank
-    failed = []
-    for _ in range(world):
-        pid, status = os.wait()
-        if os.waitstatus_to_exitcode(status) != 0:
-            failed.append(pids[pid])
-    for rank in sorted(failed):
-        print(f"rank {rank} failed:\n" + open(out_pattern.format(rank=rank) + ".log").read()[-3000:])
-    return 1 if failed else 0
+    return fork_each(range(world), out_pattern,
+                     lambda rank, out: run_rank(rank, world, port, scenarios_file, out))
 
 
 def main() -> None:
