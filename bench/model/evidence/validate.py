@@ -14,10 +14,12 @@ error = predicted / published - 1.
 
 from __future__ import annotations
 
+import hashlib
 import math
 import random
 import statistics
 from dataclasses import asdict, dataclass, field, replace
+from functools import cache
 from pathlib import Path
 
 from bench.errors import BadInput
@@ -158,9 +160,15 @@ def replay(case: Case, eff: Efficiency, seed: int = 0) -> Replay:
 def remembered(case: Case, eff: Efficiency, seed: int = 0) -> Replay:
     """replay(), kept in the answers' cache (bench/model/serving/rate.py), keyed by the case, the factors, the
     kernel counts and this file's source besides the simulator's: `capbench validate` again replays nothing."""
-    parts = [asdict(case), eff.to_dict(), kernels_per_layer(), seed, Path(__file__).read_text()]
+    parts = [asdict(case), eff.to_dict(), kernels_per_layer(), seed, _source()]
     got = rate.remembered(parts, lambda: _fields(replay(case, eff, seed)))
     return Replay(case, dict(got["predicted"]), dict(got["errors"]), got["why_not"])
+
+
+@cache
+def _source() -> str:
+    """This file's hash: how a case's requests are drawn and replayed is part of every remembered replay's key."""
+    return hashlib.sha256(Path(__file__).read_bytes()).hexdigest()
 
 
 def _fields(r: Replay) -> dict:
