@@ -4,6 +4,7 @@ roofline (CAPBENCH_PERF=roofline) and once with the kernel tables, overall and p
 expert format x load), with the 80 % intervals' leave-one-source-out coverage.
 
     python -m bench.benchmarks.kernel_validate [--json OUT] [--markdown]
+    python -m bench.benchmarks.kernel_validate --by-version   # the stored out-of-sample errors by publisher x version
 """
 
 from __future__ import annotations
@@ -61,6 +62,33 @@ def measure(only_after: bool = False) -> dict:
     return out
 
 
+def by_version() -> str:
+    """validation.json's out-of-sample errors grouped by organisation, SGLang version and GPU (no replay): the
+    median predicted/published per figure, and which versions more than one organisation published."""
+    stored = fit.stored_validation()
+    if not stored:
+        raise SystemExit("no validation.json: run `capbench validate --fit` once")
+    version = {c.key: c.sglang_version for c in corpus.load()}
+    groups: dict[tuple[str, str, str], list[dict]] = {}
+    for c in stored["out_of_sample"]["cases"]:
+        if c["errors"]:
+            groups.setdefault((c["org"], version.get(c["case"], "unknown"), c["gpu"]), []).append(c["errors"])
+    head = " | ".join(f"{f} predicted/published" for f in FIGURES)
+    lines = [f"| SGLang version | organisation | GPU | cases | {head} |",
+             "| --- | --- | --- | --- | " + " | ".join("---" for _ in FIGURES) + " |"]
+    for (org, ver, gpu), errs in sorted(groups.items(), key=lambda kv: (kv[0][1], kv[0][0], kv[0][2])):
+        ratios = [[1 + e[f] for e in errs if f in e] for f in FIGURES]
+        lines.append(f"| {ver[:40]} | {org} | {gpu} | {len(errs)} | " +
+                     " | ".join(f"{statistics.median(r):.2f}" if r else "-" for r in ratios) + " |")
+    orgs: dict[str, set[str]] = {}
+    for org, ver, _ in groups:
+        orgs.setdefault(ver, set()).add(org)
+    shared = sorted(v for v, o in orgs.items() if len(o) > 1)
+    lines.append(f"\nVersions published by more than one organisation: {', '.join(shared) or 'none'} "
+                 f"(of {len(orgs)} versions).")
+    return "\n".join(lines)
+
+
 def markdown(res: dict) -> str:
     names = list(res)
     lines = ["| regime | figure | cases | " + " | ".join(f"{n}: median, beyond 1.5x" for n in names) + " |",
@@ -88,7 +116,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", help="write the figures (and per-case errors) to this file")
     p.add_argument("--markdown", action="store_true", help="print the per-regime table as Markdown")
     p.add_argument("--only-after", action="store_true", help="the kernel tables' pass only")
+    p.add_argument("--by-version", action="store_true",
+                   help="print the stored out-of-sample errors by SGLang version, organisation and GPU, and stop")
     a = p.parse_args(argv)
+    if a.by_version:
+        print(by_version())
+        return 0
     res = measure(a.only_after)
     for name, r in res.items():
         print(f"{name}: {r['seconds']:.0f} s")

@@ -1,0 +1,30 @@
+"""The stored out-of-sample errors by SGLang version (python -m bench.benchmarks.kernel_validate --by-version): every
+case counted once, and the confound docs/planning.md rests on (one version shared by two organisations) read off
+the data, not written in."""
+
+import statistics
+
+from bench.benchmarks import kernel_validate
+from bench.model import corpus, fit
+
+
+def test_every_out_of_sample_case_is_counted_once_by_version_organisation_and_gpu():
+    table = kernel_validate.by_version()
+    rows = [r.split(" | ") for r in table.splitlines() if r.startswith("| 0") or r.startswith("| unknown")]
+    stored = fit.stored_validation()["out_of_sample"]["cases"]
+    assert sum(int(r[3]) for r in rows) == sum(1 for c in stored if c["errors"])
+    version = {c.key: c.sglang_version for c in corpus.load()}
+    sa = [1 + c["errors"]["output_tok_s"] for c in stored
+          if c["org"] == "SemiAnalysis" and c["gpu"] == "b200" and "output_tok_s" in c["errors"]]
+    row = next(r for r in rows if r[1] == "SemiAnalysis" and r[2] == "b200")
+    assert float(row[4]) == round(statistics.median(sa), 2)
+    shared = {v for v in version.values() if len({c.source.org for c in corpus.load() if c.sglang_version == v
+                                                    and any(s["case"] == c.key and s["errors"] for s in stored)}) > 1}
+    assert table.splitlines()[-1].startswith(f"Versions published by more than one organisation: "
+                                            f"{', '.join(sorted(shared)) or 'none'} ")
+
+
+def test_by_version_runs_from_the_command_line(capsys):
+    assert kernel_validate.main(["--by-version"]) == 0
+    out = capsys.readouterr().out
+    assert "| SGLang version | organisation | GPU | cases |" in out
