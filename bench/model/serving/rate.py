@@ -37,10 +37,11 @@ CONVERGED = 0.05  # relative change of the answer when the horizon doubles
 BRACKET = 1.02  # bisection stops when hi / lo is within this
 BURST = 1000
 MAX_DOUBLINGS = 10
-# what an answer is computed by (their source is part of every cache key)
-SIMULATOR = ("bench.model.serving.rate", "bench.model.serving.simulate", "bench.model.serving.scheduler",
-             "bench.model.step.perfmodel", "bench.model.fits.capacity", "bench.model.serving.workload",
-             "bench.model.serving.slo", "loadgen.workloads")
+# what an answer is computed by: the source of every module that sizes, schedules or prices a step, and the data
+# files they read that the key holds nowhere else (the model's and GPU's data and the factors are in it already)
+SIMULATOR = ("bench.model.serving", "bench.model.step", "bench.model.fits", "loadgen.workloads")
+SIMULATOR_DATA = ("kernels/*.parquet", "expert_formats.yaml", "interconnect.yaml", "attention_backends.yaml",
+                  "calibration/default.yaml")
 # answers shipped for the built-in questions (`make plan-cache`), read after your own cache
 SHIPPED_CACHE = DATA / "plan-cache" / "rates.json"
 
@@ -166,12 +167,26 @@ def _key(dep: Deployment, wl: Workload, slo: Slo, eff: Efficiency, cap: int | No
     return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 
+def simulator_files() -> list[Path]:
+    """The files whose bytes key every cached answer (SIMULATOR's modules, SIMULATOR_DATA's files)."""
+    files: list[Path] = []
+    for name in SIMULATOR:
+        path = Path(importlib.import_module(name).__file__)
+        files += sorted(path.parent.glob("*.py")) if path.name == "__init__.py" else [path]
+    for pattern in SIMULATOR_DATA:
+        files += sorted(DATA.glob(pattern))
+    return files
+
+
 @cache
 def _code() -> str:
-    """The simulator's source: a change to how answers are computed is a change of key."""
+    """The simulator's source and data: a change to how answers are computed is a change of key. A kernel table,
+    kernel_step.py or the prefix cache edited leaves no cached answer standing (they once did: only eight modules
+    were hashed)."""
     h = hashlib.sha256()
-    for name in SIMULATOR:
-        h.update(Path(importlib.import_module(name).__file__).read_bytes())
+    for f in simulator_files():
+        h.update(f"{f.parent.name}/{f.name}".encode())
+        h.update(f.read_bytes())
     return h.hexdigest()
 
 

@@ -107,6 +107,58 @@ def test_the_simulators_source_is_in_the_key(monkeypatch):
     assert rate._key(dep, wl, q.slo, eff) != key
 
 
+TRACED = """
+import builtins, json, sys
+import pyarrow.parquet as pq
+from dataclasses import replace
+from bench.benchmarks.plan_cache import readme_question
+from bench.model import rate
+ran, opened = set(), set()
+real_open, real_read = builtins.open, pq.read_table
+builtins.open = lambda f, *a, **k: (opened.add(str(f)), real_open(f, *a, **k))[1]
+pq.read_table = lambda f, *a, **k: (opened.add(str(f)), real_read(f, *a, **k))[1]
+q = readme_question()
+deps, wl = [replace(q.deployment(), kv_dtype=kv) for kv in ("bf16", "fp8_e4m3")], q.request_mix()
+def trace(frame, event, arg):
+    ran.add(frame.f_code.co_filename)
+sys.settrace(trace)
+for dep in deps:  # what the key holds (the deployment, the workload) is built before the trace
+    rate.saturation_tps(dep, wl, 64)
+sys.settrace(None)
+builtins.open = real_open
+print(json.dumps({"ran": sorted(ran), "opened": sorted(opened),
+                  "hashed": [str(f) for f in rate.simulator_files()]}))
+"""
+
+
+def test_every_file_a_search_executes_or_reads_is_in_the_key(tmp_path):
+    """A fresh process, an empty cache, the screen of two deployments traced from its first line: each Python file
+    of the project it runs and each data file it opens (the kernel tables through pyarrow too) is one the key
+    hashes, or is in the key already (the model's and GPU's data, the workload, the factors). So no edit of what
+    sizes, schedules or prices a step leaves a stale answer standing; before, eight modules were hashed and
+    kernel_step.py, the kernel tables and the prefix cache were not."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = {**os.environ, "CAPBENCH_CACHE": str(tmp_path), "CAPBENCH_SHIPPED_CACHE": "0"}
+    out = subprocess.run([sys.executable, "-c", TRACED], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    got = json.loads(out.stdout.splitlines()[-1])
+    root = str(Path(rate.__file__).resolve().parents[3])
+    hashed = set(got["hashed"])
+    ours = {f for f in got["ran"] + got["opened"] if f.startswith(root) and "/.venv/" not in f}
+    simulator = {f for f in got["ran"] if "/bench/model/step/" in f or "/bench/model/serving/" in f}
+    assert any(f.endswith("kernel_step.py") for f in simulator) and any(f.endswith(".parquet") for f in ours)
+    # the model's and GPU's data, the workload and the factors are in the key as values; bench/files.py reads and
+    # checks any file (the data it hands on is hashed)
+    keyed_elsewhere = ("/data/models/", "/data/gpus.yaml", "/data/workloads/", "/data/calibration/corpus.json",
+                       "/data/calibration/fitted.json", "/data/plan-cache/", "/bench/files.py")
+    missing = sorted(f for f in ours if f not in hashed and not any(k in f for k in keyed_elsewhere))
+    assert not missing, f"run or read by a search but not in the answers' key: {missing}"
+
+
 def _store_many(args: tuple[str, int]) -> None:
     cache, worker = args
     import os
