@@ -76,7 +76,7 @@ test-fast: .venv/test.stamp
 bench: .venv/test.stamp
 	$(PY) -m bench.benchmarks.run_all
 
-# The plan answers shipped for the README's first question and the Planner's defaults (data/plan-cache): run after
+# The plan answers shipped for the README's first question, the Planner's defaults and validate's replays (data/plan-cache): run after
 # changing the model, the catalog, a workload or the simulator (their hashes key every answer).
 plan-cache: .venv/core.stamp
 	$(PY) -m bench.benchmarks.plan_cache

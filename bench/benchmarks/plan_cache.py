@@ -1,12 +1,13 @@
 """The answers shipped for the built-in questions: `make plan-cache` runs the plan search for the README's first
 question, the Planner's defaults (and its model changed to GLM-4.6) and the demo's capacity report with an empty
-cache, with the Planner's latency-against-load curve and every configuration's curve over concurrency, and writes
-every answer it found to data/plan-cache/rates.json.
+cache, with the Planner's latency-against-load curve and every configuration's curve over concurrency, and
+`capbench validate`'s replay of every published case, and writes every answer it found to
+data/plan-cache/rates.json.
 Each answer is keyed by a hash of its inputs and of the simulator's source (bench/model/serving/rate.py), so
 after a change to the model, the catalog, a workload or the simulator the shipped answers are simply not found:
 run this again.
 
-    python -m bench.benchmarks.plan_cache [--questions readme,planner,demo]
+    python -m bench.benchmarks.plan_cache [--questions readme,report,planner,demo,validate]
 """
 
 from __future__ import annotations
@@ -53,14 +54,30 @@ QUESTIONS = {"readme": [readme_question(20.0), readme_question(50.0)],
              "demo": [demo.report_question(m) for m in demo.MODELS]}
 
 
+def validate_replays() -> int:
+    """What `capbench validate` replays (bench/cli/validate.py): every published case but the disaggregated ones,
+    on the corpus's factors, remembered."""
+    from bench.model.evidence import corpus, validate
+    from bench.model.step.calibration import load_efficiency
+
+    cases = [c for c in corpus.load() if c.kind != "disaggregated"]
+    for c in cases:
+        validate.remembered(c, load_efficiency(c.gpu, fitted=False))
+    return len(cases)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--questions", default=",".join(QUESTIONS))
+    ap.add_argument("--questions", default=",".join([*QUESTIONS, "validate"]))
     ap.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     a = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="capbench-plan-cache-") as tmp:
         os.environ["CAPBENCH_CACHE"], os.environ["CAPBENCH_SHIPPED_CACHE"] = tmp, "0"  # computed, never read
         for name in a.questions.split(","):
+            if name == "validate":
+                t = time.perf_counter()
+                print(f"validate: {validate_replays()} published cases replayed in {time.perf_counter() - t:.1f} s")
+                continue
             for q in QUESTIONS[name]:
                 t = time.perf_counter()
                 plan = make_plan(q, workers=a.workers, curves=True)

@@ -184,3 +184,19 @@ def test_a_rewritten_calibration_file_is_read_again(tmp_path):
     f.write_text("[1, 2]")
     with pytest.raises(calibration.BadInput, match="holds a map"):
         calibration.load_efficiency("h200", f)
+
+
+def test_the_shipped_file_holds_every_replay_validate_makes(empty_cache, monkeypatch):
+    """`capbench validate` on a fresh clone replays nothing (1.9 s, not 7.5 s): every published case's replay is
+    shipped, and a shipped one is the fresh replay's figures."""
+    from bench.model.evidence import corpus, validate
+    from bench.model.step.calibration import load_efficiency
+
+    cases = [c for c in corpus.load() if c.kind != "disaggregated"]
+    real = validate.replay
+    monkeypatch.setattr(validate, "replay", lambda *a, **k: pytest.fail("replayed: run `make plan-cache`"))
+    shipped = [validate.remembered(c, load_efficiency(c.gpu, fitted=False)) for c in cases]
+    monkeypatch.setattr(validate, "replay", real)
+    for i in (0, len(cases) // 2, len(cases) - 1):
+        fresh = real(cases[i], load_efficiency(cases[i].gpu, fitted=False))
+        assert (shipped[i].predicted, shipped[i].errors) == (fresh.predicted, fresh.errors)
