@@ -3,7 +3,8 @@ question, the Planner's defaults (and its model changed to GLM-4.6) and the demo
 cache, with the Planner's latency-against-load curve and every configuration's curve over concurrency, and
 `capbench validate`'s replay of every published case, and writes every answer it found to
 data/plan-cache/rates.json.
-Each answer is keyed by a hash of its inputs and of the simulator's source (bench/model/serving/rate.py), so
+Each answer is keyed by a hash of its inputs and of the simulator's source and data (bench/model/serving/rate.py
+`SIMULATOR`, `SIMULATOR_DATA`), so
 after a change to the model, the catalog, a workload or the simulator the shipped answers are simply not found:
 run this again.
 
@@ -57,8 +58,7 @@ QUESTIONS = {"readme": [readme_question(20.0), readme_question(50.0)],
 def validate_replays() -> int:
     """What `capbench validate` replays (bench/cli/validate.py): every published case but the disaggregated ones,
     on the corpus's factors, remembered."""
-    from bench.model.evidence import corpus, validate
-    from bench.model.step.calibration import load_efficiency
+    from bench.model import corpus, load_efficiency, validate
 
     cases = [c for c in corpus.load() if c.kind != "disaggregated"]
     for c in cases:

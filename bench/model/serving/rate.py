@@ -6,8 +6,9 @@ until the bracket is within 2 %. It runs at a horizon of simulated arrivals, the
 on until doubling the horizon moves the answer by under 5 % (converged), up to MAX_HORIZON_S. There is one
 answer: no fast and slow modes. Answers are cached in memory and on disk (~/.cache/capbench/rates.json), keyed by a
 hash of the deployment with its model's and GPU's data, the workload, the SLO, the model's factors and the
-simulator's source, so the Planner asks each question once; the answers for the built-in questions ship in
-data/plan-cache/rates.json (`make plan-cache`), read after your own cache: a change to any of those inputs misses it.
+simulator's source and data (SIMULATOR, SIMULATOR_DATA), so the Planner asks each question once; the answers for
+the built-in questions ship in data/plan-cache/rates.json (`make plan-cache`), read after your own cache: a change
+to any of those inputs misses it.
 """
 
 from __future__ import annotations

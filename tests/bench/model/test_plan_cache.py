@@ -189,8 +189,7 @@ def test_a_rewritten_calibration_file_is_read_again(tmp_path):
 def test_the_shipped_file_holds_every_replay_validate_makes(empty_cache, monkeypatch):
     """`capbench validate` on a fresh clone replays nothing (1.9 s, not 7.5 s): every published case's replay is
     shipped, and a shipped one is the fresh replay's figures."""
-    from bench.model.evidence import corpus, validate
-    from bench.model.step.calibration import load_efficiency
+    from bench.model import corpus, load_efficiency, validate
 
     cases = [c for c in corpus.load() if c.kind != "disaggregated"]
     real = validate.replay
