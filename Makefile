@@ -7,6 +7,11 @@ SGLANG  := sglang==0.5.23
 TVISION := torchvision==0.28.0
 # sglang-router's parser checks the PD router line the Planner prints (its Rust extension is not run).
 ROUTER  := sglang-router==0.3.2
+# uv installs the packages (31 s for the test set against pip's ~2 min here, the same versions); pip installs uv and
+# torch: its CPU build is a local file that only pip's configuration finds (/opt/wheels), and with it installed uv
+# keeps it (the engine extra's range holds 2.13.0).
+UV_PIN  := uv==0.13.9
+UVPIP   := UV_LINK_MODE=copy .venv/bin/uv pip install -q --python $(PY)
 # BFCL v4's data and checkers for `capbench eval`; --no-deps: its own requirements pin numpy 1.26 and pull every
 # provider's SDK, sentence-transformers and faiss, none of which its checkers need (bench/eval/bfcl.py).
 BFCL    := bfcl-eval==2026.3.23
@@ -20,8 +25,9 @@ BFCL    := bfcl-eval==2026.3.23
 # own tests left out: 19 s with them). A stale .pyc of an edited file is ignored.
 .venv/core.stamp:
 	test -x $(PY) || python3 -m venv .venv
-	$(PIP) install -q --no-compile -e .
-	$(PIP) install -q --no-compile --no-deps $(BFCL)
+	$(PIP) install -q $(UV_PIN)
+	$(UVPIP) -e .
+	$(UVPIP) --no-deps $(BFCL)
 	$(PY) -m compileall -q -j 0 -x '/(tests?|pip|setuptools)/' .venv/lib bench loadgen dashboard engine_patches > /dev/null \
 	  || true  # a file that does not compile (torch's py312-only test helper) cannot be imported either
 	touch $@
@@ -29,9 +35,10 @@ BFCL    := bfcl-eval==2026.3.23
 # Tests need torch (pinned first so nothing pulls a CUDA build), triton, and SGLang's CPU set-up.
 .venv/test.stamp: .venv/core.stamp pyproject.toml requirements/sglang-cpu.txt
 	$(PIP) install -q $(TORCH)
-	$(PIP) install -q -e '.[engine,dev]'
-	$(PIP) install -q --no-deps $(SGLANG) $(TVISION) $(ROUTER) $(BFCL)
-	$(PIP) install -q -r requirements/sglang-cpu.txt
+	test -x .venv/bin/uv || $(PIP) install -q $(UV_PIN)  # a venv made before uv
+	$(UVPIP) -e '.[engine,dev]'
+	$(UVPIP) --no-deps $(SGLANG) $(TVISION) $(ROUTER) $(BFCL)
+	$(UVPIP) -r requirements/sglang-cpu.txt
 	touch $@
 
 # the total, install included, is printed at the end (the goal: under 5 minutes from a fresh clone)
