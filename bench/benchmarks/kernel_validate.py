@@ -63,26 +63,20 @@ def measure(only_after: bool = False) -> dict:
 
 
 def by_version() -> str:
-    """validation.json's out-of-sample errors grouped by organisation, SGLang version and GPU (no replay): the
-    median predicted/published per figure, and which versions more than one organisation published."""
-    stored = fit.stored_validation()
-    if not stored:
+    """validation.json's out-of-sample errors grouped by SGLang version, organisation and GPU (fit.out_of_sample_bias,
+    no replay): the median predicted/published per figure, and which versions more than one organisation published."""
+    rows = fit.out_of_sample_bias(("version", "org", "gpu"))
+    if not rows:
         raise SystemExit("no validation.json: run `capbench validate --fit` once")
-    version = {c.key: c.sglang_version for c in corpus.load()}
-    groups: dict[tuple[str, str, str], list[dict]] = {}
-    for c in stored["out_of_sample"]["cases"]:
-        if c["errors"]:
-            groups.setdefault((c["org"], version.get(c["case"], "unknown"), c["gpu"]), []).append(c["errors"])
     head = " | ".join(f"{f} predicted/published" for f in FIGURES)
     lines = [f"| SGLang version | organisation | GPU | cases | {head} |",
              "| --- | --- | --- | --- | " + " | ".join("---" for _ in FIGURES) + " |"]
-    for (org, ver, gpu), errs in sorted(groups.items(), key=lambda kv: (kv[0][1], kv[0][0], kv[0][2])):
-        ratios = [[1 + e[f] for e in errs if f in e] for f in FIGURES]
-        lines.append(f"| {ver[:40]} | {org} | {gpu} | {len(errs)} | " +
-                     " | ".join(f"{statistics.median(r):.2f}" if r else "-" for r in ratios) + " |")
+    for r in sorted(rows, key=lambda r: (r["version"], r["org"], r["gpu"])):
+        lines.append(f"| {r['version'][:40]} | {r['org']} | {r['gpu']} | {r['cases']} | " +
+                     " | ".join(f"{r['ratio'][f]:.2f}" if f in r["ratio"] else "-" for f in FIGURES) + " |")
     orgs: dict[str, set[str]] = {}
-    for org, ver, _ in groups:
-        orgs.setdefault(ver, set()).add(org)
+    for r in rows:
+        orgs.setdefault(r["version"], set()).add(r["org"])
     shared = sorted(v for v, o in orgs.items() if len(o) > 1)
     lines.append(f"\nVersions published by more than one organisation: {', '.join(shared) or 'none'} "
                  f"(of {len(orgs)} versions).")

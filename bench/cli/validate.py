@@ -71,6 +71,7 @@ def validate(
     validation = fitting.stored_validation()
     report = val.report(replays, goal, validation)
     report["interval_coverage"] = interval.coverage()
+    report["bias_by_publisher"] = [] if case else fitting.out_of_sample_bias(("org",))
     pd_replays = _pd_replays(matching)
     if as_json:
         print(json.dumps(report | {"disaggregated": [_pd_json(r) for r in pd_replays]}, indent=1, default=str))

@@ -166,6 +166,11 @@ def validation_answer(report: dict, cases: int, in_goal: int, disaggregated: int
         off = [r["config"] for r in ranks if not r["agrees"]]
         out.append(f"GPU order: {len(ranks) - len(off)} of {len(ranks)} configurations on several GPUs ranked as "
                    "published" + (f"; not: {', '.join(off)}" if off else ""))
+    big = [b for b in report.get("bias_by_publisher") or [] if b["cases"] >= 5 and "output_tok_s" in b["ratio"]]
+    if len(big) > 1:
+        out.append("Out of sample the error follows who measured (predicted / published output tok/s, median): "
+                   + ", ".join(f"{b['org']} {b['ratio']['output_tok_s']:.2f}x ({b['cases']} cases)" for b in big)
+                   + ". For your own serving stack, fit the model to your runs: capbench calibrate.")
     return out
 
 

@@ -252,6 +252,27 @@ def stored_validation() -> dict | None:
         return None
 
 
+def out_of_sample_bias(by: tuple[str, ...] = ("org",)) -> list[dict]:
+    """validation.json's leave-one-source-out predictions over the published figures, grouped by any of "org",
+    "version" (the case's SGLang version) and "gpu": each group's cases and, per figure, the median of
+    predicted / published (above 1: the model too fast on throughput, too slow on latencies). [] before a fit."""
+    from bench.model.evidence import corpus
+
+    stored = stored_validation()
+    if not stored:
+        return []
+    version = {c.key: c.sglang_version for c in corpus.load()}
+    groups: dict[tuple, list[dict]] = {}
+    for c in stored["out_of_sample"]["cases"]:
+        if c["errors"]:
+            fields = {"org": c["org"], "version": version.get(c["case"], "unknown"), "gpu": c["gpu"]}
+            groups.setdefault(tuple(fields[b] for b in by), []).append(c["errors"])
+    return [{**dict(zip(by, k, strict=True)), "cases": len(errs),
+             "ratio": {f: statistics.median(1 + e[f] for e in errs if f in e) for f in FIGURES
+                       if any(f in e for e in errs)}}
+            for k, errs in sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[0]))]
+
+
 def closest_error(model_id: str, gpu: str) -> dict | None:
     """The out-of-sample error of the corpus cases closest to a deployment: same GPU and attention kind (MLA or
     GQA), else same attention kind, else all. The uncertainty reports quote. None before any --fit."""

@@ -109,6 +109,10 @@ def test_validate_answers_with_the_verdict_and_every_case_fits_120_columns(tmp_p
     assert "Goals, judged" in screen and "80 % intervals" in screen and "More: --details" in screen
     for line in report["verdict"].splitlines():
         assert line.strip() in screen
+    said = " ".join(screen.split())  # the bias by publisher, as --json has it, wrapped at 100 columns
+    for b in (b for b in report["bias_by_publisher"] if b["cases"] >= 5):
+        assert f"{b['org']} {b['ratio']['output_tok_s']:.2f}x ({b['cases']} cases)" in said
+    assert "capbench calibrate" in said
     details = _capbench(tmp_path, 120, "validate", "--details")
     keys = [c["case"] for c in report["cases"]] + [c["case"] for c in report["disaggregated"]]
     names = {k.split("/", 1)[0] for k in keys} | {k.split("/", 1)[1] for k in keys if "/" in k}

@@ -28,3 +28,13 @@ def test_by_version_runs_from_the_command_line(capsys):
     assert kernel_validate.main(["--by-version"]) == 0
     out = capsys.readouterr().out
     assert "| SGLang version | organisation | GPU | cases |" in out
+
+
+def test_the_bias_by_publisher_is_each_organisations_median_of_its_own_cases():
+    stored = fit.stored_validation()["out_of_sample"]["cases"]
+    rows = fit.out_of_sample_bias(("org",))
+    assert sum(r["cases"] for r in rows) == sum(1 for c in stored if c["errors"])
+    assert [r["cases"] for r in rows] == sorted((r["cases"] for r in rows), reverse=True)  # the largest first
+    for r in rows:
+        own = [1 + c["errors"]["tpot_ms"] for c in stored if c["org"] == r["org"] and "tpot_ms" in c["errors"]]
+        assert r["ratio"].get("tpot_ms") == (statistics.median(own) if own else None)
