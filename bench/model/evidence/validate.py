@@ -242,7 +242,9 @@ def with_factors(eff: Efficiency, values: dict[str, float]) -> Efficiency:
     return replace(eff, **values)
 
 
-GOALS = {"output_tok_s": 0.15, "ttft_ms": 0.25, "tpot_ms": 0.25}
+# the kernel-truth issue's goals, out of sample: median |error| at most 20 % on each figure, and at most 15 cases
+# beyond 1.5x on output tok/s (None: no limit on the count); docs/planning.md quotes them
+GOALS = {"output_tok_s": (0.20, 15), "ttft_ms": (0.20, None), "tpot_ms": (0.20, None)}
 
 
 def report(replays: list[Replay], goal: list[Case], validation: dict | None) -> dict:
@@ -260,12 +262,14 @@ def report(replays: list[Replay], goal: list[Case], validation: dict | None) -> 
     summaries["marked outliers, not in the goal"] = error_summary(flagged)
     judged = oos or summaries["shipped factors, cases in the goal (in sample)"]
     checks = []
-    for figure, target in GOALS.items():
+    for figure, (target, most) in GOALS.items():
         s = judged.get(figure)
         if s:
-            ok = s["median_abs_error"] <= target and s["beyond_1_5x"] == 0
+            ok = s["median_abs_error"] <= target and (most is None or s["beyond_1_5x"] <= most)
             checks.append(f"{figure}: median |error| {s['median_abs_error']:.0%} (goal {target:.0%}), "
-                          f"{s['beyond_1_5x']} case(s) beyond 1.5x {'-> met' if ok else '-> NOT met'}")
+                          f"{s['beyond_1_5x']} case(s) beyond 1.5x" + (f" (goal at most {most})" if most is not None
+                                                                       else "")
+                          + (" -> met" if ok else " -> NOT met"))
     basis = ("out of sample (leave one source out)" if oos
              else "in sample (no --fit has been run: no out-of-sample figure)")
     verdict = f"Goals, judged {basis}:\n  " + "\n  ".join(checks)
