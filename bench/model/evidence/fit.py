@@ -263,9 +263,10 @@ def out_of_sample_bias(by: tuple[str, ...] = ("org",)) -> list[dict]:
         return []
     version = {c.key: c.sglang_version for c in corpus.load()}
     groups: dict[tuple, list[dict]] = {}
-    for c in stored["out_of_sample"]["cases"]:
-        if c["errors"]:
-            fields = {"org": c["org"], "version": version.get(c["case"], "unknown"), "gpu": c["gpu"]}
+    for c in (stored.get("out_of_sample") or {}).get("cases") or []:  # a hand-edited file gives what it holds
+        if isinstance(c, dict) and isinstance(c.get("errors"), dict) and c["errors"]:
+            fields = {"org": c.get("org", "?"), "version": version.get(c.get("case"), "unknown"),
+                      "gpu": c.get("gpu", "?")}
             groups.setdefault(tuple(fields[b] for b in by), []).append(c["errors"])
     return [{**dict(zip(by, k, strict=True)), "cases": len(errs),
              "ratio": {f: statistics.median(1 + e[f] for e in errs if f in e) for f in FIGURES

@@ -38,3 +38,10 @@ def test_the_bias_by_publisher_is_each_organisations_median_of_its_own_cases():
     for r in rows:
         own = [1 + c["errors"]["tpot_ms"] for c in stored if c["org"] == r["org"] and "tpot_ms" in c["errors"]]
         assert r["ratio"].get("tpot_ms") == (statistics.median(own) if own else None)
+
+
+def test_a_validation_file_without_cases_gives_no_bias_not_a_traceback(tmp_path, monkeypatch):
+    for text in ('{"in_sample": {}}', '{"out_of_sample": {"cases": [{"case": "x"}, 3]}}', "not json"):
+        (tmp_path / "validation.json").write_text(text)
+        monkeypatch.setattr(fit, "VALIDATION", tmp_path / "validation.json")
+        assert fit.out_of_sample_bias() == []
