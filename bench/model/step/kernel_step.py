@@ -182,4 +182,5 @@ class KernelStep:
             rest = self._rest[key] = (self.layers * proj + self.moe_layers * shared + self.dense_layers * dense
                                       + self.gemm(self.lm_head, samples), self.moe_layers * self.moe(tokens),
                                       self.layers * 2 * self.allreduce(group, graph))
-        return {"attention": self.layers * attn, "gemm": rest[0], "moe": rest[1], "comm": rest[2]}
+        self.last = {"attention": self.layers * attn, "gemm": rest[0], "moe": rest[1], "comm": rest[2]}
+        return self.last

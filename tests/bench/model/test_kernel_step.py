@@ -66,3 +66,26 @@ def test_validate_replays_a_case_on_its_own_version_and_default_backend():
     pm.step_time(4, 4 * 2048)
     v = kernels.pick(kernels.versions("b200", "attention"), c.sglang_version)[0]
     assert f"SGLang {v} " in pm.kstep.sources["attention decode"]
+
+
+@pytest.mark.parametrize("d", [
+    dep("kimi-k2-thinking", "b200", 4, ep=4, kv_dtype="fp8_e4m3"),
+    dep("glm-4.6", "h200", 8),
+    dep("kimi-k2-thinking", "h200", 8, dp=8, ep=8),  # DP attention: the busiest group's share
+    dep("glm-4.6", "h100-sxm", 8, weights="int4-g128", kv_dtype="fp8_e4m3"),
+    dep("glm-4.6", "mi300x", 8),  # no tables: every step through parts()
+], ids=lambda d: f"{d.model.id}-{d.gpu.id}-tp{d.tp}-dp{d.dp}-{d.weights}-{d.kv_dtype}")
+def test_a_decode_step_priced_once_per_batch_size_is_the_same_float_as_through_parts(d):
+    """step_time's decode shortcut (_decode_on_tables) against the full arithmetic: bit for bit, batches in and
+    beyond the CUDA-graph sizes, one request to hundreds, contexts of one token to a million."""
+    import random
+
+    fast, full = PerfModel(d, load_efficiency(d.gpu.id)), PerfModel(d, load_efficiency(d.gpu.id))
+    full.fast_decode = False
+    rng = random.Random(7)
+    cases = [(1, 1), (1, 7), (3, 3 * 131072)] + [(n, n * rng.randint(1, 40000)) for n in
+                                                  [rng.randint(1, 600) for _ in range(300)]]
+    for n, ctx in cases:
+        assert fast.step_time(n, ctx) == full.step_time(n, ctx), (n, ctx)
+    assert full._decode_terms == {}
+    assert bool(fast._decode_terms) == (fast.kstep is not None)  # the shortcut ran where the tables price decode
