@@ -17,34 +17,34 @@ quality    pass rates with intervals, A/B per model family and per change, quali
 run_extras each GPU's utilisation and memory in the runs, and repeat groups' figures with their 90 % intervals
 """
 
-from bench.report import charts, formats_table, load, pd, plancharts, quality, screen, simulated, terminal, wording
-from bench.report.campaign import (
-    PREDICTED_GAIN,
-    Matrix,
-    campaign_html,
-    campaign_list,
-    campaign_matrix,
-    campaign_sections,
-    gain_said,
-    latest_campaign,
-    live_cell,
-    run_stage,
-    write_campaign,
-)
-from bench.report.campaign_screen import MORE as CAMPAIGN_MORE
-from bench.report.campaign_screen import campaign_answer, campaign_tables, gain_line
-from bench.report.content import (
-    Report,
-    build,
-    compared,
-    formats_section,
-    gpu_bests,
-    newest_deployment,
-    predicted_table,
-)
-from bench.report.curves import campaign_curves
-from bench.report.predicted import STEADY_REQUESTS, measured_vs_predicted
-from bench.report.render import render, write
+import importlib
+
+# a name, by the module that holds it: each is imported when first asked for, so a command that prints a table or
+# a plan does not load Altair, pandas' charts and the report's renderer (~0.2 s of CPU a process)
+_MODULES = ("charts", "formats_table", "load", "pd", "plancharts", "quality", "screen", "simulated", "terminal",
+            "wording")
+_NAMES = {
+    "PREDICTED_GAIN": "campaign", "Matrix": "campaign", "campaign_html": "campaign", "campaign_list": "campaign",
+    "campaign_matrix": "campaign", "campaign_sections": "campaign", "gain_said": "campaign",
+    "latest_campaign": "campaign", "live_cell": "campaign", "run_stage": "campaign", "write_campaign": "campaign",
+    "CAMPAIGN_MORE": "campaign_screen.MORE", "campaign_answer": "campaign_screen", "campaign_tables": "campaign_screen",
+    "gain_line": "campaign_screen", "Report": "content", "build": "content", "compared": "content",
+    "formats_section": "content", "gpu_bests": "content", "newest_deployment": "content",
+    "predicted_table": "content", "campaign_curves": "curves", "STEADY_REQUESTS": "predicted",
+    "measured_vs_predicted": "predicted", "render": "render", "write": "render",
+}
+
+
+def __getattr__(name: str):
+    if name in _MODULES:
+        return importlib.import_module(f"{__name__}.{name}")
+    if name not in _NAMES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    module, _, attr = _NAMES[name].partition(".")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), attr or name)
+    globals()[name] = value
+    return value
+
 
 __all__ = ["charts", "formats_table", "load", "plancharts", "screen", "simulated", "terminal", "wording", "Report",
            "build", "compared",
