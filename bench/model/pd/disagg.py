@@ -14,10 +14,10 @@ kernels on decode) and EPLB's redundant experts taking weight memory from each d
   can move.
 - P and D for a target load are ceil(target / each role's rate): the ratio follows from the workload.
 
-Colocated serving, for the comparison in words and the property tests (pd_search.py), is the same instance
-time-sharing both phases: prefill takes a share f = rate * prefill seconds per request of each second, and every
-decode step is stretched by 1 / (1 - f): the interference PD removes. This analytic model is not the simulator the
-colocated plan uses (rate.py); the Planner says which figure comes from which.
+Colocated serving, for the comparison in words and the property tests (search.py), is the same instance time-sharing
+both phases: prefill takes a share f = rate * prefill seconds per request of each second, and every decode step is
+stretched by 1 / (1 - f), the interference PD removes; not the simulator the colocated plan uses (the Planner says
+which figure comes from which).
 """
 
 from __future__ import annotations
@@ -97,9 +97,14 @@ class Shape:
     mem_fraction: tuple[float | None, float | None] = (None, None)  # (prefill, decode) --mem-fraction-static
     max_running: tuple[int | None, int | None] = (None, None)  # (prefill, decode) --max-running-requests
 
+    def dp(self, role: str) -> int:  # DP attention over every GPU, but 1 where the prefill's attention is TP
+        return 1 if role == "prefill" and not self.prefill_dp_attention else self.gpus(role)
+
+    def gpus(self, role: str) -> int:
+        return self.prefill_gpus if role == "prefill" else self.decode_gpus
+
     def deployment(self, role: str) -> Deployment:
-        g = self.prefill_gpus if role == "prefill" else self.decode_gpus
-        dp = 1 if role == "prefill" and not self.prefill_dp_attention else g
+        g, dp = self.gpus(role), self.dp(role)
         m, gpu = catalog.model(self.model), catalog.gpu(self.gpu)
         k = 0 if role == "prefill" else 1
         return Deployment(m, gpu, g, dp, self.kv_dtype, self.weights, self.context,
@@ -107,8 +112,7 @@ class Shape:
                           max_running=self.max_running[k])
 
     def redundant(self, role: str) -> int:
-        g = self.prefill_gpus if role == "prefill" else self.decode_gpus
-        return redundant_experts(catalog.model(self.model).routed_experts, g) if self.eplb else 0
+        return redundant_experts(catalog.model(self.model).routed_experts, self.gpus(role)) if self.eplb else 0
 
     @property
     def label(self) -> str:
@@ -131,11 +135,9 @@ class Pool:
 @cache
 def decode_pool(shape: Shape) -> Pool:
     dep = shape.deployment("decode")
-    c = capacity(dep, with_ratios=False)
-    m = dep.model
+    c, m = capacity(dep, with_ratios=False), dep.model
     extra = weight_bytes(m, shape.weights, dep.tp, dep.dp).routed_experts * shape.redundant("decode") / m.routed_experts
-    cell = cell_bytes(m, shape.kv_dtype, 1)
-    tokens = max(0, c.kv_pool_tokens - math.ceil(extra / cell))
+    tokens = max(0, c.kv_pool_tokens - math.ceil(extra / cell_bytes(m, shape.kv_dtype, 1)))
     tokens = tokens // dep.page_size * dep.page_size
     running = c.max_running_requests // dep.dp if c.fits else 0
     return Pool(tokens, running, c.fits and tokens > 0)
@@ -180,7 +182,7 @@ def _perf(shape: Shape, role: str, eff: Efficiency | None) -> PDPerfModel:
 
 def decode_step_s(shape: Shape, batch_per_rank: int, context: float, eff: Efficiency | None = None) -> float:
     """One decode step of every rank holding batch_per_rank requests of `context` tokens (low-latency all-to-all)."""
-    total = batch_per_rank * shape.deployment("decode").dp
+    total = batch_per_rank * shape.dp("decode")
     return _perf(shape, "decode", eff).step_time(total, int(total * context))
 
 
@@ -203,15 +205,14 @@ def chunk(shape: Shape) -> int:
 def prefill_step_s(shape: Shape, tokens: int, ln: Lengths, eff: Efficiency | None = None) -> float:
     """One prefill step with `tokens` new tokens in each queue (every DP rank, or the whole TP instance) of prompts
     like ln (normal all-to-all of each rank's share of the tokens)."""
-    total = tokens * shape.deployment("prefill").dp
+    total = tokens * shape.dp("prefill")
     pairs = total * (ln.cached + (ln.new + 1) / 2)  # each new token attends to the cached prefix and half its own
     return _perf(shape, "prefill", eff).step_time(0, 0, total, pairs, int(total * (ln.cached / ln.new + 1)))
 
 
 def kv_bytes(shape: Shape, tokens: float) -> float:
     """The KV of `tokens` tokens as it crosses from prefill to decode (one copy: the MLA latent, or all KV heads)."""
-    m = catalog.model(shape.model)
-    return cell_bytes(m, shape.kv_dtype, 1) * tokens
+    return cell_bytes(catalog.model(shape.model), shape.kv_dtype, 1) * tokens
 
 
 @dataclass
@@ -309,7 +310,7 @@ def decode_batch(shape: Shape, ln: Lengths, slo: Slo, eff: Efficiency | None = N
     seq = ln.prompt + ln.output
     by_kv = int(pool.tokens_per_rank // seq) if pool.fits else 0
     cap = min(by_kv, pool.max_running_per_rank)
-    by_client = math.ceil(in_flight / shape.deployment("decode").dp) if in_flight else cap
+    by_client = math.ceil(in_flight / shape.dp("decode")) if in_flight else cap
     capped, cap = by_client < cap, min(cap, by_client)
     ctx = ln.prompt + ln.output / 2
     best, best_step = 0, 0.0

@@ -29,7 +29,7 @@ def replay(case: Case) -> Replay:
             tokens = int(pd.get("tokens_per_device") or disagg.chunk(s))
             ln = disagg.Lengths(prompt, 0.0, 1.0, int(prompt) + 1)
             step = disagg.prefill_step_s(s, tokens, ln)
-            total = tokens * s.deployment("prefill").dp / step
+            total = tokens * s.dp("prefill") / step
             r.predicted = {"input_tok_s": total, "input_tok_s_per_node": total / case.nodes}
         elif pd.get("phase") == "decode":
             batch = int(pd["batch_per_device"])
@@ -39,7 +39,7 @@ def replay(case: Case) -> Replay:
                              f"{pool.tokens_per_rank:,} tokens in the capacity model")
                 return r
             step = disagg.decode_step_s(s, batch, float(pd["kv_len"]))
-            total = batch * s.deployment("decode").dp / step
+            total = batch * s.dp("decode") / step
             r.predicted = {"output_tok_s": total, "output_tok_s_per_node": total / case.nodes, "tpot_ms": step * 1e3}
         else:
             r.why_not = f"unknown phase {pd.get('phase')!r}"
