@@ -295,7 +295,7 @@ class PerfModel:
         """step_time of a decode step of n requests (no MTP) on the kernel tables, None where they do not price its
         attention. Of parts()'s terms only attention changes with the context, so the others are taken once per
         batch size from parts()'s own code and the rest is parts() and _time()'s arithmetic in their order: the
-        same floats, a third of the time (simulations price ~100,000 such steps)."""
+        same floats (a long agentic simulation prices ~130,000 decode steps; it took 1.77 s, now 1.52 s)."""
         terms = self._decode_terms.get(n)
         if terms is None:
             said = self.kstep._said.get("decode") if self.kstep is not None else None
