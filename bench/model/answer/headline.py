@@ -164,7 +164,8 @@ def _step(what: str, before: Option, after: Option) -> Saving:
 
 def risks(plan: Plan, rec: Option) -> list[str]:
     """What the recommendation risks that a near-equal alternative does not: converted experts or a regime with
-    fewer published cases, and a KV pool that holds no sequence at the asked context."""
+    fewer published cases; a rate the simulator did not converge on; a KV pool that holds no sequence at the asked
+    context."""
     out = []
     iv = rec.interval() or {}
     cases = iv.get("cases", 0)
@@ -179,6 +180,10 @@ def risks(plan: Plan, rec: Option) -> list[str]:
                     if rec.weights != "native" else "this regime")
             out.append(f"{_option_words(alt)} costs {more:.0%} more and has {(alt.interval() or {})['cases']} "
                        f"published cases; {what}: {cases}")
+    p = rec.prediction
+    if p is not None and not p.converged:
+        out.append(f"its rate within the SLO moved {p.change:.0%} when the simulated arrivals last doubled (to "
+                   f"{p.horizon_s:,.0f} s): not converged, so measure it before buying")
     c = rec.capacity
     if c.max_concurrent_sequences_at_context < 1:
         out.append(f"its KV pool ({c.kv_pool_tokens_total:,} tokens) holds no sequence at the {c.context:,}-token "

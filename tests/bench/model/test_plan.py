@@ -119,3 +119,21 @@ def test_four_way_is_one_parallelism(kimi_plan):
     assert {o.kv_dtype for o in four} == {"bf16", "fp8_e4m3"}
     assert {"native"} < {o.weights for o in four} <= searched
     assert four[0].kv_dtype == "bf16" and four[0].weights == "native"
+
+
+def test_a_recommendation_whose_rate_did_not_converge_says_so_in_its_risks(kimi_plan):
+    """The headline (the CLI's first screen, the Planner's and the report's) names a rate the search did not settle
+    on: doubling the simulated arrivals still moved it by more than 5 %."""
+    from bench.model.answer import make_headline
+
+    rec = kimi_plan.recommended
+    assert rec.prediction.converged
+    assert not any("not converged" in r for r in make_headline(kimi_plan).risks)
+    kept = rec.prediction
+    try:
+        rec.prediction = replace(kept, converged=False, change=0.11, horizon_s=960.0)
+        said = [r for r in make_headline(kimi_plan).risks if "not converged" in r]
+        assert said == ["its rate within the SLO moved 11% when the simulated arrivals last doubled (to 960 s): not "
+                        "converged, so measure it before buying"]
+    finally:
+        rec.prediction = kept
