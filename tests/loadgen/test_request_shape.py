@@ -2,6 +2,7 @@
 the embeddings endpoint; bad values are one line and exit 2."""
 
 import os
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -70,7 +71,7 @@ def test_bad_request_shape_is_one_line_and_exit_2(tmp_path, args, message):
 
 
 def test_time_to_the_first_answer_token_after_reasoning(tmp_path):
-    srv = StubServer("--reasoning", "3", "--token-delay", "0.02", "--max-tokens", "6")
+    srv = StubServer("--reasoning", "3", "--token-delay", "0.05", "--max-tokens", "6")
     try:
         out = _run(tmp_path, "--target", srv.url)
     finally:
@@ -79,4 +80,8 @@ def test_time_to_the_first_answer_token_after_reasoning(tmp_path):
     assert "time to the first answer token (after reasoning)" in out.stdout
     with duckdb.connect(str(tmp_path / "c.duckdb"), read_only=True) as con:
         gaps = [r[0] for r in con.execute("SELECT ttfc_s - ttft_s FROM requests WHERE status = 'ok'").fetchall()]
-    assert len(gaps) == 20 and all(g >= 3 * 0.02 * 0.9 for g in gaps)  # three reasoning tokens 20 ms apart first
+    # Three 50 ms gaps separate the first reasoning delta from the first answer delta. A busy client can read the
+    # first delta late, which shortens one gap by its lag, so each gap is bounded by two token delays (a clock
+    # stopped one token early or at the first delta would give 50 ms or 0) and their median by 90 % of three.
+    assert len(gaps) == 20 and min(gaps) >= 2 * 0.05, sorted(gaps)
+    assert statistics.median(gaps) >= 3 * 0.05 * 0.9, sorted(gaps)
