@@ -203,11 +203,13 @@ def test_concurrency_cap_queues_arrivals_in_the_client_as_bench_serving_does(stu
         assert sum(1 for o in ok if o["sent_at"] <= r["sent_at"] < o["finished_at"]) <= 2
     assert [int(r["request_id"]) for r in ok] == sorted(int(r["request_id"]) for r in ok)  # in arrival order
     waits = [r["slot_wait_s"] for r in ok]
-    assert waits[0] < 0.02 and waits[-1] > 0.3  # the last waited for the eight before it, two at a time
-    for r in ok:
+    assert waits[0] < 0.1 and waits[-1] > 0.3  # the last waited for the eight before it, two at a time
+    for r in ok:  # identities, not bounds in ms: this test is not run alone (a busy host only shifts the clocks)
+        due = r["scheduled_at"] + r["slot_wait_s"]
         assert r["sent_at"] - r["scheduled_at"] == pytest.approx(r["slot_wait_s"] + r["dispatch_lag_s"], abs=1e-6)
-        assert r["ttft_s"] < 0.15 and r["e2e_s"] < 0.4  # the answer alone, not the wait
-        assert r["dispatch_lag_s"] < 0.05
+        assert r["ttft_s"] == pytest.approx(r["first_token_at"] - due, abs=1e-6)  # the answer alone, not the wait
+        assert r["e2e_s"] == pytest.approx(r["finished_at"] - due, abs=1e-6)
+        assert 0 <= r["dispatch_lag_s"] < 0.1
 
 
 def test_slots_go_to_the_waiters_in_arrival_order():
