@@ -21,6 +21,7 @@ difference is a served corrupt page. (A request's later chunks read its own KV, 
 from __future__ import annotations
 
 import json
+import os
 import tempfile
 import uuid
 from array import array
@@ -70,10 +71,17 @@ def model_dir() -> str:
     """A tiny Llama config.json for SGLang's ModelConfig (the batch reads vocab size and encoder flags)."""
     d = Path(tempfile.gettempdir()) / "capbench-kv-tiny-llama"
     d.mkdir(exist_ok=True)
-    (d / "config.json").write_text(json.dumps({
+    text = json.dumps({
         "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
         "num_attention_heads": 2, "num_key_value_heads": 1, "num_hidden_layers": 2, "vocab_size": 50_000,
-        "max_position_embeddings": 65_536, "torch_dtype": "bfloat16"}))
+        "max_position_embeddings": 65_536, "torch_dtype": "bfloat16"})
+    config = d / "config.json"
+    if not config.exists() or config.read_text() != text:
+        # Other test processes read this file while one writes it: a rename is atomic, a rewrite in place is not
+        # (a reader saw it empty and SGLang refused it as JSON).
+        with tempfile.NamedTemporaryFile("w", dir=d, suffix=".tmp", delete=False) as f:
+            f.write(text)
+        os.replace(f.name, config)
     return str(d)
 
 
