@@ -82,6 +82,6 @@ def test_the_readmes_plan_figures_are_the_commands():
     quoted = (f"{head['gpus']} GPUs, ${head['monthly_cost']:,.0f} a month, range {lo}-{hi} GPUs "
               f"(${clo:,.0f}-${chi:,.0f}")
     assert quoted in row, f"README.md quotes another plan than `capbench plan` gives: {quoted}"
-    assert head["summary"].startswith("3 x B200 tp4, NVFP4 experts") and "3 x B200 tp4 with NVFP4" in row
+    assert head["summary"].startswith("3 x B200 tp4 ep4, NVFP4 experts") and "3 x B200 tp4 ep4 with NVFP4" in row
     runner = re.search(r"(\d+P:\d+D) \((\d+) GPUs\), (\$[\d,]+)", head["runner_up"])
     assert runner and f"{runner[1]}, {runner[2]} GPUs, {runner[3]}" in row

@@ -40,7 +40,7 @@ if TYPE_CHECKING:
 
 LEVEL = 0.8
 FIGURES = ("output_tok_s", "ttft_ms", "tpot_ms")
-WIDEN = {"output_tok_s": 1.06, "ttft_ms": 0.98, "tpot_ms": 1.03}  # calibrate() on validation.json of the refit
+WIDEN = {"output_tok_s": 0.88, "ttft_ms": 0.89, "tpot_ms": 0.81}  # calibrate() on validation.json of the refit
 LATENCY_BOUND = 4
 THIN = 5  # fewer out-of-sample cases in a regime than this: said in words
 HOURS_PER_MONTH = 730

@@ -50,6 +50,7 @@ class Efficiency:
     ep_skew: float = 1.0  # routing imbalance beyond uniform top-k (multiplies the spread of per-rank load)
     stream_token_us: float = 100.0  # CPU time the server spends per streamed output token (detokenize, SSE, HTTP)
     kernel_scale: float = 1.0  # measured kernel-table latencies to this deployment's (host, clocks, fusion)
+    roofline_scale: float = 1.0  # the roofline's GPU time to this GPU's (fitted per GPU without kernel tables)
 
     def to_dict(self) -> dict:
         return asdict(self)

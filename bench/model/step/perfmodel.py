@@ -260,8 +260,9 @@ class PerfModel:
                    + self._gemm_s(samples * self.lm_flops, samples, "bf16")
                    + self.decode_attn * rank_ctx * v / self.peak["bf16"]
                    + self.prefill_attn * rank_pairs / self.attn_peak)
-        return {"memory": mem * layers_share, "compute": compute * layers_share, "fixed": self.fixed_s * layers_share,
-                "comm": self.layers * comm * layers_share, "launch": self.launch_s * layers_share if eager else 0.0,
+        gpu = layers_share * self.eff.roofline_scale  # a GPU without tables: its own scale of the GPU time
+        return {"memory": mem * gpu, "compute": compute * gpu, "fixed": self.fixed_s * gpu,
+                "comm": self.layers * comm * gpu, "launch": self.launch_s * layers_share if eager else 0.0,
                 "overhead": self.overhead_s}
 
     def _time(self, p: dict[str, float]) -> float:

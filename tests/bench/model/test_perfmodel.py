@@ -4,6 +4,7 @@ GPUs whose figures are by hand. The kernel-table step is tests/bench/model/test_
 
 import json
 import math
+from dataclasses import replace
 
 import pytest
 from hypothesis import given, settings
@@ -236,3 +237,21 @@ def test_dp_attention_prefills_a_long_prompt_on_one_group():
     tp8 = PerfModel(kimi(), priors())  # without DP attention the busiest chunk changes nothing
     assert tp8.step_time(0, 0, 8192, prefill_pairs(8192, 0), 8192, busiest=(8192, prefill_pairs(8192, 0))) == (
         tp8.step_time(0, 0, 8192, prefill_pairs(8192, 0), 8192))
+
+
+def test_roofline_scale_scales_the_gpu_time_of_a_gpu_without_tables_and_nothing_else(monkeypatch):
+    """MI300X (no kernel table) at roofline_scale 2: memory, compute, the kernels' fixed cost and the all-reduces
+    double; the CPU's launches and overhead do not. H200 on its tables ignores the factor."""
+    dep = Deployment(catalog.model("deepseek-v3"), catalog.gpu("mi300x"), 8)
+    eff = replace(load_efficiency("mi300x", fitted=False), roofline_scale=1.0)  # the corpus fit's is not 1
+    args = dict(prefill_tokens=512, prefill_attn=512 * 256, prefill_ctx=512)
+    one = PerfModel(dep, eff).parts(8, 8 * 2000, **args)
+    two = PerfModel(dep, replace(eff, roofline_scale=2.0)).parts(8, 8 * 2000, **args)
+    for term in ("memory", "compute", "fixed", "comm"):
+        assert two[term] == pytest.approx(2 * one[term]) and one[term] > 0, term
+    assert (two["launch"], two["overhead"]) == (one["launch"], one["overhead"]) and one["launch"] > 0
+    monkeypatch.delenv("CAPBENCH_PERF")
+    h200 = Deployment(catalog.model("kimi-k2-thinking"), catalog.gpu("h200"), 8)
+    base = load_efficiency("h200", fitted=False)
+    assert PerfModel(h200, replace(base, roofline_scale=3.0)).step_time(32, 32 * 4000) == \
+        PerfModel(h200, base).step_time(32, 32 * 4000)
