@@ -85,3 +85,36 @@ def test_the_readmes_plan_figures_are_the_commands():
     assert head["summary"].startswith("3 x B200 tp4 ep4, NVFP4 experts") and "3 x B200 tp4 ep4 with NVFP4" in row
     runner = re.search(r"(\d+P:\d+D) \((\d+) GPUs\), (\$[\d,]+)", head["runner_up"])
     assert runner and f"{runner[1]}, {runner[2]} GPUs, {runner[3]}" in row
+
+
+def fp8_rows() -> list[str]:
+    """docs/planning.md's FP8 KV table as bench/model/advice/fp8_kv.py gives it: tp8, 8k context, backends that
+    give the same figures on one row."""
+    from bench.model import catalog, fp8_kv
+    from bench.model.fits.capacity import Deployment
+
+    rows = []
+    for m in ("kimi-k2-thinking", "glm-4.6"):
+        for g in ("h200", "b200"):
+            groups: dict[tuple, list[str]] = {}
+            for e in fp8_kv.effects(Deployment(catalog.model(m), catalog.gpu(g), 8)):
+                by = "kernel tables" if e.priced_by == "kernel tables" else "attention by the roofline (no table)"
+                key = (f"{e.pool_ratio:.2f}x", f"{e.step_ratio - 1:+.0%}", f"{e.throughput_ratio:.2f}x", by)
+                groups.setdefault(key, []).append(e.backend)
+            rows += [f"| {m} | {g} | {' / '.join(v)} | {' | '.join(k)} |" for k, v in groups.items()]
+    return rows
+
+
+def test_the_fp8_kv_figures_in_the_docs_are_the_models():
+    """The FP8 KV table of docs/planning.md and the README's Kimi-on-H200 row quote fp8_kv.effects (they went stale
+    once: a refit moved them and nothing said so)."""
+    planning = (ROOT / "docs" / "planning.md").read_text()
+    rows = fp8_rows()
+    missing = [r for r in rows if r not in planning]
+    assert not missing, "docs/planning.md's FP8 KV table is not the model's: " + "; ".join(missing)
+    fa3 = next(r for r in rows if r.startswith("| kimi-k2-thinking | h200 | fa3 |")).split(" | ")
+    row = next(line for line in README.read_text().splitlines() if line.startswith("| FP8 KV for Kimi K2 on H200"))
+    step = 1 + int(fa3[4].rstrip("%")) / 100
+    assert f"takes {step:.1f}x BF16's and tok/s falls to {fa3[5]}" in row, row
+    flashmla = next(r for r in rows if r.startswith("| kimi-k2-thinking | h200 | flashmla")).split(" | ")
+    assert f"roofline, {flashmla[4].rstrip('%')} %" in row, row
