@@ -75,13 +75,10 @@ def model_dir() -> str:
         "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
         "num_attention_heads": 2, "num_key_value_heads": 1, "num_hidden_layers": 2, "vocab_size": 50_000,
         "max_position_embeddings": 65_536, "torch_dtype": "bfloat16"})
-    config = d / "config.json"
-    if not config.exists() or config.read_text() != text:
-        # Other test processes read this file while one writes it: a rename is atomic, a rewrite in place is not
-        # (a reader saw it empty and SGLang refused it as JSON).
-        with tempfile.NamedTemporaryFile("w", dir=d, suffix=".tmp", delete=False) as f:
-            f.write(text)
-        os.replace(f.name, config)
+    # other test processes read it meanwhile: a rename is atomic, a rewrite in place is not (one read it empty)
+    with tempfile.NamedTemporaryFile("w", dir=d, suffix=".tmp", delete=False) as f:
+        f.write(text)
+    os.replace(f.name, d / "config.json")
     return str(d)
 
 
