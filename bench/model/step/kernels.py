@@ -79,28 +79,48 @@ def pick(have: tuple[str, ...], version: str | None) -> tuple[str | None, str]:
 
 @dataclass(frozen=True)
 class Curve:
-    """y(x) from measured points, interpolated linearly in (log x, log y); extrapolated along the end segments."""
+    """y(x) from measured points, interpolated linearly in (log x, log y); extrapolated along the end segments.
+    inside: the (log x) range where it is measured, when that is not lx's ends (a Surface's slice)."""
     lx: tuple[float, ...]
     ly: tuple[float, ...]
+    inside: tuple[float, float] | None = None
 
     @classmethod
     def of(cls, xs, ys) -> Curve:
         pts = sorted({float(x): float(y) for x, y in zip(xs, ys, strict=True) if x > 0 and y > 0}.items())
         return cls(tuple(math.log(x) for x, _ in pts), tuple(math.log(y) for _, y in pts))
 
-    def __call__(self, x: float) -> tuple[float, bool]:
+    def log_at(self, t: float) -> float:
+        """log y at log x = t."""
         lx, ly = self.lx, self.ly
         if len(lx) == 1:
-            return math.exp(ly[0]), x != math.exp(lx[0])
+            return ly[0]
+        i = min(max(bisect_left(lx, t), 1), len(lx) - 1)
+        return ly[i - 1] + (t - lx[i - 1]) / (lx[i] - lx[i - 1]) * (ly[i] - ly[i - 1])
+
+    def __call__(self, x: float) -> tuple[float, bool]:
+        lx, ly = self.lx, self.ly
         t = math.log(max(x, 1e-9))
+        lo, hi = self.inside or (lx[0], lx[-1])
+        if len(lx) == 1:
+            return math.exp(ly[0]), t != lo or t != hi
         i = min(max(bisect_left(lx, t), 1), len(lx) - 1)
         w = (t - lx[i - 1]) / (lx[i] - lx[i - 1])
-        out = t < lx[0] or t > lx[-1]
-        return math.exp(ly[i - 1] + w * (ly[i] - ly[i - 1])), out
+        return math.exp(ly[i - 1] + w * (ly[i] - ly[i - 1])), t < lo or t > hi
 
     @property
     def span(self) -> tuple[float, float]:
         return math.exp(self.lx[0]), math.exp(self.lx[-1])
+
+
+def blend(c0: Curve, c1: Curve, w: float) -> Curve:
+    """The curve whose log y is c0's + w x (c1's - c0's) at every x: piecewise linear in log x on the union of their
+    points, so one lookup prices what two did (a Surface at one a; a decode span asks one batch size thousands of
+    times). Measured where both are."""
+    lx = tuple(sorted(set(c0.lx) | set(c1.lx)))
+    ly = tuple(c0.log_at(t) + w * (c1.log_at(t) - c0.log_at(t)) for t in lx)
+    ins = [c.inside or (c.lx[0], c.lx[-1]) for c in (c0, c1)]
+    return Curve(lx, ly, (max(ins[0][0], ins[1][0]), min(ins[0][1], ins[1][1])))
 
 
 @dataclass(frozen=True)
@@ -111,23 +131,27 @@ class Surface:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "la", [math.log(x) for x in self.a])
-        object.__setattr__(self, "_at", {})  # a -> its two curves and weight: a decode span asks one batch size
+        object.__setattr__(self, "_at", {})  # a -> its slice and whether a is outside the table
+
+    def at(self, a: float) -> tuple[Curve, bool]:
+        """The surface at one a, as a curve over b, and whether a lies outside the measured a."""
+        hit = self._at.get(a)
+        if hit is None:
+            if len(self.a) == 1:
+                hit = (self.curves[0], a != self.a[0])
+            else:
+                la = self.la
+                t = math.log(max(a, 1e-9))
+                i = min(max(bisect_left(la, t), 1), len(la) - 1)
+                w = (t - la[i - 1]) / (la[i] - la[i - 1])
+                hit = (blend(self.curves[i - 1], self.curves[i], w), t < la[0] or t > la[-1])
+            self._at[a] = hit
+        return hit
 
     def __call__(self, a: float, b: float) -> tuple[float, bool]:
-        if len(self.a) == 1:
-            y, out = self.curves[0](b)
-            return y, out or a != self.a[0]
-        at = self._at.get(a)
-        if at is None:
-            la = self.la
-            t = math.log(max(a, 1e-9))
-            i = min(max(bisect_left(la, t), 1), len(la) - 1)
-            at = self._at[a] = (self.curves[i - 1], self.curves[i], (t - la[i - 1]) / (la[i] - la[i - 1]),
-                                t < la[0] or t > la[-1])
-        c0, c1, w, out = at
-        y0, o0 = c0(b)
-        y1, o1 = c1(b)
-        return math.exp(math.log(y0) + w * (math.log(y1) - math.log(y0))), o0 or o1 or out
+        curve, out = self.at(a)
+        y, o = curve(b)
+        return y, o or out
 
 
 @cache
