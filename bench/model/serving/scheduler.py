@@ -287,7 +287,8 @@ class Scheduler:
         n = len(self.decoding)
         if not n or self.prefilling or self.waiting or self.inbox:
             return None
-        k = min(self.heap[0][0] - self.steps if self.heap else 0, self.free_tokens // (self.per_step * n), MAX_SPAN)
+        room = self.free_tokens + self.cache.evictable_tokens  # plan() would evict the unheld cache step by step
+        k = min(self.heap[0][0] - self.steps if self.heap else 0, room // (self.per_step * n), MAX_SPAN)
         if k < 2:
             return None
         ctx = self._decode_ctx()
@@ -299,9 +300,19 @@ class Scheduler:
             mid = self.perf.step_time(n, int(ctx + grow * (k - 1) / 2))
             total = k * (t0 + 4 * mid + self.perf.step_time(n, int(ctx + grow * (k - 1)))) / 6
             if total <= gap:
+                self._evict_for_span(n, k)
                 return Step([], n, ctx, total, span=k)
             k = min(k - 1, int(k * gap / total))
         return None
+
+    def _evict_for_span(self, n: int, k: int) -> None:
+        """The blocks plan()'s _make_room would evict over k decode steps, evicted now: its step j needs
+        per_step * n tokens free after j - 1 steps' accept * n, and each eviction rounds up to whole blocks, so
+        over the span it evicts exactly the blocks that cover the last step's need, oldest first. Nothing enters
+        or leaves the cache between (a span ends at the first finish), so the cache ends the span as it would."""
+        need = self.per_step * n + self.accept * n * (k - 1) - self.free_tokens
+        if need > 0:
+            self.cache.evict(need)
 
     def commit(self, step: Step, now: float) -> tuple[list[Request], list[Request]]:
         """Apply a planned step that ended at `now`: (requests that got their first token, requests done)."""
