@@ -90,8 +90,7 @@ class Curve:
         pts = sorted({float(x): float(y) for x, y in zip(xs, ys, strict=True) if x > 0 and y > 0}.items())
         return cls(tuple(math.log(x) for x, _ in pts), tuple(math.log(y) for _, y in pts))
 
-    def log_at(self, t: float) -> float:
-        """log y at log x = t."""
+    def log_at(self, t: float) -> float:  # log y at log x = t
         lx, ly = self.lx, self.ly
         if len(lx) == 1:
             return ly[0]
@@ -99,14 +98,9 @@ class Curve:
         return ly[i - 1] + (t - lx[i - 1]) / (lx[i] - lx[i - 1]) * (ly[i] - ly[i - 1])
 
     def __call__(self, x: float) -> tuple[float, bool]:
-        lx, ly = self.lx, self.ly
         t = math.log(max(x, 1e-9))
-        lo, hi = self.inside or (lx[0], lx[-1])
-        if len(lx) == 1:
-            return math.exp(ly[0]), t != lo or t != hi
-        i = min(max(bisect_left(lx, t), 1), len(lx) - 1)
-        w = (t - lx[i - 1]) / (lx[i] - lx[i - 1])
-        return math.exp(ly[i - 1] + w * (ly[i] - ly[i - 1])), t < lo or t > hi
+        lo, hi = self.inside or (self.lx[0], self.lx[-1])
+        return math.exp(self.log_at(t)), t < lo or t > hi
 
     @property
     def span(self) -> tuple[float, float]:
@@ -135,18 +129,13 @@ class Surface:
 
     def at(self, a: float) -> tuple[Curve, bool]:
         """The surface at one a, as a curve over b, and whether a lies outside the measured a."""
-        hit = self._at.get(a)
-        if hit is None:
-            if len(self.a) == 1:
-                hit = (self.curves[0], a != self.a[0])
-            else:
-                la = self.la
-                t = math.log(max(a, 1e-9))
-                i = min(max(bisect_left(la, t), 1), len(la) - 1)
-                w = (t - la[i - 1]) / (la[i] - la[i - 1])
-                hit = (blend(self.curves[i - 1], self.curves[i], w), t < la[0] or t > la[-1])
-            self._at[a] = hit
-        return hit
+        if a not in self._at:
+            la, t = self.la, math.log(max(a, 1e-9))
+            i = min(max(bisect_left(la, t), 1), len(la) - 1)
+            self._at[a] = (self.curves[0], a != self.a[0]) if len(la) == 1 else \
+                (blend(self.curves[i - 1], self.curves[i], (t - la[i - 1]) / (la[i] - la[i - 1])),
+                 t < la[0] or t > la[-1])
+        return self._at[a]
 
     def __call__(self, a: float, b: float) -> tuple[float, bool]:
         curve, out = self.at(a)
