@@ -280,7 +280,7 @@ class Scheduler:
 
     def decode_span(self, gap: float) -> Step | None:
         """Decode steps with nothing between them (no request waiting, arriving within `gap` seconds, prefilling or
-        finishing before the last, and KV room for all of them without evicting), as one Step whose duration is
+        finishing before the last, and KV room for all of them, free or unheld cache), as one Step whose duration is
         their sum: Simpson's rule over the growing context (exact where a step's time is quadratic in it). None
         when fewer than two such steps come next: plan() then takes the next step alone. Virtual time only (the
         twin takes each step)."""

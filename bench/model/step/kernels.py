@@ -129,13 +129,13 @@ class Surface:
 
     def at(self, a: float) -> tuple[Curve, bool]:
         """The surface at one a, as a curve over b, and whether a lies outside the measured a."""
-        if a not in self._at:
-            la, t = self.la, math.log(max(a, 1e-9))
+        hit = self._at.get(a)
+        if hit is None:
+            la, c, t = self.la, self.curves, math.log(max(a, 1e-9))
             i = min(max(bisect_left(la, t), 1), len(la) - 1)
-            self._at[a] = (self.curves[0], a != self.a[0]) if len(la) == 1 else \
-                (blend(self.curves[i - 1], self.curves[i], (t - la[i - 1]) / (la[i] - la[i - 1])),
-                 t < la[0] or t > la[-1])
-        return self._at[a]
+            hit = self._at[a] = (c[0], a != self.a[0]) if len(la) == 1 else \
+                (blend(c[i - 1], c[i], (t - la[i - 1]) / (la[i] - la[i - 1])), t < la[0] or t > la[-1])
+        return hit
 
     def __call__(self, a: float, b: float) -> tuple[float, bool]:
         curve, out = self.at(a)
