@@ -199,10 +199,7 @@ class Scheduler:
         while self.waiting and budget > 0 and self.num_running < self.max_running:
             req = self.waiting[0]
             length = req.prompt_len + req.gen_base  # a retracted request recomputes its output too
-            if self._head_match[0] is not req or self._head_match[1] != self.cache.version:
-                hit = min(self.cache.match(req.prompt_keys), (length - 1) // bs)
-                self._head_match = (req, self.cache.version, hit, self.cache.unheld(req.prompt_keys[:hit]))
-            matched, unheld = self._head_match[2], self._head_match[3]
+            matched, unheld = self._head()
             extend = length - matched * bs
             need = extend + min(req.max_new - req.gen_base, CLIP_MAX_NEW_TOKENS) * self.new_token_ratio
             room = self.free_tokens + self.cache.evictable_tokens
@@ -230,6 +227,36 @@ class Scheduler:
             batch.append((req, n))
             budget -= n
         return batch
+
+    def _head(self) -> tuple[int, int]:
+        """The queue head's cached leading blocks and how many of them nobody holds, computed once per cache state."""
+        req, bs = self.waiting[0], self.cache.block_size
+        if self._head_match[0] is not req or self._head_match[1] != self.cache.version:
+            hit = min(self.cache.match(req.prompt_keys), (req.prompt_len + req.gen_base - 1) // bs)
+            self._head_match = (req, self.cache.version, hit, self.cache.unheld(req.prompt_keys[:hit]))
+        return self._head_match[2], self._head_match[3]
+
+    def _head_waits(self, n: int, k: int) -> int:
+        """Of the next k decode steps, how many the queue's head stays out through, as _admit judges it before each
+        (0: it may enter now). A full house waits for a finish, which ends a span anyway. Else, step j on, the KV
+        room shrinks by j x accept x n tokens and the reserve and the head's need follow new_token_ratio's decay;
+        evicting for the steps only shortens the head's cached prefix, which keeps it out. Within a hair of the
+        bound counts as entering: plan() then decides, step by step."""
+        if not self.waiting or self.num_running >= self.max_running:
+            return k
+        req, bs = self.waiting[0], self.cache.block_size
+        matched, unheld = self._head()
+        extend = req.prompt_len + req.gen_base - matched * bs
+        out = min(req.max_new - req.gen_base, CLIP_MAX_NEW_TOKENS)
+        room = self.free_tokens + self.cache.evictable_tokens - bs * unheld
+        left = self.sum_budget - self.sum_gen_base - self.accept * (n * self.steps - self.sum_d0)
+        grow, decay = self.accept * n, (INIT_NEW_TOKEN_RATIO - MIN_NEW_TOKEN_RATIO) / RATIO_DECAY_STEPS
+        for j in range(k):
+            ratio = max(MIN_NEW_TOKEN_RATIO, self.new_token_ratio - j * decay)
+            room_j, margin = room - j * grow, 1e-6 * (room + extend + out) + 1.0
+            if extend <= room_j + margin and extend + out * ratio <= room_j - max(0, left - j * grow) * ratio + margin:
+                return j
+        return k
 
     def _make_room(self) -> None:
         """A decode step needs one KV token per running request: evict, then retract (fewest outputs first)."""
@@ -279,17 +306,17 @@ class Scheduler:
         return Step(prefill, n, ctx, self.perf.step_time(n, ctx, tokens, pairs, kv, busiest=busiest))
 
     def decode_span(self, gap: float) -> Step | None:
-        """Decode steps with nothing between them (no request waiting, arriving within `gap` seconds, prefilling or
-        finishing before the last, and KV room for all of them, free or unheld cache), as one Step whose duration is
-        their sum: Simpson's rule over the growing context (exact where a step's time is quadratic in it). None
-        when fewer than two such steps come next: plan() then takes the next step alone. Virtual time only (the
-        twin takes each step)."""
+        """Decode steps with nothing between them (no request admitted (_head_waits), arriving within `gap` seconds,
+        prefilling or finishing before the last, and KV room for all of them, free or unheld cache), as one Step
+        whose duration is their sum: Simpson's rule over the growing context (exact where a step's time is quadratic
+        in it). None when fewer than two such steps come next: plan() then takes the next step alone. Virtual time
+        only (the twin takes each step)."""
         n = len(self.decoding)
-        if not n or self.prefilling or self.waiting or self.inbox:
+        if not n or self.prefilling or self.inbox:
             return None
         room = self.free_tokens + self.cache.evictable_tokens  # plan() would evict the unheld cache step by step
         k = min(self.heap[0][0] - self.steps if self.heap else 0, room // (self.per_step * n), MAX_SPAN)
-        if k < 2:
+        if k < 2 or (k := self._head_waits(n, int(k))) < 2:
             return None
         ctx = self._decode_ctx()
         t0 = self.perf.step_time(n, ctx)
