@@ -235,15 +235,17 @@ def recommendation(plan: Plan) -> str:
             f"passes its bound). {interval(rec, plan.question.slo.percentile) or ''}").strip()
 
 
-def saving_words(s: Saving) -> str:
-    """One step of the savings decomposition in one line."""
+def saving_words(s: Saving, then: bool = False) -> str:
+    """One step of the savings decomposition in one line; then: a later step, counted from the one before it (the
+    steps add up: two equal savings are two steps, not one counted twice)."""
     ratios = f"{s.kv_tokens_ratio:.2f}x KV tokens, {s.rate_ratio:.2f}x req/s an instance"
+    what, more = (f"Then {s.what}", " more") if then else (s.what, "")
     if s.saves_usd > 0:
-        return f"{s.what}: saves ${s.saves_usd:,.0f} a month ({ratios})"
+        return f"{what}: saves ${s.saves_usd:,.0f} a month{more} ({ratios})"
     if s.saves_usd < 0:
-        return f"{s.what}: costs ${-s.saves_usd:,.0f} a month more ({ratios})"
+        return f"{what}: costs ${-s.saves_usd:,.0f} a month more ({ratios})"
     room = s.kv_tokens_ratio > 1 and s.rate_ratio >= 1
-    return f"{s.what}: no saving at this load ({ratios}){': headroom' if room else ''}"
+    return f"{what}: no saving at this load ({ratios}){': headroom' if room else ''}"
 
 
 def shell_wrapped(command: str, width: int) -> list[str]:
@@ -274,8 +276,8 @@ def headline_lines(h: Headline, width: int = 100, launch: bool = True) -> list[s
         (g0, g1), (c0, c1) = h.gpus_range, h.cost_range
         figures += f"; range {g0}-{g1} GPUs, ${c0:,.0f}-${c1:,.0f} a month ({h.interval_basis})"
     out += wrap(figures)
-    for s in h.savings:
-        out += wrap(saving_words(s))
+    for i, s in enumerate(h.savings):
+        out += wrap(saving_words(s, then=i > 0))
     for r in h.risks:
         out += wrap(f"Risk: {r}.")
     out += wrap(h.runner_up)
