@@ -121,12 +121,13 @@ class Scheduler:
         n = len(self.decoding)
         return self.sum_prompt + self.sum_gen_base + int(self.accept * (n * self.steps - self.sum_d0))
 
-    def _reserve(self) -> float:
-        """Output tokens the running requests are still expected to need (SGLang clips each at 4096)."""
+    def _reserve(self, ahead: int = 0, ratio: float | None = None) -> float:
+        """Output tokens the running requests are still expected to need (SGLang clips each at 4096); `ahead`
+        decode steps from now, at that new_token_ratio."""
         n = len(self.decoding)
-        gen = self.sum_gen_base + self.accept * (n * self.steps - self.sum_d0)
+        gen = self.sum_gen_base + self.accept * (n * (self.steps + ahead) - self.sum_d0)
         pending = sum(min(r.max_new, CLIP_MAX_NEW_TOKENS) - r.gen_base for r in self.prefilling)
-        return max(0, self.sum_budget - gen + pending) * self.new_token_ratio
+        return max(0, self.sum_budget - gen + pending) * (self.new_token_ratio if ratio is None else ratio)
 
     # ---- requests in and out
     def submit(self, req: Request) -> None:
@@ -249,12 +250,11 @@ class Scheduler:
         extend = req.prompt_len + req.gen_base - matched * bs
         out = min(req.max_new - req.gen_base, CLIP_MAX_NEW_TOKENS)
         room = self.free_tokens + self.cache.evictable_tokens - bs * unheld
-        left = self.sum_budget - self.sum_gen_base - self.accept * (n * self.steps - self.sum_d0)
         grow, decay = self.accept * n, (INIT_NEW_TOKEN_RATIO - MIN_NEW_TOKEN_RATIO) / RATIO_DECAY_STEPS
         for j in range(k):
             ratio = max(MIN_NEW_TOKEN_RATIO, self.new_token_ratio - j * decay)
             room_j, margin = room - j * grow, 1e-6 * (room + extend + out) + 1.0
-            if extend <= room_j + margin and extend + out * ratio <= room_j - max(0, left - j * grow) * ratio + margin:
+            if extend <= room_j + margin and extend + out * ratio <= room_j - self._reserve(j, ratio) + margin:
                 return j
         return k
 
