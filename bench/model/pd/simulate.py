@@ -32,9 +32,9 @@ def schedulers(shape: disagg.Shape, eff: Efficiency | None = None) -> tuple[Sche
     pcap = capacity(pre, with_ratios=False)
     pool = disagg.decode_pool(shape)
     prefill = Scheduler(disagg.PDPerfModel(shape, "prefill", eff), pcap.kv_pool_tokens_total,
-                        pcap.max_running_requests, disagg.chunk(shape) * pre.dp, BLOCK)
+                        pcap.max_running_requests, disagg.chunk(shape) * pre.dp, BLOCK, runs=True)
     decode = Scheduler(disagg.PDPerfModel(shape, "decode", eff), pool.tokens_per_rank * dec.dp,
-                       pool.max_running_per_rank * dec.dp, disagg.chunk(shape) * dec.dp, BLOCK)
+                       pool.max_running_per_rank * dec.dp, disagg.chunk(shape) * dec.dp, BLOCK, runs=True)
     return prefill, decode
 
 

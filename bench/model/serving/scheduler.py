@@ -27,10 +27,11 @@ from __future__ import annotations
 import heapq
 import math
 from collections import deque
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 
 from bench.model.serving.prefix_cache import PrefixCache
+from bench.model.serving.run_cache import RunCache
 from bench.model.step.perfmodel import PerfModel, prefill_pairs
 
 CLIP_MAX_NEW_TOKENS = 4096
@@ -45,8 +46,8 @@ class Request:
     prompt_len: int
     max_new: int  # output tokens it will produce (the caller resolves EOS, ignore_eos and max_tokens)
     arrival: float
-    prompt_keys: list[Hashable] = field(default_factory=list)  # keys of the prompt's full blocks
-    seq_keys: Callable[[int], list[Hashable]] | None = None  # keys of the first n tokens' full blocks, at finish
+    prompt_keys: Sequence[Hashable] = field(default_factory=list)  # keys of the prompt's full blocks (or Runs)
+    seq_keys: Callable[[int], Sequence[Hashable]] | None = None  # keys of the first n tokens' full blocks, at finish
     state: str = "new"  # waiting | prefill | running | done | aborted
     cached_tokens: int = 0
     prefilled: int = 0
@@ -54,7 +55,7 @@ class Request:
     finish: float | None = None
     retractions: int = 0
     # internal accounting
-    blocks: list[Hashable] = field(default_factory=list)
+    blocks: Sequence[Hashable] = field(default_factory=list)
     private: int = 0
     gen_base: int = 0
     d0: int = 0
@@ -72,7 +73,7 @@ class Step:
 
 class Scheduler:
     def __init__(self, perf: PerfModel, pool_tokens: int, max_running: int, chunk: int, block_size: int = 16,
-                 mixed_chunk: bool = False, recv_interval: int = 1) -> None:
+                 mixed_chunk: bool = False, recv_interval: int = 1, runs: bool = False) -> None:
         self.perf, self.pool, self.max_running, self.chunk = perf, pool_tokens, max_running, chunk
         self.mixed_chunk, self.recv_interval = mixed_chunk, max(1, recv_interval)
         self.inbox: deque[Request] = deque()  # submitted, not yet taken in (SGLang's --scheduler-recv-interval)
@@ -80,7 +81,7 @@ class Scheduler:
         # DP attention: SGLang divides chunked_prefill_size by the DP size (each rank schedules its own requests),
         # so one request prefills at most chunk // dp tokens a step while the step's total stays `chunk`
         self.rank_chunk = max(1, chunk // max(1, getattr(perf, "dp", 1)))
-        self.cache = PrefixCache(block_size)
+        self.cache = RunCache(block_size) if runs else PrefixCache(block_size)  # runs: the requests' keys are Runs
         self.waiting: deque[Request] = deque()
         self.prefilling: list[Request] = []  # admitted, prompt not done (DP attention: one part-way a rank)
         self.decoding: dict[Request, None] = {}  # ordered by admission: a replay is the same in every process
@@ -157,7 +158,7 @@ class Scheduler:
             self.private -= bs * len(keys)
             req.private -= bs * len(keys)
         self.cache.unlock(req.blocks)
-        req.blocks = []
+        req.blocks = req.blocks[:0]
         self.private -= req.private
         req.private = 0
 

@@ -68,7 +68,7 @@ def make_scheduler(dep: Deployment, eff: Efficiency | None = None) -> Scheduler:
     if not cap.fits:
         raise BadInput(f"{dep.model.id} does not fit {dep.tp} x {dep.gpu.id} with {dep.weights} weights")
     return Scheduler(PerfModel(dep, eff), cap.kv_pool_tokens_total, cap.max_running_requests,
-                     memory_tier(dep.gpu, dep.tp)[0], BLOCK)
+                     memory_tier(dep.gpu, dep.tp)[0], BLOCK, runs=True)
 
 
 def _overlap(a: float, b: float, lo: float, hi: float) -> float:

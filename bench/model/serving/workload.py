@@ -26,6 +26,7 @@ from pathlib import Path
 
 from bench.errors import BadInput
 from bench.model.fits.catalog import DATA
+from bench.model.serving.run_cache import Runs
 from bench.model.serving.scheduler import Request
 from loadgen import workloads as lg
 
@@ -75,24 +76,24 @@ def draw(lengths: lg.Lengths, rng: random.Random) -> int:
     return max(1, max(int(p.get("min", 1)), min(int(p.get("max", 1 << 20)), n)))
 
 
-def _keys(runs: list[tuple[int, int | None]], block: int) -> Callable[[int], list[int]]:
+def _keys(runs: list[tuple[int, int | None]], block: int) -> Callable[[int], Runs]:
     """Block keys of a sequence made of runs [(end_token, owner), ...]: block i belongs to the owner of its last
     token, keyed owner * 2**24 + i. Position keys are enough: an owner's content at a position never changes.
     A run owned by None is the request's own content: no one else can share it, so it and all after it get no
     keys (they are simply freed at the end, as an unshared radix node would be evicted first)."""
 
-    def keys(n: int) -> list[int]:
+    def keys(n: int) -> Runs:
         out, lo, blocks = [], 0, n // block
         for end, owner in runs:
             hi = min(end // block, blocks)
             if owner is None:
                 break
             base = owner << 24
-            out += range(base + lo, base + hi)
+            out.append((base + lo, base + hi))
             lo = hi
             if hi >= blocks:
                 break
-        return out
+        return Runs(out)
 
     return keys
 
