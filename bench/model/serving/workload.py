@@ -106,6 +106,7 @@ class _Sessions:
         self.turns = int(wl.options.get("turns", 4))
         self.first_owner = first_owner
         self.drawn: dict[int, list[int]] = {}
+        self.tool = lg.Lengths.parse(wl.options.get("tool_output", lg.DEFAULT_TOOL_OUTPUT))  # agentic_coding's
 
     def of(self, i: int) -> tuple[int, int]:
         block, r = divmod(i, self.concurrent * self.turns)
@@ -149,43 +150,54 @@ def _prompt(wl: Workload, i: int, rng: random.Random, sessions: _Sessions | None
         return runs + [(prompt, owner)], prompt, segs[-1]
     # agentic_coding: system, task, then (assistant call, tool result) per earlier turn
     system = int(o.get("system_tokens", 4096))
-    tool = lg.Lengths.parse(o.get("tool_output", lg.DEFAULT_TOOL_OUTPUT))
+    tool = sessions.tool
     segs = sessions.lengths(session, 1 + turn, lambda k: draw(wl.input, rng) if k == 0 else
                             draw(wl.output, rng) // 4 + draw(tool, rng) + 40)
     prompt = system + sum(segs)
     return [(system, 1), (prompt, owner)], prompt, draw(wl.output, rng)
 
 
-_bursts: dict[tuple, list[tuple]] = {}  # the screen's bursts: every configuration of a plan gets the same requests
-BURST_CACHE, BURSTS_KEPT = 1000, 8  # bursts of up to this many requests are kept, the last used ones (~20 MB each)
+class _Stream:
+    """The requests of one seeded draw, drawn as far as asked and kept: request i and its gap before it (as
+    -log(1 - u) of one uniform draw, divided by the rate: random.expovariate's arithmetic) do not depend on the rate
+    or on how many come after, so a rate search draws its requests once and each rate only spaces them out."""
+
+    def __init__(self, wl: Workload, seed: int, paced: bool, block: int, context: int) -> None:
+        self.wl, self.paced, self.block, self.context = wl, paced, block, context
+        self.rng = random.Random(seed)
+        groups = int(wl.options.get("groups", 8)) * (1 + int(wl.options.get("questions", 0) or 0))
+        self.sessions = _Sessions(wl, 2 + groups) if wl.type in ("multi_turn", "agentic_coding") else None
+        self.sharegpt = wl.sharegpt_pairs() if wl.type == "sharegpt" else None
+        self.drawn: list[tuple] = []  # (rid, prompt tokens, answer tokens, unit gap, prompt's keys, keys of n tokens)
+
+    def upto(self, n: int) -> list[tuple]:
+        for i in range(len(self.drawn), n):
+            gap = -math.log(1.0 - self.rng.random()) if self.paced else 0.0
+            runs, prompt, answer = _prompt(self.wl, i, self.rng, self.sessions, self.sharegpt)
+            prompt = min(prompt, self.context - 1)
+            answer = max(1, min(answer, self.context - prompt))
+            keys = _keys(runs + [(prompt + answer, None)], self.block)
+            self.drawn.append((str(i), prompt, answer, gap, keys(prompt), keys))
+        return self.drawn[:n]
+
+
+_streams: dict[tuple, _Stream] = {}  # every rate of a search and every configuration of a plan: the same requests
+STREAMS_KEPT = 8  # the last used draws (a 3,200-request agentic draw is ~2 MB)
 
 
 def make_requests(wl: Workload, rate: float, n: int, seed: int, block: int, context: int) -> list[Request]:
-    """n requests arriving as a Poisson process of `rate` per second (rate <= 0 or inf: all at time 0)."""
-    if 0 < rate < math.inf or n > BURST_CACHE:
-        return [Request(*r) for r in _drawn(wl, rate, n, seed, block, context)]
-    key = (json.dumps(wl.to_dict(), sort_keys=True, default=str), n, seed, block, context)
-    burst = _bursts[key] = _bursts.pop(key, None) or _drawn(wl, rate, n, seed, block, context)
-    while len(_bursts) > BURSTS_KEPT:
-        del _bursts[next(iter(_bursts))]  # the least recently used
-    return [Request(*r) for r in burst]  # fresh requests: the scheduler changes them
-
-
-def _drawn(wl: Workload, rate: float, n: int, seed: int, block: int, context: int) -> list[tuple]:
-    """(rid, prompt tokens, answer tokens, arrival, prompt's block keys, keys of the first n tokens) of each."""
-    rng = random.Random(seed)
-    groups = int(wl.options.get("groups", 8)) * (1 + int(wl.options.get("questions", 0) or 0))
-    sessions = _Sessions(wl, 2 + groups) if wl.type in ("multi_turn", "agentic_coding") else None
-    sharegpt = wl.sharegpt_pairs() if wl.type == "sharegpt" else None
+    """n requests arriving as a Poisson process of `rate` per second (rate <= 0 or inf: all at time 0); fresh
+    Request objects each call (a simulation changes them), drawn once per workload, seed, block and context."""
+    paced = 0 < rate < math.inf
+    key = (json.dumps(wl.to_dict(), sort_keys=True, default=str), seed, paced, block, context)
+    stream = _streams[key] = _streams.pop(key, None) or _Stream(wl, seed, paced, block, context)
+    while len(_streams) > STREAMS_KEPT:
+        del _streams[next(iter(_streams))]  # the least recently used
     t, out = 0.0, []
-    for i in range(n):
-        if 0 < rate < math.inf:
-            t += rng.expovariate(rate)
-        runs, prompt, answer = _prompt(wl, i, rng, sessions, sharegpt)
-        prompt = min(prompt, context - 1)
-        answer = max(1, min(answer, context - prompt))
-        keys = _keys(runs + [(prompt + answer, None)], block)
-        out.append((str(i), prompt, answer, t, keys(prompt), keys))
+    for rid, prompt, answer, gap, prompt_keys, keys in stream.upto(n):
+        if paced:
+            t += gap / rate
+        out.append(Request(rid, prompt, answer, t, prompt_keys, keys))
     return out
 
 

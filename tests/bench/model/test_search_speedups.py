@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 import random
 from collections import OrderedDict
-from dataclasses import asdict, fields
+from dataclasses import asdict
 
 import pytest
 
@@ -93,26 +93,45 @@ def test_the_prefix_cache_keeps_the_per_block_bookkeeping():
     assert most_evictable > 100 and any(v > 1 for v in slow.ref.values())  # shared and evictable blocks were met
 
 
-def test_a_burst_is_drawn_once_and_each_run_gets_fresh_requests(monkeypatch):
-    monkeypatch.setattr(workload, "_bursts", {})
+def _fresh_draw(wl, rate, n, seed, block, context):
+    """The requests as make_requests drew them before draws were kept: one seeded stream, each request's Poisson gap
+    (random.expovariate) drawn just before its lengths."""
+    rng = random.Random(seed)
+    sessions = workload._Sessions(wl, 2 + int(wl.options.get("groups", 8)))
+    t, out = 0.0, []
+    for i in range(n):
+        if 0 < rate < math.inf:
+            t += rng.expovariate(rate)
+        runs, prompt, answer = workload._prompt(wl, i, rng, sessions, None)
+        prompt = min(prompt, context - 1)
+        answer = max(1, min(answer, context - prompt))
+        keys = workload._keys(runs + [(prompt + answer, None)], block)
+        out.append((str(i), prompt, answer, t, list(keys(prompt)), list(keys(prompt + answer))))
+    return out
+
+
+def _as_drawn(reqs):
+    return [(r.rid, r.prompt_len, r.max_new, r.arrival, list(r.prompt_keys), list(r.seq_keys(r.prompt_len + r.max_new)))
+            for r in reqs]
+
+
+def test_a_draw_is_kept_and_each_run_gets_fresh_requests_the_same_as_a_fresh_draw(monkeypatch):
+    monkeypatch.setattr(workload, "_streams", {})
     wl = load_workload("agentic-coding")
     first = make_requests(wl, math.inf, 80, 0, 32, 200_000)
     first[0].state, first[0].arrival = "done", 9.0  # what a simulation does to its requests
     second = make_requests(wl, math.inf, 80, 0, 32, 200_000)
-    assert len(workload._bursts) == 1 and second[0] is not first[0]
+    assert len(workload._streams) == 1 and second[0] is not first[0]
     assert second[0].state == "new" and second[0].arrival == 0.0
-    monkeypatch.setattr(workload, "_bursts", {})
-    drawn = make_requests(wl, math.inf, 80, 0, 32, 200_000)
-    names = [f.name for f in fields(drawn[0]) if f.name != "seq_keys"]
-    assert [[getattr(r, n) for n in names] for r in second] == [[getattr(r, n) for n in names] for r in drawn]
-    assert [r.seq_keys(r.prompt_len + r.max_new) for r in second] == \
-           [r.seq_keys(r.prompt_len + r.max_new) for r in drawn]
-    assert any(r.prompt_keys for r in drawn)  # sessions share blocks: the keys are compared, not empty lists
-    paced = make_requests(wl, 2.0, 80, 0, 32, 200_000)
-    assert paced[-1].arrival > 0 and len(workload._bursts) == 1  # Poisson arrivals are drawn every time
-    for context in range(100_000, 100_000 + 2 * workload.BURSTS_KEPT):  # a Planner asks on and on: memory bounded
+    assert _as_drawn(second) == _fresh_draw(wl, math.inf, 80, 0, 32, 200_000)
+    assert any(r.prompt_keys for r in second)  # sessions share blocks: the keys are compared, not empty lists
+    # a rate search: rates up and down, more requests at the longer horizons, one stream, each bit for bit a fresh draw
+    for per_s, n in ((2.0, 80), (0.7, 40), (3.1, 200), (2.0, 120)):
+        assert _as_drawn(make_requests(wl, per_s, n, 0, 32, 200_000)) == _fresh_draw(wl, per_s, n, 0, 32, 200_000)
+    assert len(workload._streams) == 2  # the burst's and the paced one
+    for context in range(100_000, 100_000 + 2 * workload.STREAMS_KEPT):  # a Planner asks on and on: memory bounded
         make_requests(wl, math.inf, 80, 0, 32, context)
-    assert len(workload._bursts) == workload.BURSTS_KEPT
+    assert len(workload._streams) == workload.STREAMS_KEPT
 
 
 @pytest.mark.slow
