@@ -38,9 +38,9 @@ class PrefixCache:
         """Leading keys cached."""
         return len(list(takewhile(self.ref.__contains__, keys)))
 
-    def unheld(self, keys: list[Hashable]) -> int:
-        """How many of these cached keys no request holds (evictable)."""
-        return sum(map(self.lru.__contains__, keys))
+    def unheld(self, keys: list[Hashable], upto: int | None = None) -> int:
+        """How many of these cached keys (the first `upto`) no request holds (evictable)."""
+        return sum(map(self.lru.__contains__, keys[:upto]))
 
     def hold(self, keys: list[Hashable]) -> None:
         """Take a reference on each key, adding the ones not cached yet. The evictable ones (in the LRU, refcount 0)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from collections.abc import Iterator, Sequence
 
 
@@ -128,10 +128,14 @@ class RunCache:
             n += hi - lo
         return n
 
-    def unheld(self, keys: Runs | Sequence) -> int:
-        """How many of these keys no request holds (evictable)."""
-        n = 0
+    def unheld(self, keys: Runs | Sequence, upto: int | None = None) -> int:
+        """How many of these keys (the first `upto`) no request holds (evictable)."""
+        n, left = 0, len(keys) if upto is None else upto
         for lo, hi in _runs(keys):
+            if left <= 0:
+                break
+            hi = min(hi, lo + left)
+            left -= hi - lo
             for s, piece in self._overlapping(lo, hi):
                 if piece[1] == 0:
                     n += min(hi, piece[0]) - max(lo, s)
@@ -140,12 +144,13 @@ class RunCache:
     # ---- changes
     def hold(self, keys: Runs | Sequence) -> None:
         """Take a reference on each key, adding the ones not cached yet (PrefixCache.hold)."""
-        self.version += 1
-        for lo, hi in _runs(keys):
+        runs = _runs(keys)
+        self.version += bool(runs)  # an unchanged cache keeps its version: the queue head's match stands
+        for lo, hi in runs:
             self._split(lo)
             self._split(hi)
             p = lo
-            for s, piece in list(self._overlapping(lo, hi)):
+            for s, piece in self._overlapping(lo, hi):
                 if s > p:
                     self._add(p, s, 1)
                 if piece[1] == 0:
@@ -157,11 +162,12 @@ class RunCache:
 
     def add_free(self, keys: Runs | Sequence) -> None:
         """Add unheld blocks in order; keys already cached are left as they are (PrefixCache.add_free)."""
-        self.version += 1
-        for lo, hi in _runs(keys):
+        runs = _runs(keys)
+        self.version += bool(runs)
+        for lo, hi in runs:
             self._seq += 1
             p = lo
-            for s, piece in list(self._overlapping(lo, hi)):
+            for s, piece in self._overlapping(lo, hi):
                 if s > p:
                     self._add(p, s, 0, self._seq, 1)
                 p = piece[0]
@@ -170,8 +176,9 @@ class RunCache:
 
     def unlock(self, keys: Runs | Sequence) -> None:
         """Drop a reference on each key; those no one holds now become evictable, deepest first (PrefixCache.unlock)."""
-        self.version += 1
-        for lo, hi in reversed(_runs(keys)):
+        runs = _runs(keys)
+        self.version += bool(runs)
+        for lo, hi in reversed(runs):
             self._seq += 1
             self._split(lo)
             self._split(hi)
@@ -185,7 +192,7 @@ class RunCache:
     def evict(self, tokens: int) -> int:
         """Evict the least recently used unheld blocks that cover `tokens`; the tokens freed."""
         n = max(0, min(self._free, math.ceil(tokens / self.block_size)))
-        self.version += 1
+        self.version += n > 0
         left = n
         while left:
             seq, oldest, s = heapq.heappop(self._heap)
@@ -231,15 +238,11 @@ class RunCache:
         """dir x the piece's oldest key: the heap orders a sequence number's pieces by it."""
         return 1 - piece[0] if piece[3] < 0 else s
 
-    def _overlapping(self, lo: int, hi: int) -> Iterator[tuple[int, list[int]]]:
-        i = max(0, bisect_right(self._starts, lo) - 1)
-        starts = self._starts
-        while i < len(starts) and starts[i] < hi:
-            s = starts[i]
-            piece = self._piece[s]
-            if piece[0] > lo:
-                yield s, piece
-            i += 1
+    def _overlapping(self, lo: int, hi: int) -> list[tuple[int, list[int]]]:
+        """The pieces that overlap [lo, hi), in order (a list: callers may add pieces while they walk it)."""
+        starts, pieces = self._starts, self._piece
+        i = max(0, bisect_right(starts, lo) - 1)
+        return [(s, p) for s in starts[i:bisect_left(starts, hi, i)] if (p := pieces[s])[0] > lo]
 
     def _split(self, x: int) -> None:
         i = bisect_right(self._starts, x) - 1

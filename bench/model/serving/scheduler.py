@@ -235,7 +235,7 @@ class Scheduler:
         req, bs = self.waiting[0], self.cache.block_size
         if self._head_match[0] is not req or self._head_match[1] != self.cache.version:
             hit = min(self.cache.match(req.prompt_keys), (req.prompt_len + req.gen_base - 1) // bs)
-            self._head_match = (req, self.cache.version, hit, self.cache.unheld(req.prompt_keys[:hit]))
+            self._head_match = (req, self.cache.version, hit, self.cache.unheld(req.prompt_keys, hit))
         return self._head_match[2], self._head_match[3]
 
     def _head_waits(self, n: int, k: int) -> int:

@@ -45,7 +45,8 @@ def test_run_cache_does_block_for_block_what_the_prefix_cache_does(chain):
         if op < 0.35:
             hit = fast.match(keys)
             assert hit == slow.match(list(keys))
-            assert fast.unheld(keys[:hit]) == slow.unheld(list(keys)[:hit])
+            assert fast.unheld(keys[:hit]) == slow.unheld(list(keys)[:hit]) == fast.unheld(keys, hit)
+            assert fast.unheld(keys, hit) == slow.unheld(list(keys), hit)
             fast.hold(keys[:hit])  # admitted: its hit blocks, then (prefill done) the rest, as the scheduler does
             slow.hold(list(keys)[:hit])
             if rng.random() < 0.8:
