@@ -7,9 +7,10 @@
 
 Each run's recommendation is printed too: they must be the same line.
 
---cold-questions times instead three questions outside the shipped answers (COLD_QUESTIONS), each a fresh
-process with an empty cache of its own and the shipped answers switched off: what a user waits for a question
-nobody asked before.
+--cold-questions times instead four questions outside the shipped answers (COLD_QUESTIONS: chat on GLM-4.6 and
+Kimi K2 Thinking, Kimi agentic coding, and the README's second tour command, 32k-token prompts on H200 and B200),
+each a fresh process with an empty cache of its own and the shipped answers switched off: what a user waits for a
+question nobody asked before.
 
     python -m bench.benchmarks.plan_bench [--rate 20] [--previous 1638ddf] [--skip-previous] [--planner]
     python -m bench.benchmarks.plan_bench --cold-questions [--against main]
@@ -29,19 +30,24 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 PREVIOUS = "1638ddf"  # main before issue 22's caches
-# (model, workload, target req/s, SLO): none of them is in data/plan-cache
-COLD_QUESTIONS = (("glm-4.6", "chat", 13.0, "ttft=2s,tpot=50ms,p=90"),
-                  ("kimi-k2-thinking", "chat", 20.0, "ttft=2s,tpot=50ms,p=90"),
-                  ("kimi-k2-thinking", "agentic-coding", 5.0, "ttft=5s,tpot=60ms"))
+# `capbench plan` arguments: none of these questions is in data/plan-cache
+COLD_QUESTIONS = (("--model", "glm-4.6", "--workload", "chat", "--rate", "13", "--slo", "ttft=2s,tpot=50ms,p=90"),
+                  ("--model", "kimi-k2-thinking", "--workload", "chat", "--rate", "20", "--slo",
+                   "ttft=2s,tpot=50ms,p=90"),
+                  ("--model", "kimi-k2-thinking", "--workload", "agentic-coding", "--rate", "5", "--slo",
+                   "ttft=5s,tpot=60ms"),
+                  ("--model", "glm-4.6", "--input-len", "32000", "--output-len", "1000", "--rate", "2", "--gpus",
+                   "h200,b200", "--price", "3.10"))
 
 
-def _plan(rate: float, cache: str, shipped: bool, tree: Path | None = None, model: str = "kimi-k2-thinking",
-          workload: str = "chat", slo: str = "ttft=2s,tpot=50ms,p=90") -> tuple[float, float, str]:
+def _plan(rate: float, cache: str, shipped: bool, tree: Path | None = None, args: tuple[str, ...] | None = None
+          ) -> tuple[float, float, str]:
     env = {**os.environ, "CAPBENCH_CACHE": cache, "CAPBENCH_SHIPPED_CACHE": "1" if shipped else "0"}
     if tree is not None:
         env["PYTHONPATH"] = str(tree)
-    cmd = [sys.executable, "-c", "from bench.cli import main; main()", "plan", "--model", model,
-           "--workload", workload, "--rate", f"{rate:g}", "--slo", slo, "--json"]
+    args = args or ("--model", "kimi-k2-thinking", "--workload", "chat", "--rate", f"{rate:g}", "--slo",
+                    "ttft=2s,tpot=50ms,p=90")
+    cmd = [sys.executable, "-c", "from bench.cli import main; main()", "plan", *args, "--json"]
     t, before = time.perf_counter(), resource.getrusage(resource.RUSAGE_CHILDREN)
     out = subprocess.run(cmd, capture_output=True, text=True, cwd=tree or ROOT, env=env, timeout=1800)
     wall, after = time.perf_counter() - t, resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -102,10 +108,10 @@ def _cold_questions(against: str | None) -> None:
             archive = subprocess.run(["git", "archive", against], cwd=ROOT, capture_output=True, check=True)
             subprocess.run(["tar", "-x", "-C", str(tree)], input=archive.stdout, check=True)
             trees.insert(0, (against, tree))
-        for i, (model, wl, rate, slo) in enumerate(COLD_QUESTIONS):
+        for i, args in enumerate(COLD_QUESTIONS):
             for name, tree in trees:
-                wall, cpu, rec = _plan(rate, f"{tmp}/c{i}{name}", False, tree, model, wl, slo)
-                what = f"{name}: --model {model} --workload {wl} --rate {rate:g} --slo {slo}"
+                wall, cpu, rec = _plan(0, f"{tmp}/c{i}{name}", False, tree, args)
+                what = f"{name}: {' '.join(args)}"
                 print(f"{what:<72} {wall:7.1f}s {cpu:7.1f}s   {rec}", flush=True)
 
 
