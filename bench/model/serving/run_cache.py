@@ -71,8 +71,10 @@ class Runs:
         if not isinstance(s, slice) or s.step not in (None, 1):
             raise TypeError("Runs take plain slices only")
         start, stop, _ = s.indices(self.n)
-        if start <= 0 and stop >= self.n:
+        if start == 0 and stop == self.n:
             return self
+        if stop <= start:
+            return _NONE
         out, pos = [], 0
         for lo, hi in self.runs:
             a, b = max(lo, lo + start - pos), min(hi, lo + stop - pos)
@@ -81,7 +83,10 @@ class Runs:
             pos += hi - lo
             if pos >= stop:
                 break
-        return Runs._of(tuple(out), max(0, stop - start))
+        return Runs._of(tuple(out), stop - start)
+
+
+_NONE = Runs()
 
 
 def _runs(keys: Runs | Sequence) -> tuple[tuple[int, int], ...]:
