@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -183,6 +184,7 @@ class _Stream:
 
 _streams: dict[tuple, _Stream] = {}  # every rate of a search and every configuration of a plan: the same requests
 STREAMS_KEPT = 8  # the last used draws (a 3,200-request agentic draw is ~2 MB)
+_drawing = threading.Lock()
 
 
 def make_requests(wl: Workload, rate: float, n: int, seed: int, block: int, context: int) -> list[Request]:
@@ -190,11 +192,13 @@ def make_requests(wl: Workload, rate: float, n: int, seed: int, block: int, cont
     Request objects each call (a simulation changes them), drawn once per workload, seed, block and context."""
     paced = 0 < rate < math.inf
     key = (json.dumps(wl.to_dict(), sort_keys=True, default=str), seed, paced, block, context)
-    stream = _streams[key] = _streams.pop(key, None) or _Stream(wl, seed, paced, block, context)
-    while len(_streams) > STREAMS_KEPT:
-        del _streams[next(iter(_streams))]  # the least recently used
+    with _drawing:  # the dashboard's sessions are threads of one process: a stream is drawn on by one at a time
+        stream = _streams[key] = _streams.pop(key, None) or _Stream(wl, seed, paced, block, context)
+        while len(_streams) > STREAMS_KEPT:
+            del _streams[next(iter(_streams))]  # the least recently used
+        drawn = stream.upto(n)
     t, out = 0.0, []
-    for rid, prompt, answer, gap, prompt_keys, keys in stream.upto(n):
+    for rid, prompt, answer, gap, prompt_keys, keys in drawn:
         if paced:
             t += gap / rate
         out.append(Request(rid, prompt, answer, t, prompt_keys, keys))

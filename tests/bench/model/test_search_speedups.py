@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import random
+import sys
 from collections import OrderedDict
 from dataclasses import asdict
 
@@ -227,3 +228,22 @@ def _no_batch_memo(self) -> None:
 class _Forgets(dict):
     def __setitem__(self, key, value) -> None:
         pass  # every call looks its batch size up again
+
+
+def test_threads_drawing_one_stream_at_once_each_get_a_fresh_draws_requests(monkeypatch):
+    """The dashboard's sessions are threads of one process: two plans extending one kept draw at once must not
+    interleave their draws (each would get requests no fresh draw makes)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    monkeypatch.setattr(workload, "_streams", {})
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads as often as the interpreter allows
+    try:
+        wl = load_workload("agentic-coding")
+        sizes = [40 * (i + 1) for i in range(12)]
+        with ThreadPoolExecutor(6) as pool:
+            got = list(pool.map(lambda n: _as_drawn(make_requests(wl, 2.0, n, 0, 32, 200_000)), sizes))
+    finally:
+        sys.setswitchinterval(interval)
+    want = _fresh_draw(wl, 2.0, max(sizes), 0, 32, 200_000)
+    assert all(g == want[:n] for g, n in zip(got, sizes, strict=True))
