@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import random
 import threading
 from collections.abc import Callable
@@ -185,6 +186,17 @@ class _Stream:
 _streams: dict[tuple, _Stream] = {}  # every rate of a search and every configuration of a plan: the same requests
 STREAMS_KEPT = 8  # the last used draws (a 3,200-request agentic draw is ~2 MB)
 _drawing = threading.Lock()
+
+
+def _forget_in_child() -> None:
+    """A fork (the plan's worker pool) may copy a stream another thread was drawing on, and the lock held: the child
+    starts with neither."""
+    global _drawing
+    _drawing = threading.Lock()
+    _streams.clear()
+
+
+os.register_at_fork(after_in_child=_forget_in_child)
 
 
 def make_requests(wl: Workload, rate: float, n: int, seed: int, block: int, context: int) -> list[Request]:

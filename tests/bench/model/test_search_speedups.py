@@ -247,3 +247,27 @@ def test_threads_drawing_one_stream_at_once_each_get_a_fresh_draws_requests(monk
         sys.setswitchinterval(interval)
     want = _fresh_draw(wl, 2.0, max(sizes), 0, 32, 200_000)
     assert all(g == want[:n] for g, n in zip(got, sizes, strict=True))
+
+
+def test_a_fork_starts_without_the_parents_draws_or_its_lock(monkeypatch):
+    """The plan's workers are forks: one made while another thread draws must neither wait on the copied lock nor
+    resume a stream copied half drawn."""
+    import os
+
+    monkeypatch.setattr(workload, "_streams", {})
+    wl = load_workload("agentic-coding")
+    make_requests(wl, 2.0, 40, 0, 32, 200_000)
+    with workload._drawing:  # held, as another thread would hold it
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                if not workload._streams and workload._drawing.acquire(timeout=5):
+                    workload._drawing.release()
+                    fresh = _fresh_draw(wl, 2.0, 60, 0, 32, 200_000)
+                    code = 0 if _as_drawn(make_requests(wl, 2.0, 60, 0, 32, 200_000)) == fresh else 1
+            finally:
+                os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert len(workload._streams) == 1  # the parent keeps its own
