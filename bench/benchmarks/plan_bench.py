@@ -40,13 +40,15 @@ COLD_QUESTIONS = (("--model", "glm-4.6", "--workload", "chat", "--rate", "13", "
                    "h200,b200", "--price", "3.10"))
 
 
-def _plan(rate: float, cache: str, shipped: bool, tree: Path | None = None, args: tuple[str, ...] | None = None
-          ) -> tuple[float, float, str]:
+def _readme(rate: float) -> tuple[str, ...]:
+    """The README's first question at `rate` req/s."""
+    return "--model", "kimi-k2-thinking", "--workload", "chat", "--rate", f"{rate:g}", "--slo", "ttft=2s,tpot=50ms,p=90"
+
+
+def _plan(args: tuple[str, ...], cache: str, shipped: bool, tree: Path | None = None) -> tuple[float, float, str]:
     env = {**os.environ, "CAPBENCH_CACHE": cache, "CAPBENCH_SHIPPED_CACHE": "1" if shipped else "0"}
     if tree is not None:
         env["PYTHONPATH"] = str(tree)
-    args = args or ("--model", "kimi-k2-thinking", "--workload", "chat", "--rate", f"{rate:g}", "--slo",
-                    "ttft=2s,tpot=50ms,p=90")
     cmd = [sys.executable, "-c", "from bench.cli import main; main()", "plan", *args, "--json"]
     t, before = time.perf_counter(), resource.getrusage(resource.RUSAGE_CHILDREN)
     out = subprocess.run(cmd, capture_output=True, text=True, cwd=tree or ROOT, env=env, timeout=1800)
@@ -74,7 +76,7 @@ def main() -> None:
     if a.cold_questions:
         _cold_questions(a.against)
         return
-    print(f"capbench plan --model kimi-k2-thinking --workload chat --rate {a.rate:g} --slo ttft=2s,tpot=50ms,p=90")
+    print("capbench plan " + " ".join(_readme(a.rate)))
     rows = []
     with tempfile.TemporaryDirectory(prefix="capbench-plan-bench-") as tmp:
         if not a.skip_previous:
@@ -82,10 +84,10 @@ def main() -> None:
             tree.mkdir()
             archive = subprocess.run(["git", "archive", a.previous], cwd=ROOT, capture_output=True, check=True)
             subprocess.run(["tar", "-x", "-C", str(tree)], input=archive.stdout, check=True)
-            rows.append((f"previous ({a.previous}), full search", *_plan(a.rate, f"{tmp}/c0", False, tree)))
-        rows.append(("today, full search (nothing cached)", *_plan(a.rate, f"{tmp}/c1", False)))
-        rows.append(("cold (shipped answers, empty cache)", *_plan(a.rate, f"{tmp}/c2", True)))
-        rows.append(("warm (the same command again)", *_plan(a.rate, f"{tmp}/c2", True)))
+            rows.append((f"previous ({a.previous}), full search", *_plan(_readme(a.rate), f"{tmp}/c0", False, tree)))
+        rows.append(("today, full search (nothing cached)", *_plan(_readme(a.rate), f"{tmp}/c1", False)))
+        rows.append(("cold (shipped answers, empty cache)", *_plan(_readme(a.rate), f"{tmp}/c2", True)))
+        rows.append(("warm (the same command again)", *_plan(_readme(a.rate), f"{tmp}/c2", True)))
     print(f"{'':<42} {'wall':>8} {'CPU':>8}   (CPU: user + system of the command and its workers; on a busy "
           "machine wall time waits for a core)")
     for name, wall, cpu, rec in rows:
@@ -110,7 +112,7 @@ def _cold_questions(against: str | None) -> None:
             trees.insert(0, (against, tree))
         for i, args in enumerate(COLD_QUESTIONS):
             for name, tree in trees:
-                wall, cpu, rec = _plan(0, f"{tmp}/c{i}{name}", False, tree, args)
+                wall, cpu, rec = _plan(args, f"{tmp}/c{i}{name}", False, tree)
                 what = f"{name}: {' '.join(args)}"
                 print(f"{what:<72} {wall:7.1f}s {cpu:7.1f}s   {rec}", flush=True)
 
